@@ -1,0 +1,35 @@
+# The README's commands. Everything installs into .venv from the package registry.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip -q --disable-pip-version-check
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test demo bench lint
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/fetch_data.py
+	test -x $(PY) || python3 -m venv $(VENV)
+	# torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev]'
+	$(PY) scripts/fetch_data.py
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+demo: setup
+	$(PY) scripts/demo.py
+
+bench: setup
+	$(VENV)/bin/specops bench --model smollm2-135m-instruct --workload code \
+		--methods none,hf,ngram,hf_prompt_lookup,rest,lookahead,draft_model,hf_assisted --draft self:12 \
+		--n-prompts 8 --reps 3 --max-new-tokens 128 --threads 2
+	$(VENV)/bin/specops bench --model smollm2-135m-instruct --workload chat \
+		--methods none,hf,ngram,hf_prompt_lookup,rest,lookahead,draft_model,hf_assisted --draft self:12 \
+		--n-prompts 8 --reps 3 --max-new-tokens 128 --threads 2
+
+lint: setup
+	$(VENV)/bin/ruff check libs specops tests scripts
+	$(VENV)/bin/mypy libs/speccore

@@ -1,0 +1,44 @@
+"""Default REST datastores built from corpora that ship with this machine.
+
+code: the Python standard library's sources. chat: ShareGPT assistant replies,
+leaving out the conversations whose prompts are being measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from pathlib import Path
+
+from speccore.datastore import build_datastore, vocab_fingerprint
+from speccore.errors import SpecError
+from speccore.models import LoadedModel, cache_root
+from speccore.prompts import sharegpt_conversations
+
+CHAT_CONVERSATIONS = 4000
+
+
+def default_datastore(target: LoadedModel, workload: str, exclude_ids: frozenset[str]) -> Path:
+    """Path of the workload's datastore for this tokenizer, built on first use."""
+    if workload not in ("chat", "code"):
+        raise SpecError(f"no default REST corpus for workload '{workload}'; pass --datastore")
+    key = hashlib.sha256(
+        "\n".join([workload, vocab_fingerprint(target.tokenizer), *sorted(exclude_ids)]).encode()
+    ).hexdigest()[:16]
+    out = cache_root() / "datastores" / f"{workload}-{key}.npz"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if workload == "code":
+        build_datastore(target.tokenizer, Path(sysconfig.get_paths()["stdlib"]), out, pattern="*.py")
+        return out
+    corpus = out.with_suffix(".jsonl")
+    with corpus.open("w") as fh:
+        for _, turns in sharegpt_conversations(CHAT_CONVERSATIONS, exclude_ids=exclude_ids):
+            for role, text in turns:
+                if role == "assistant":
+                    fh.write(json.dumps({"text": text}) + "\n")
+    build_datastore(target.tokenizer, corpus, out)
+    corpus.unlink()
+    return out

@@ -1,0 +1,223 @@
+"""One generation loop for every method: propose, verify, commit, repeat.
+
+Plain autoregressive decoding is the method ``none``: the same loop with an
+empty draft, so every speedup is measured against the same machinery.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from speccore import proposers
+from speccore.errors import SpecError
+from speccore.metrics import GenerationMetrics
+from speccore.models import LoadedModel
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
+from speccore.runner import ModelRunner
+from speccore.sampling import SamplingParams, probs_from_logits, sample
+from speccore.state import Sequence
+from speccore.tree import block_parents
+from speccore.verify import verify_block
+
+# Room for one verify block beyond prompt + new tokens.
+BLOCK_HEADROOM = 256
+
+TokenCallback = Callable[[int, list[int]], None]
+
+
+@dataclass(slots=True)
+class Request:
+    prompt_ids: list[int]
+    max_new_tokens: int = 128
+    sampling: SamplingParams = SamplingParams()
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class Generation:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    metrics: GenerationMetrics
+
+
+def build_proposer(method: str, target: LoadedModel, config: ProposerConfig) -> Proposer | None:
+    if method == "none":
+        return None
+    proposers.load_all()
+    factory = proposers.REGISTRY.get(method)
+    if factory is None:
+        known = ", ".join(["none", *sorted(proposers.REGISTRY)])
+        raise SpecError(f"unknown method '{method}'; choose one of: {known}")
+    return factory(config, target)
+
+
+class Engine:
+    def __init__(self, target: LoadedModel, method: str = "none", config: ProposerConfig | None = None) -> None:
+        self.target = target
+        self.method = method
+        self.runner = ModelRunner(target.model)
+        self.proposer = build_proposer(method, target, config or ProposerConfig())
+
+    def generate(self, requests: list[Request], on_tokens: TokenCallback | None = None) -> list[Generation]:
+        """Generate all requests as one padded batch; on_tokens(row, ids) streams new tokens."""
+        seqs = self._validate(requests)
+        sampling = seqs[0].sampling
+        start = time.perf_counter()
+        metrics = [GenerationMetrics(prompt_tokens=len(s.prompt_ids)) for s in seqs]
+        capacity = max(len(s.prompt_ids) for s in seqs) + max(s.max_new_tokens for s in seqs) + BLOCK_HEADROOM
+        cache = self.runner.new_cache(len(seqs), capacity)
+
+        first = self._prefill(cache, seqs)
+        for row, token in enumerate(first):
+            metrics[row].ttft_s = time.perf_counter() - start
+            self._emit(row, seqs[row], requests[row], [token], on_tokens)
+        if self.proposer is not None:
+            self.proposer.start(seqs)
+
+        while not all(s.finished for s in seqs):
+            self._step(cache, seqs, requests, sampling, metrics, on_tokens)
+            now = time.perf_counter()
+            for seq, m in zip(seqs, metrics, strict=True):
+                if seq.finished and m.total_time_s == 0.0:
+                    m.total_time_s = now - start
+
+        extra = self.proposer.extra_memory_bytes() if self.proposer is not None else 0
+        results = []
+        for seq, m in zip(seqs, metrics, strict=True):
+            m.new_tokens = len(seq.output_ids)
+            m.total_time_s = m.total_time_s or time.perf_counter() - start
+            m.extra_memory_bytes = extra
+            text = self.target.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+            results.append(Generation(seq.output_ids, text, seq.finish_reason or "length", m))
+        return results
+
+    def _validate(self, requests: list[Request]) -> list[Sequence]:
+        if not requests:
+            raise SpecError("no prompts to generate from")
+        if len({r.sampling for r in requests}) != 1:
+            raise SpecError("all requests of one batch must share sampling parameters")
+        limit = self.target.max_context
+        seqs = []
+        for r in requests:
+            if not r.prompt_ids:
+                raise SpecError("the prompt is empty")
+            if r.max_new_tokens <= 0:
+                raise SpecError(f"max_new_tokens must be positive, got {r.max_new_tokens}")
+            if len(r.prompt_ids) + r.max_new_tokens > limit:
+                raise SpecError(
+                    f"prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
+                    f"the model's context of {limit} tokens"
+                )
+            gen = None
+            if not r.sampling.greedy:
+                gen = torch.Generator()
+                gen.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+            seqs.append(Sequence(list(r.prompt_ids), r.max_new_tokens, r.sampling, gen))
+        return seqs
+
+    def _prefill(self, cache, seqs: list[Sequence]) -> list[int]:
+        lengths = torch.tensor([len(s.prompt_ids) for s in seqs])
+        tokens = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
+        for row, seq in enumerate(seqs):
+            tokens[row, : len(seq.prompt_ids)] = torch.tensor(seq.prompt_ids)
+        hidden = self.runner.forward(cache, tokens)
+        cache.commit(lengths)
+        last = hidden[torch.arange(len(seqs)), lengths.to(hidden.device) - 1]  # [batch, hidden]
+        logits = self.runner.logits(last).cpu()
+        return [self._first_token(logits[row], seq) for row, seq in enumerate(seqs)]
+
+    @staticmethod
+    def _first_token(logits: torch.Tensor, seq: Sequence) -> int:
+        if seq.sampling.greedy:
+            return int(logits.argmax())
+        return sample(probs_from_logits(logits, seq.sampling), seq.generator)
+
+    def _step(self, cache, seqs, requests, sampling, metrics, on_tokens) -> None:
+        batch = len(seqs)
+        active = [not s.finished for s in seqs]
+        t0 = time.perf_counter()
+        ctx = StepContext(sampling, [s.generator for s in seqs])
+        tree = self.proposer.propose(seqs, ctx) if self.proposer is not None else DraftTree.empty(batch)
+        t1 = time.perf_counter()
+
+        pending = torch.tensor([[s.output_ids[-1]] for s in seqs], dtype=torch.long)
+        tokens = torch.cat([pending, tree.tokens], dim=1)  # [batch, q]
+        parents = block_parents(tree.parents)
+        acceptable = torch.cat([torch.zeros(batch, 1, dtype=torch.bool), tree.acceptable], dim=1)
+        hidden = self.runner.forward(cache, tokens, parents if tree.size else None)
+        logits = self.runner.logits(hidden).cpu()  # [batch, q, vocab]
+        verdict = verify_block(
+            logits, tokens, parents, acceptable, sampling, ctx.generators, tree.draft_probs, active
+        )
+        cache.commit_paths([path if act else [] for path, act in zip(verdict.accepted_nodes, active, strict=True)])
+        t2 = time.perf_counter()
+
+        depth = _acceptable_depths(parents, acceptable)
+        drafted = acceptable.sum(1).tolist()
+        tok_rows = tokens.tolist()
+        for row, seq in enumerate(seqs):
+            if not active[row]:
+                continue
+            path = verdict.accepted_nodes[row]
+            m = metrics[row]
+            m.record_step(drafted[row], depth[row], len(path) - 1)
+            m.draft_time_s += t1 - t0
+            m.verify_time_s += t2 - t1
+            new = [tok_rows[row][node] for node in path[1:]] + [verdict.next_tokens[row]]
+            self._emit(row, seq, requests[row], new, on_tokens)
+        if self.proposer is not None:
+            outcome = StepOutcome(
+                tokens,
+                logits,
+                verdict.accepted_nodes,
+                verdict.next_tokens,
+                hidden if self.proposer.needs_hidden_states else None,
+            )
+            self.proposer.observe(seqs, outcome)
+            metrics_time = time.perf_counter() - t2
+            for row, act in enumerate(active):
+                if act:
+                    metrics[row].draft_time_s += metrics_time
+
+    def _emit(self, row: int, seq: Sequence, req: Request, new: list[int], on_tokens: TokenCallback | None) -> None:
+        """Append tokens to a sequence, stopping at EOS, max tokens or a stop string."""
+        kept: list[int] = []
+        for token in new:
+            if token in self.target.eos_token_ids:
+                seq.finished, seq.finish_reason = True, "stop"
+                break
+            kept.append(token)
+            if len(seq.output_ids) + len(kept) >= seq.max_new_tokens:
+                seq.finished, seq.finish_reason = True, "length"
+                break
+        seq.output_ids.extend(kept)
+        if req.stop and kept:
+            kept = self._cut_at_stop(seq, req.stop, len(kept))
+        if on_tokens is not None and kept:
+            on_tokens(row, kept)
+
+    def _cut_at_stop(self, seq: Sequence, stops: tuple[str, ...], n_new: int) -> list[int]:
+        """Stop before the token that completes a stop string; return the new tokens still kept."""
+        decode = self.target.tokenizer.decode
+        start = len(seq.output_ids) - n_new
+        for end in range(start + 1, len(seq.output_ids) + 1):
+            text = decode(seq.output_ids[:end], skip_special_tokens=True)
+            if any(s in text for s in stops):
+                del seq.output_ids[end - 1 :]
+                seq.finished, seq.finish_reason = True, "stop"
+                return seq.output_ids[start:]
+        return seq.output_ids[start:]
+
+
+def _acceptable_depths(parents: torch.Tensor, acceptable: torch.Tensor) -> list[int]:
+    """Deepest acceptable node per row (0 when nothing was drafted)."""
+    depth = torch.zeros_like(parents)
+    for i in range(1, parents.shape[1]):
+        depth[:, i] = depth.gather(1, parents[:, i : i + 1].clamp(min=0)).squeeze(1) + 1
+    return (depth * acceptable).max(1).values.tolist() if parents.shape[1] > 1 else [0] * parents.shape[0]

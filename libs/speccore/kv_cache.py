@@ -1,0 +1,86 @@
+"""Position-indexed key/value cache with per-row lengths.
+
+Slot s of row b holds the key/value of that row's token at position s, so
+rolling back a rejected speculation only means not advancing ``lengths``: the
+stale slots are written over by the next block and masked until then. An accepted
+tree path is compacted by copying its slots down to consecutive positions.
+
+The object implements the one method Hugging Face attention layers call
+(``update``), so any HF causal LM runs on it unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class StaticKVCache:
+    def __init__(self, batch: int, capacity: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.batch = batch
+        self.capacity = capacity
+        self.device = device
+        self.dtype = dtype
+        self.lengths = torch.zeros(batch, dtype=torch.long)  # committed tokens per row (host tensor)
+        self._keys: list[torch.Tensor] = []  # per layer [batch, kv_heads, capacity, head_dim]
+        self._values: list[torch.Tensor] = []
+        self._write: tuple[torch.Tensor, torch.Tensor] | None = None  # ([batch, q] row ids, [batch, q] slots)
+        self._width = 0
+
+    def begin_block(self, q: int) -> int:
+        """Prepare to write a block of q tokens after each row's committed length.
+
+        Returns the key/value width the attention will see (max length + q).
+        """
+        width = int(self.lengths.max()) + q
+        if width > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({width})")
+        slots = (self.lengths[:, None] + torch.arange(q)[None, :]).to(self.device)
+        rows = torch.arange(self.batch, device=self.device)[:, None].expand_as(slots)
+        self._write = (rows, slots)
+        self._width = width
+        return width
+
+    # Called by every attention layer of the model, in layer order.
+    def update(
+        self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._write is None:
+            raise RuntimeError("begin_block() must precede a forward pass")
+        if layer_idx == len(self._keys):
+            shape = (self.batch, key.shape[1], self.capacity, key.shape[3])
+            self._keys.append(torch.zeros(shape, device=self.device, dtype=key.dtype))
+            self._values.append(torch.zeros(shape, device=self.device, dtype=value.dtype))
+        rows, slots = self._write
+        k_buf, v_buf = self._keys[layer_idx], self._values[layer_idx]
+        # key: [batch, kv_heads, q, head_dim] -> indexed view [batch, q, kv_heads, head_dim]
+        k_buf[rows, :, slots] = key.transpose(1, 2)
+        v_buf[rows, :, slots] = value.transpose(1, 2)
+        return k_buf[:, :, : self._width], v_buf[:, :, : self._width]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return int(self.lengths.max())
+
+    def commit(self, counts: torch.Tensor) -> None:
+        """Advance each row by counts[b] tokens of the last block (a prefix of it)."""
+        self.lengths += counts.to(self.lengths)
+
+    def commit_paths(self, paths: list[list[int]]) -> None:
+        """Keep, per row, the block nodes of an accepted tree path (block indices, in order).
+
+        Node path[i] was written at slot length + path[i]; it moves to length + i.
+        Chains (path == 0..m) need no copy.
+        """
+        moves = [
+            (row, int(self.lengths[row]) + src, int(self.lengths[row]) + dst)
+            for row, path in enumerate(paths)
+            for dst, src in enumerate(path)
+            if src != dst
+        ]
+        if moves:
+            rows, src, dst = (torch.tensor(col, device=self.device) for col in zip(*moves, strict=True))
+            for buf in (*self._keys, *self._values):
+                buf[rows, :, dst] = buf[rows, :, src]
+        self.lengths += torch.tensor([len(p) for p in paths], dtype=torch.long)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self._keys, *self._values))

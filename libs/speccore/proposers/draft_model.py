@@ -1,0 +1,126 @@
+"""A smaller causal LM with the target's tokenizer drafts k tokens autoregressively.
+
+The draft keeps its own position-indexed cache in step with the sequence: after
+each verify step it rolls back to the longest prefix it has already seen and
+feeds only the tokens it has not.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from speccore.errors import SpecError
+from speccore.models import LoadedModel, load_model
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, register
+from speccore.runner import ModelRunner
+from speccore.sampling import probs_from_logits, sample
+from speccore.state import Sequence
+from speccore.tree import chain_parents
+
+SELF_PREFIX = "self:"
+
+
+def truncated_copy(model: nn.Module, n_layers: int) -> nn.Module:
+    """The target's first n_layers with its final norm and head; weights shared, not copied."""
+    total = model.config.num_hidden_layers
+    if not 1 <= n_layers < total:
+        raise SpecError(f"self:{n_layers} needs 1 <= layers < {total} (the target's depth)")
+    draft = copy.copy(model)
+    draft._modules = dict(model._modules)
+    backbone = copy.copy(model.base_model)
+    backbone._modules = dict(backbone._modules)
+    backbone.layers = nn.ModuleList(list(model.base_model.layers)[:n_layers])
+    config = copy.deepcopy(model.config)
+    config.num_hidden_layers = n_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:n_layers]
+    backbone.config = config
+    draft._modules[model.base_model_prefix] = backbone
+    draft.config = config
+    return draft
+
+
+def resolve_draft(ref: str | None, target: LoadedModel) -> tuple[nn.Module, int]:
+    """The draft module and the bytes of weights it adds beyond the target."""
+    if not ref:
+        raise SpecError("the draft_model family needs --draft MODEL (or self:N for the target's first N layers)")
+    if ref.startswith(SELF_PREFIX):
+        try:
+            n_layers = int(ref[len(SELF_PREFIX) :])
+        except ValueError:
+            raise SpecError(f"bad draft '{ref}': expected self:N with N a number of layers") from None
+        return truncated_copy(target.model, n_layers), 0
+    draft = load_model(ref, device=str(target.device), dtype=str(target.dtype).removeprefix("torch."))
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise SpecError(f"draft '{ref}' has a different tokenizer than the target; drafts must share it")
+    return draft.model, draft.weight_bytes
+
+
+class DraftModelProposer(Proposer):
+    family = "draft_model"
+
+    def __init__(self, cfg: ProposerConfig, target: LoadedModel) -> None:
+        self.k = cfg.k
+        model, self.weight_bytes = resolve_draft(cfg.draft, target)
+        self.runner = ModelRunner(model)
+        self.cache = None
+
+    def start(self, seqs: list[Sequence]) -> None:
+        capacity = max(len(s.prompt_ids) + s.max_new_tokens for s in seqs) + 2 * self.k + 8
+        self.cache = self.runner.new_cache(len(seqs), capacity)
+
+    def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
+        cache = self.cache
+        steps = max((min(self.k, s.remaining - 1) for s in seqs if not s.finished), default=0)
+        if cache is None or steps <= 0:
+            return DraftTree.empty(len(seqs))
+        # Catch up on every token the draft has not seen, pending token included.
+        seen = cache.lengths.tolist()
+        backlog = [s.token_ids[n:] if not s.finished else [] for s, n in zip(seqs, seen, strict=True)]
+        width = max(max(len(b) for b in backlog), 1)
+        tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+        for row, todo in enumerate(backlog):
+            tokens[row, : len(todo)] = torch.tensor(todo, dtype=torch.long)
+        hidden = self.runner.forward(cache, tokens)
+        counts = torch.tensor([len(b) for b in backlog])
+        cache.commit(counts)
+        last = hidden[torch.arange(len(seqs)), (counts - 1).clamp(min=0).to(hidden.device)]
+
+        drafts: list[torch.Tensor] = []
+        probs: list[torch.Tensor] = []
+        for step in range(steps):
+            logits = self.runner.logits(last).cpu()  # [batch, vocab]
+            if ctx.sampling.greedy:
+                token = logits.argmax(-1)
+            else:
+                q = probs_from_logits(logits, ctx.sampling)
+                token = torch.tensor([sample(q[r], g) for r, g in enumerate(ctx.generators)])
+                probs.append(q)
+            drafts.append(token)
+            if step + 1 < steps:
+                last = self.runner.forward(cache, token[:, None])[:, 0]
+                cache.commit(torch.ones(len(seqs), dtype=torch.long))
+        return DraftTree(
+            tokens=torch.stack(drafts, 1),
+            parents=chain_parents(len(seqs), steps),
+            acceptable=torch.tensor([[not s.finished and i < s.remaining - 1 for i in range(steps)] for s in seqs]),
+            draft_probs=torch.stack(probs, 1) if probs else None,
+        )
+
+    def observe(self, seqs: list[Sequence], outcome: object) -> None:
+        if self.cache is None:
+            return
+        # Keep what the draft saw that the sequence still holds (the new pending token is new).
+        keep = torch.tensor([len(s.token_ids) - 1 for s in seqs])
+        self.cache.lengths = torch.minimum(self.cache.lengths, keep)
+
+    def extra_memory_bytes(self) -> int:
+        return self.weight_bytes + (self.cache.nbytes() if self.cache is not None else 0)
+
+
+@register("draft_model")
+def _factory(cfg: ProposerConfig, target: LoadedModel) -> Proposer:
+    return DraftModelProposer(cfg, target)

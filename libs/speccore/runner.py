@@ -1,0 +1,76 @@
+"""Runs a Hugging Face causal LM over one block of tokens per row.
+
+The block is a tree (a chain for prefill and plain decoding): each node sees the
+row's committed context plus its own ancestors, at position
+``committed_length + depth``. Masks are built here, so the model's own mask
+logic (which assumes one shared cache length) is bypassed.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from speccore.kv_cache import StaticKVCache
+from speccore.tree import ancestor_mask
+
+
+class ModelRunner:
+    def __init__(self, model: PreTrainedModel) -> None:
+        config = model.config
+        self.model = model
+        self.backbone = model.base_model
+        self.head = model.get_output_embeddings()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.softcap: float | None = getattr(config, "final_logit_softcapping", None)
+        layer_types = getattr(config, "layer_types", None) or []
+        self.sliding_window: int | None = (
+            config.sliding_window if "sliding_attention" in layer_types else None
+        )
+
+    def new_cache(self, batch: int, capacity: int) -> StaticKVCache:
+        return StaticKVCache(batch, capacity, self.device, self.dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self, cache: StaticKVCache, tokens: torch.Tensor, block_parents: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Hidden states after the final norm, [batch, q, hidden].
+
+        tokens: [batch, q]; block_parents: [batch, q] block-relative parents (root
+        -1), or None for a chain. Writes the block's keys/values after each row's
+        committed length without committing them.
+        """
+        batch, q = tokens.shape
+        if block_parents is None:
+            anc = torch.tril(torch.ones(q, q, dtype=torch.bool)).expand(batch, q, q)
+        else:
+            anc = ancestor_mask(block_parents)
+        width = cache.begin_block(q)
+        lengths = cache.lengths
+        positions = lengths[:, None] + anc.sum(-1) - 1  # [batch, q]
+        block_cols = lengths[:, None] + torch.arange(q)  # [batch, q]
+        mask = (torch.arange(width)[None, :] < lengths[:, None])[:, None, :].repeat(1, q, 1)
+        mask.scatter_(2, block_cols[:, None, :].expand(batch, q, q), anc)  # [batch, q, width]
+        attn: torch.Tensor | dict[str, torch.Tensor] = mask[:, None].to(self.device)
+        if self.sliding_window is not None:
+            kv_pos = torch.arange(width).repeat(batch, 1).scatter_(1, block_cols, positions)
+            near = (positions[:, :, None] - kv_pos[:, None, :]) < self.sliding_window
+            attn = {"full_attention": attn, "sliding_attention": (mask & near)[:, None].to(self.device)}
+        out = self.backbone(
+            input_ids=tokens.to(self.device),
+            attention_mask=attn,
+            position_ids=positions.to(self.device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., vocab] float32 logits, with the model's soft-capping."""
+        logits = self.head(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits

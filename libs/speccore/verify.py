@@ -1,0 +1,117 @@
+"""Lossless verification of a block of draft candidates against target logits.
+
+Glossary (per row, per verify step):
+- block: the pending token (root, index 0) followed by the draft nodes.
+- accepted tokens: draft nodes on the path the target agrees with.
+- recovered token: at the first rejection, a token drawn from the residual
+  distribution norm(max(0, p - q)) (Leviathan et al. 2023, arXiv 2211.17192;
+  Chen et al. 2023, arXiv 2302.01318).
+- bonus token: when a leaf is reached, a token drawn from the target at that leaf.
+Either the recovered or the bonus token becomes the new pending token.
+
+Greedy (temperature 0) accepts a child whose token equals the target argmax.
+Sampling walks the tree: at a node, children are tried in order; a child d is
+accepted with probability min(1, p(d) / q(d)), else p becomes the residual and
+the next sibling is tried (SpecInfer's multi-candidate rule). Deterministic
+drafts have a one-hot q. The output distribution is exactly the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from speccore.sampling import SamplingParams, probs_from_logits, sample
+from speccore.tree import children_lists
+
+
+@dataclass(slots=True)
+class Verdict:
+    accepted_nodes: list[list[int]]  # per row: block indices of the accepted path, root first
+    next_tokens: list[int]  # per row: recovered or bonus token
+
+
+def acceptance_probability(p_token: float, q_token: float) -> float:
+    """Probability of keeping a draft token: min(1, p/q)."""
+    return min(1.0, p_token / q_token) if q_token > 0 else 0.0
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)); falls back to p when p == q everywhere."""
+    r = torch.clamp(p - q, min=0.0)
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+def verify_block(
+    logits: torch.Tensor,  # [batch, q, vocab] target logits at every block node
+    tokens: torch.Tensor,  # [batch, q] block tokens (root first)
+    block_parents: torch.Tensor,  # [batch, q] block-relative parents, root -1
+    acceptable: torch.Tensor,  # [batch, q] bool, root False
+    params: SamplingParams,
+    generators: list[torch.Generator | None],
+    draft_probs: torch.Tensor | None = None,  # [batch, q-1, vocab] q each draft node was sampled from
+    active: list[bool] | None = None,
+) -> Verdict:
+    toks = tokens.tolist()
+    parents = block_parents.tolist()
+    ok = acceptable.tolist()
+    greedy_ids = logits.argmax(-1).tolist() if params.greedy else None
+    paths: list[list[int]] = []
+    nexts: list[int] = []
+    for row in range(tokens.shape[0]):
+        if active is not None and not active[row]:
+            paths.append([0])
+            nexts.append(0)
+            continue
+        kids = [[c for c in cs if ok[row][c]] for cs in children_lists(parents[row])]
+        if greedy_ids is not None:
+            path, nxt = _walk_greedy(greedy_ids[row], toks[row], kids)
+        else:
+            row_q = draft_probs[row] if draft_probs is not None else None
+            path, nxt = _walk_sampled(logits[row], toks[row], kids, params, generators[row], row_q)
+        paths.append(path)
+        nexts.append(nxt)
+    return Verdict(paths, nexts)
+
+
+def _walk_greedy(argmax: list[int], toks: list[int], kids: list[list[int]]) -> tuple[list[int], int]:
+    node, path = 0, [0]
+    while True:
+        target = argmax[node]
+        match = next((c for c in kids[node] if toks[c] == target), None)
+        if match is None:
+            return path, target
+        node = match
+        path.append(node)
+
+
+def _walk_sampled(
+    logits: torch.Tensor,  # [q, vocab]
+    toks: list[int],
+    kids: list[list[int]],
+    params: SamplingParams,
+    gen: torch.Generator | None,
+    q_probs: torch.Tensor | None,  # [q-1, vocab] or None for deterministic drafts
+) -> tuple[list[int], int]:
+    node, path = 0, [0]
+    while True:
+        p = probs_from_logits(logits[node], params)
+        for child in kids[node]:
+            d = toks[child]
+            q = q_probs[child - 1] if q_probs is not None else _one_hot(d, p)
+            u = float(torch.rand((), generator=gen))
+            if u < acceptance_probability(float(p[d]), float(q[d])):
+                break
+            p = residual(p, q)
+        else:
+            return path, sample(p, gen)
+        node = child
+        path.append(node)
+
+
+def _one_hot(token: int, like: torch.Tensor) -> torch.Tensor:
+    q = torch.zeros_like(like)
+    q[token] = 1.0
+    return q

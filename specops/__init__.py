@@ -1,0 +1,1 @@
+"""specops: picks, proves and applies the fastest lossless speculative-decoding setup."""

@@ -1,0 +1,213 @@
+"""The `specops` command line. Contract: see README (other tools parse --json output)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from speccore.errors import SpecError
+
+METHODS = ("none", "ngram", "rest", "draft_model", "lookahead")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="alias, local dir, .gguf file or Hugging Face id")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--threads", type=_positive, help="CPU threads for PyTorch")
+
+
+def _draft_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--k", type=int, help="draft tokens per step (family default when omitted)")
+    p.add_argument("--draft", help="draft model for draft_model/hf_assisted, or self:N (target's first N layers)")
+    p.add_argument("--datastore", help="REST datastore built with `specops datastore build`")
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=_positive, default=128)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="specops", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="generate text with a speculative method")
+    _model_args(gen)
+    gen.add_argument("--method", default="none", choices=METHODS)
+    _draft_args(gen)
+    _sampling_args(gen)
+    src = gen.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-file", type=Path)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, metrics")
+
+    bench = sub.add_parser("bench", help="interleaved benchmark of methods on a prompt set")
+    _model_args(bench)
+    bench.add_argument("--workload", required=True, choices=("chat", "code"))
+    bench.add_argument("--methods", default="none,ngram", help="comma-separated; none is always included")
+    _draft_args(bench)
+    _sampling_args(bench)
+    bench.add_argument("--n-prompts", type=_positive, default=10)
+    bench.add_argument("--reps", type=_positive, default=3)
+    bench.add_argument("--batch-size", type=_positive, default=1)
+    bench.add_argument("--json", type=Path, help="where to write the results (default bench/results/...)")
+
+    ds = sub.add_parser("datastore", help="REST datastores")
+    ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    build = ds_sub.add_parser("build", help="index a corpus (text, JSONL or a directory) for the rest family")
+    build.add_argument("--model", required=True, help="model whose tokenizer the datastore uses")
+    build.add_argument("--corpus", required=True, type=Path)
+    build.add_argument("--pattern", default="*", help="file glob when the corpus is a directory")
+    build.add_argument("--out", required=True, type=Path)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except SpecError as err:
+        print(f"specops: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specops: interrupted", file=sys.stderr)
+        return 130
+
+
+def _load(args: argparse.Namespace):
+    import torch
+
+    from speccore.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return load_model(args.model, device=args.device, dtype=args.dtype)
+
+
+def _sampling(args: argparse.Namespace):
+    from speccore.sampling import SamplingParams
+
+    return SamplingParams(args.temperature, args.top_k, args.top_p)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from speccore.engine import Engine, Request
+    from speccore.proposers import DEFAULT_K
+    from speccore.proposers.base import ProposerConfig
+
+    text = args.prompt if args.prompt is not None else _read_prompt(args.prompt_file)
+    if not text.strip():
+        raise SpecError("the prompt is empty")
+    sampling = _sampling(args)
+    cfg = ProposerConfig(k=args.k if args.k is not None else DEFAULT_K.get(args.method, 5), draft=args.draft,
+                         datastore=args.datastore)
+    target = _load(args)
+    engine = Engine(target, args.method, cfg)
+    request = Request(target.encode_prompt(text, args.chat), args.max_new_tokens, sampling, args.seed,
+                      tuple(args.stop))
+    stream = None
+    if not args.json:
+        decoder = _StreamDecoder(target.tokenizer)
+        stream = decoder.feed
+    gen = engine.generate([request], on_tokens=stream)[0]
+    if args.json:
+        out = {"text": gen.text, "token_ids": gen.token_ids, "finish_reason": gen.finish_reason,
+               "method": args.method, "metrics": gen.metrics.to_dict()}
+        print(json.dumps(out))
+    else:
+        m = gen.metrics
+        print(f"\n[{args.method}] {m.new_tokens} tokens, {m.tokens_per_s:.1f} tok/s, acceptance "
+              f"{m.acceptance_rate:.2f}, mean acceptance length {m.mean_acceptance_length:.2f}", file=sys.stderr)
+    return 0
+
+
+class _StreamDecoder:
+    """Prints text as tokens arrive, holding back incomplete UTF-8 pieces."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.printed = 0
+
+    def feed(self, row: int, new: list[int]) -> None:
+        self.ids.extend(new)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            return
+        sys.stdout.write(text[self.printed :])
+        sys.stdout.flush()
+        self.printed = len(text)
+
+
+def _read_prompt(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as err:
+        raise SpecError(f"cannot read prompt file {path}: {err.strerror}") from None
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from speccore.bench import BenchSpec, default_output, run_bench
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    spec = BenchSpec(args.workload, methods, args.n_prompts, args.max_new_tokens, args.reps, _sampling(args),
+                     args.seed, args.batch_size, args.k, args.draft, args.datastore)
+    target = _load(args)
+    result = run_bench(target, spec, log=lambda msg: print(msg, file=sys.stderr))
+    out = args.json or default_output(spec, args.model)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(_table(result), file=sys.stderr)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _table(result: dict) -> str:
+    lines = [f"{'method':18} {'tok/s':>8} {'speedup':>8} {'accept':>7} {'MAL':>5} identical"]
+    for name, r in result["methods"].items():
+        lines.append(
+            f"{name:18} {r['tokens_per_s_median']:8.2f} {r['speedup_vs_none']:7.2f}x "
+            f"{r.get('acceptance_rate', float('nan')):7.2f} {r.get('mean_acceptance_length', float('nan')):5.2f} "
+            f"{r.get('identical_to_baseline', '-')}"
+        )
+    limit = result["plain_decoding_limit"]
+    lines.append(f"plain-decoding limit: {limit['tokens_per_s']:.1f} tok/s "
+                 f"({limit['read_bandwidth_gb_s']:.1f} GB/s read bandwidth)")
+    return "\n".join(lines)
+
+
+def _datastore(args: argparse.Namespace) -> int:
+    from speccore.datastore import build_datastore
+
+    target = _load(argparse.Namespace(model=args.model, device="cpu", dtype="auto", threads=None))
+    store = build_datastore(target.tokenizer, args.corpus, args.out, pattern=args.pattern)
+    print(json.dumps({"out": str(args.out), **store.meta}))
+    return 0
+
+
+_COMMANDS = {"generate": _generate, "bench": _bench, "datastore": _datastore}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
