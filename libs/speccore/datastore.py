@@ -8,9 +8,10 @@ returns the token sequences that followed it, most frequent first.
 
 Corpus formats:
 
-- a directory: every file under it matching ``pattern`` (default: all files,
-  hidden ones and ``__pycache__`` skipped) is one document, except ``*.jsonl``
-  files, which are read as below;
+- a directory: every file under it matching ``pattern`` (default: all files;
+  hidden ones, ``__pycache__`` and any path component matching an ``exclude``
+  glob skipped) is one document, except ``*.jsonl`` files, which are read as
+  below;
 - a ``.jsonl`` file: one JSON object per line; its ``"text"``, else its
   ``"completion"`` (after ``"prompt"`` when present), else the string contents
   of its ``"conversations"`` / ``"messages"`` list is one document;
@@ -21,6 +22,7 @@ Corpus formats:
 from __future__ import annotations
 
 import bisect
+import fnmatch
 import hashlib
 import json
 import os
@@ -76,18 +78,7 @@ class Datastore:
                 meta = json.loads(str(npz["meta"]))
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
             raise SpecError(f"datastore {path} is unreadable or corrupt ({exc}); rebuild it") from exc
-        n = len(tokens)
-        if (
-            tokens.dtype != np.int32
-            or suffixes.dtype != np.int32
-            or tokens.ndim != 1
-            or suffixes.shape != tokens.shape
-            or n == 0
-            or tokens[-1] != SEPARATOR
-            or suffixes.min() < 0
-            or suffixes.max() >= n
-            or meta.get("format_version") != FORMAT_VERSION
-        ):
+        if not _well_formed(tokens, suffixes, meta):
             raise SpecError(f"datastore {path} is corrupt or from another speccore version; rebuild it")
         return cls(tokens, suffixes, vocab_hash, meta)
 
@@ -104,6 +95,7 @@ class Datastore:
                     vocab_hash=np.array(self.vocab_hash),
                     meta=np.array(json.dumps(self.meta, sort_keys=True)),
                 )
+            os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a datastore is a shared artifact
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -172,6 +164,21 @@ class Datastore:
         return out
 
 
+def _well_formed(tokens: np.ndarray, suffixes: np.ndarray, meta: Any) -> bool:
+    return (
+        isinstance(meta, dict)
+        and meta.get("format_version") == FORMAT_VERSION
+        and tokens.ndim == 1
+        and tokens.dtype == np.int32
+        and suffixes.dtype == np.int32
+        and suffixes.shape == tokens.shape
+        and len(tokens) > 0
+        and tokens[-1] == SEPARATOR
+        and suffixes.min() >= 0
+        and suffixes.max() < len(tokens)
+    )
+
+
 def vocab_fingerprint(tokenizer: Any) -> str:
     """sha256 of the tokenizer's (token, id) pairs: equal vocabularies, equal fingerprints."""
     vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
@@ -221,14 +228,20 @@ def _regroup(keys: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def build_datastore(
-    tokenizer: Any, corpus: str | Path, out: str | Path, *, pattern: str = "*", progress: bool = True
+    tokenizer: Any,
+    corpus: str | Path,
+    out: str | Path,
+    *,
+    pattern: str = "*",
+    exclude: Sequence[str] = (),
+    progress: bool = True,
 ) -> Datastore:
     """Tokenize ``corpus`` (see the module docstring), index it and save it to ``out``."""
     corpus = Path(corpus)
     if not corpus.exists():
         raise SpecError(f"corpus {corpus} does not exist")
     started = time.perf_counter()
-    docs = list(_documents(corpus, pattern))
+    docs = list(_documents(corpus, pattern, tuple(exclude)))
     if not docs:
         raise SpecError(f"corpus {corpus} holds no documents (pattern {pattern!r})")
     pieces: list[np.ndarray] = []
@@ -261,6 +274,7 @@ def build_datastore(
         "format_version": FORMAT_VERSION,
         "corpus": str(corpus.resolve()),
         "pattern": pattern,
+        "exclude": list(exclude),
         "n_docs": n_docs,
         "n_tokens": int(len(tokens) - n_docs),
         "tokenizer": str(getattr(tokenizer, "name_or_path", "")),
@@ -289,13 +303,14 @@ def _batches(docs: list[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def _documents(corpus: Path, pattern: str) -> Iterator[str]:
+def _documents(corpus: Path, pattern: str, exclude: tuple[str, ...]) -> Iterator[str]:
+    skip = (".*", "__pycache__", *exclude)
     if corpus.is_dir():
         files = sorted(
             p
             for p in corpus.rglob(pattern)
             if p.is_file()
-            and not any(part.startswith(".") or part == "__pycache__" for part in p.relative_to(corpus).parts)
+            and not any(fnmatch.fnmatch(part, glob) for part in p.relative_to(corpus).parts for glob in skip)
         )
         for path in files:
             if path.suffix == ".jsonl":

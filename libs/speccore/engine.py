@@ -14,17 +14,18 @@ import torch
 
 from speccore import proposers
 from speccore.errors import SpecError
+from speccore.kv_cache import StaticKVCache
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
 from speccore.runner import ModelRunner
-from speccore.sampling import SamplingParams, probs_from_logits, sample
+from speccore.sampling import SamplingParams
 from speccore.state import Sequence
 from speccore.tree import block_parents
 from speccore.verify import verify_block
 
 # Room for one verify block beyond prompt + new tokens.
-BLOCK_HEADROOM = 256
+BLOCK_HEADROOM = 128
 
 TokenCallback = Callable[[int, list[int]], None]
 
@@ -36,6 +37,19 @@ class Request:
     sampling: SamplingParams = SamplingParams()
     seed: int | None = None
     stop: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class _Run:
+    """Everything one generate() call carries between steps."""
+
+    seqs: list[Sequence]
+    requests: list[Request]
+    metrics: list[GenerationMetrics]
+    cache: StaticKVCache
+    sampling: SamplingParams
+    start: float
+    on_tokens: TokenCallback | None
 
 
 @dataclass(slots=True)
@@ -67,31 +81,26 @@ class Engine:
     def generate(self, requests: list[Request], on_tokens: TokenCallback | None = None) -> list[Generation]:
         """Generate all requests as one padded batch; on_tokens(row, ids) streams new tokens."""
         seqs = self._validate(requests)
-        sampling = seqs[0].sampling
-        start = time.perf_counter()
-        metrics = [GenerationMetrics(prompt_tokens=len(s.prompt_ids)) for s in seqs]
         capacity = max(len(s.prompt_ids) for s in seqs) + max(s.max_new_tokens for s in seqs) + BLOCK_HEADROOM
-        cache = self.runner.new_cache(len(seqs), capacity)
-
-        first = self._prefill(cache, seqs)
-        for row, token in enumerate(first):
-            metrics[row].ttft_s = time.perf_counter() - start
-            self._emit(row, seqs[row], requests[row], [token], on_tokens)
+        run = _Run(
+            seqs=seqs,
+            requests=requests,
+            metrics=[GenerationMetrics(prompt_tokens=len(s.prompt_ids)) for s in seqs],
+            cache=self.runner.new_cache(len(seqs), capacity),
+            sampling=seqs[0].sampling,
+            start=time.perf_counter(),
+            on_tokens=on_tokens,
+        )
+        self._prefill(run)
         if self.proposer is not None:
             self.proposer.start(seqs)
-
         while not all(s.finished for s in seqs):
-            self._step(cache, seqs, requests, sampling, metrics, on_tokens)
-            now = time.perf_counter()
-            for seq, m in zip(seqs, metrics, strict=True):
-                if seq.finished and m.total_time_s == 0.0:
-                    m.total_time_s = now - start
+            self._step(run)
 
         extra = self.proposer.extra_memory_bytes() if self.proposer is not None else 0
         results = []
-        for seq, m in zip(seqs, metrics, strict=True):
+        for seq, m in zip(seqs, run.metrics, strict=True):
             m.new_tokens = len(seq.output_ids)
-            m.total_time_s = m.total_time_s or time.perf_counter() - start
             m.extra_memory_bytes = extra
             text = self.target.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
             results.append(Generation(seq.output_ids, text, seq.finish_reason or "length", m))
@@ -121,24 +130,20 @@ class Engine:
             seqs.append(Sequence(list(r.prompt_ids), r.max_new_tokens, r.sampling, gen))
         return seqs
 
-    def _prefill(self, cache, seqs: list[Sequence]) -> list[int]:
-        lengths = torch.tensor([len(s.prompt_ids) for s in seqs])
-        tokens = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            tokens[row, : len(seq.prompt_ids)] = torch.tensor(seq.prompt_ids)
-        hidden = self.runner.forward(cache, tokens)
-        cache.commit(lengths)
-        last = hidden[torch.arange(len(seqs)), lengths.to(hidden.device) - 1]  # [batch, hidden]
-        logits = self.runner.logits(last).cpu()
-        return [self._first_token(logits[row], seq) for row, seq in enumerate(seqs)]
+    def _prefill(self, run: _Run) -> None:
+        """Commit every prompt token but the last, which is the first step's pending token."""
+        counts = torch.tensor([len(s.prompt_ids) - 1 for s in run.seqs])
+        width = int(counts.max())
+        if width == 0:
+            return
+        tokens = torch.zeros(len(run.seqs), width, dtype=torch.long)
+        for row, seq in enumerate(run.seqs):
+            tokens[row, : len(seq.prompt_ids) - 1] = torch.tensor(seq.prompt_ids[:-1])
+        self.runner.forward(run.cache, tokens)
+        run.cache.commit(counts)
 
-    @staticmethod
-    def _first_token(logits: torch.Tensor, seq: Sequence) -> int:
-        if seq.sampling.greedy:
-            return int(logits.argmax())
-        return sample(probs_from_logits(logits, seq.sampling), seq.generator)
-
-    def _step(self, cache, seqs, requests, sampling, metrics, on_tokens) -> None:
+    def _step(self, run: _Run) -> None:
+        seqs, cache, metrics, sampling = run.seqs, run.cache, run.metrics, run.sampling
         batch = len(seqs)
         active = [not s.finished for s in seqs]
         t0 = time.perf_counter()
@@ -146,7 +151,7 @@ class Engine:
         tree = self.proposer.propose(seqs, ctx) if self.proposer is not None else DraftTree.empty(batch)
         t1 = time.perf_counter()
 
-        pending = torch.tensor([[s.output_ids[-1]] for s in seqs], dtype=torch.long)
+        pending = torch.tensor([[s.pending] for s in seqs], dtype=torch.long)
         tokens = torch.cat([pending, tree.tokens], dim=1)  # [batch, q]
         parents = block_parents(tree.parents)
         acceptable = torch.cat([torch.zeros(batch, 1, dtype=torch.bool), tree.acceptable], dim=1)
@@ -170,7 +175,11 @@ class Engine:
             m.draft_time_s += t1 - t0
             m.verify_time_s += t2 - t1
             new = [tok_rows[row][node] for node in path[1:]] + [verdict.next_tokens[row]]
-            self._emit(row, seq, requests[row], new, on_tokens)
+            self._emit(row, seq, run.requests[row], new, run.on_tokens)
+            now = time.perf_counter()
+            m.ttft_s = m.ttft_s or now - run.start
+            if seq.finished:
+                m.total_time_s = now - run.start
         if self.proposer is not None:
             outcome = StepOutcome(
                 tokens,
@@ -180,10 +189,10 @@ class Engine:
                 hidden if self.proposer.needs_hidden_states else None,
             )
             self.proposer.observe(seqs, outcome)
-            metrics_time = time.perf_counter() - t2
+            observe_time = time.perf_counter() - t2
             for row, act in enumerate(active):
                 if act:
-                    metrics[row].draft_time_s += metrics_time
+                    metrics[row].draft_time_s += observe_time
 
     def _emit(self, row: int, seq: Sequence, req: Request, new: list[int], on_tokens: TokenCallback | None) -> None:
         """Append tokens to a sequence, stopping at EOS, max tokens or a stop string."""

@@ -26,10 +26,12 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    GgufConfig,
     PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.utils import logging as hf_logging
 
 from speccore.errors import SpecError
@@ -142,7 +144,7 @@ def load_model(ref: str, *, device: str = "auto", dtype: str = "auto") -> Loaded
 
     with _quiet():
         config = _config(ref, source)
-        if type(config) not in AutoModelForCausalLM._model_mapping:
+        if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
             raise SpecError(f"model '{ref}' ({config.model_type}) is not a causal language model")
         try:
             tokenizer = AutoTokenizer.from_pretrained(source)
@@ -190,7 +192,8 @@ def _config(ref: str, source: str) -> PretrainedConfig:
         if Path(source).is_dir():
             raise SpecError(f"cannot load model '{ref}' from {source}: {_first_line(err)}") from err
         known = ", ".join(ALIASES)
-        hint = [a for a in ALIASES if ref.lower() in a] or difflib.get_close_matches(ref.lower(), ALIASES, n=1)
+        name = ref.lower()
+        hint = [a for a in ALIASES if name in a] or difflib.get_close_matches(name, ALIASES, n=1)
         did_you_mean = f" (did you mean '{hint[0]}'?)" if hint else ""
         raise SpecError(
             f"model '{ref}' is not a known alias, a local path or a reachable Hugging Face id"
@@ -209,13 +212,17 @@ def _cached_gguf(gguf: Path) -> Path:
         with _quiet(progress=True):
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(
-                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+                gguf.parent,
+                gguf_file=gguf.name,
+                dtype=torch.float32,
+                # Unpack every block now, even where a GGUF matmul kernel could keep them packed.
+                quantization_config=GgufConfig(dequantize=True),
             )
     except (OSError, ValueError) as err:
         raise SpecError(f"cannot load GGUF file {gguf}: {_first_line(err)}") from err
-    # The weights are now plain float32 tensors; dropping the GGUF quantizer marker
-    # lets save_pretrained write them (it refuses "non-serializable" quantized models).
-    model.hf_quantizer = None
+    # The weights are plain float32 tensors now; without the GGUF quantizer marker
+    # save_pretrained writes them (it refuses "non-serializable" quantized models).
+    del model.hf_quantizer
     with contextlib.suppress(AttributeError):
         del model.config.quantization_config
     models.mkdir(parents=True, exist_ok=True)

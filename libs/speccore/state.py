@@ -13,9 +13,9 @@ from speccore.sampling import SamplingParams
 class Sequence:
     """One request being generated.
 
-    ``output_ids[-1]`` is the pending token: sampled, emitted, but not yet fed to
-    the target, so its key/value is not in the cache. Everything before it is
-    committed.
+    The last token of ``token_ids`` is the pending token: the prompt's last token
+    before the first step, then the last emitted token. It is not yet in the
+    target's cache; everything before it is committed.
     """
 
     prompt_ids: list[int]
@@ -29,6 +29,10 @@ class Sequence:
     @property
     def token_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
+
+    @property
+    def pending(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
 
     @property
     def remaining(self) -> int:

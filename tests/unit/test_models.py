@@ -1,8 +1,9 @@
 """Model loading: offline aliases, the safetensors cache of dequantized GGUF files, errors.
 
-Every test points SPECOPS_CACHE_DIR at one directory per test session, so each
-alias is dequantized once per run (about 30 s for smollm2, 2-3 min for gemma on
-2 CPU cores) and the rest of the session reads the cache.
+Every test points SPECOPS_CACHE_DIR at one directory for the whole session: the one
+already set in the environment (CI keeps it between runs), else a fresh temporary
+one, in which case each alias is dequantized once per run (about 30 s for smollm2,
+100 s for gemma on 2 CPU cores).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from speccore.models import ALIASES, LoadedModel, _sha256, load_model, resolve_a
 
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("specops-cache")
+    shared = os.environ.get("SPECOPS_CACHE_DIR")
+    return Path(shared) if shared else tmp_path_factory.mktemp("specops-cache")
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +61,7 @@ def _logits(lm: LoadedModel, model: torch.nn.Module, text: str) -> torch.Tensor:
 
 
 @pytest.mark.slow
-def test_alias_is_cached_as_safetensors_with_identical_logits(smollm2: LoadedModel, model_cache: Path) -> None:
+def test_alias_is_cached_with_identical_logits(smollm2: LoadedModel, model_cache: Path) -> None:
     source = Path(smollm2.source)
     assert source.parent == model_cache / "models"
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in source.iterdir()}

