@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--model", required=True, help="model whose tokenizer the datastore uses")
     build.add_argument("--corpus", required=True, type=Path)
     build.add_argument("--pattern", default="*", help="file glob when the corpus is a directory")
+    build.add_argument("--exclude", action="append", default=[], help="skip paths with this part (repeatable)")
     build.add_argument("--out", required=True, type=Path)
     return parser
 
@@ -201,7 +202,9 @@ def _datastore(args: argparse.Namespace) -> int:
     from speccore.datastore import build_datastore
 
     target = _load(argparse.Namespace(model=args.model, device="cpu", dtype="auto", threads=None))
-    store = build_datastore(target.tokenizer, args.corpus, args.out, pattern=args.pattern)
+    store = build_datastore(
+        target.tokenizer, args.corpus, args.out, pattern=args.pattern, exclude=tuple(args.exclude)
+    )
     print(json.dumps({"out": str(args.out), **store.meta}))
     return 0
 

@@ -17,6 +17,8 @@ from speccore.models import LoadedModel, cache_root
 from speccore.prompts import sharegpt_conversations
 
 CHAT_CONVERSATIONS = 4000
+# The interpreter's own sources, without installed packages and test suites.
+STDLIB_EXCLUDE = ("site-packages", "test", "tests", "idle_test", "lib2to3")
 
 
 def default_datastore(target: LoadedModel, workload: str, exclude_ids: frozenset[str]) -> Path:
@@ -31,7 +33,9 @@ def default_datastore(target: LoadedModel, workload: str, exclude_ids: frozenset
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     if workload == "code":
-        build_datastore(target.tokenizer, Path(sysconfig.get_paths()["stdlib"]), out, pattern="*.py")
+        build_datastore(
+            target.tokenizer, Path(sysconfig.get_paths()["stdlib"]), out, pattern="*.py", exclude=STDLIB_EXCLUDE
+        )
         return out
     corpus = out.with_suffix(".jsonl")
     with corpus.open("w") as fh:

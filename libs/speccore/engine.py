@@ -78,6 +78,7 @@ class Engine:
         self.runner = ModelRunner(target.model)
         self.proposer = build_proposer(method, target, config or ProposerConfig())
 
+    @torch.inference_mode()
     def generate(self, requests: list[Request], on_tokens: TokenCallback | None = None) -> list[Generation]:
         """Generate all requests as one padded batch; on_tokens(row, ids) streams new tokens."""
         seqs = self._validate(requests)

@@ -215,16 +215,12 @@ def _cached_gguf(gguf: Path) -> Path:
                 gguf.parent,
                 gguf_file=gguf.name,
                 dtype=torch.float32,
-                # Unpack every block now, even where a GGUF matmul kernel could keep them packed.
+                # A plain dense model: save_pretrained refuses GGUF-packed ones ("not
+                # serializable"), which is what a GGUF matmul kernel, where present, would keep.
                 quantization_config=GgufConfig(dequantize=True),
             )
     except (OSError, ValueError) as err:
         raise SpecError(f"cannot load GGUF file {gguf}: {_first_line(err)}") from err
-    # The weights are plain float32 tensors now; without the GGUF quantizer marker
-    # save_pretrained writes them (it refuses "non-serializable" quantized models).
-    del model.hf_quantizer
-    with contextlib.suppress(AttributeError):
-        del model.config.quantization_config
     models.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=models))
     try:
