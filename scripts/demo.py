@@ -40,7 +40,9 @@ def main() -> int:
         gen = engine.generate([Request(ids, 128)])[0]
         baseline = baseline if baseline is not None else gen.token_ids
         m = gen.metrics
-        rows.append((method, m.tokens_per_s, m.mean_acceptance_length, m.acceptance_rate, gen.token_ids == baseline))
+        rows.append(
+            (method, m.tokens_per_s, m.mean_acceptance_length, m.acceptance_rate, gen.token_ids == baseline)
+        )
         if method == "none":
             print(f"completion:\n{gen.text}\n")
     base_tps = rows[0][1]

@@ -34,7 +34,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 def _draft_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k", type=int, help="draft tokens per step (family default when omitted)")
-    p.add_argument("--draft", help="draft model for draft_model/hf_assisted, or self:N (target's first N layers)")
+    p.add_argument(
+        "--draft", help="draft model for draft_model/hf_assisted, or self:N (target's first N layers)"
+    )
     p.add_argument("--datastore", help="REST datastore built with `specops datastore build`")
 
 
@@ -79,7 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--model", required=True, help="model whose tokenizer the datastore uses")
     build.add_argument("--corpus", required=True, type=Path)
     build.add_argument("--pattern", default="*", help="file glob when the corpus is a directory")
-    build.add_argument("--exclude", action="append", default=[], help="skip paths with this part (repeatable)")
+    build.add_argument(
+        "--exclude", action="append", default=[], help="skip paths with this part (repeatable)"
+    )
     build.add_argument("--out", required=True, type=Path)
     return parser
 
@@ -121,25 +125,37 @@ def _generate(args: argparse.Namespace) -> int:
     if not text.strip():
         raise SpecError("the prompt is empty")
     sampling = _sampling(args)
-    cfg = ProposerConfig(k=args.k if args.k is not None else DEFAULT_K.get(args.method, 5), draft=args.draft,
-                         datastore=args.datastore)
+    cfg = ProposerConfig(
+        k=args.k if args.k is not None else DEFAULT_K.get(args.method, 5),
+        draft=args.draft,
+        datastore=args.datastore,
+    )
     target = _load(args)
     engine = Engine(target, args.method, cfg)
-    request = Request(target.encode_prompt(text, args.chat), args.max_new_tokens, sampling, args.seed,
-                      tuple(args.stop))
+    request = Request(
+        target.encode_prompt(text, args.chat), args.max_new_tokens, sampling, args.seed, tuple(args.stop)
+    )
     stream = None
     if not args.json:
         decoder = _StreamDecoder(target.tokenizer)
         stream = decoder.feed
     gen = engine.generate([request], on_tokens=stream)[0]
     if args.json:
-        out = {"text": gen.text, "token_ids": gen.token_ids, "finish_reason": gen.finish_reason,
-               "method": args.method, "metrics": gen.metrics.to_dict()}
+        out = {
+            "text": gen.text,
+            "token_ids": gen.token_ids,
+            "finish_reason": gen.finish_reason,
+            "method": args.method,
+            "metrics": gen.metrics.to_dict(),
+        }
         print(json.dumps(out))
     else:
         m = gen.metrics
-        print(f"\n[{args.method}] {m.new_tokens} tokens, {m.tokens_per_s:.1f} tok/s, acceptance "
-              f"{m.acceptance_rate:.2f}, mean acceptance length {m.mean_acceptance_length:.2f}", file=sys.stderr)
+        print(
+            f"\n[{args.method}] {m.new_tokens} tokens, {m.tokens_per_s:.1f} tok/s, acceptance "
+            f"{m.acceptance_rate:.2f}, mean acceptance length {m.mean_acceptance_length:.2f}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -172,8 +188,19 @@ def _bench(args: argparse.Namespace) -> int:
     from speccore.bench import BenchSpec, default_output, run_bench
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    spec = BenchSpec(args.workload, methods, args.n_prompts, args.max_new_tokens, args.reps, _sampling(args),
-                     args.seed, args.batch_size, args.k, args.draft, args.datastore)
+    spec = BenchSpec(
+        args.workload,
+        methods,
+        args.n_prompts,
+        args.max_new_tokens,
+        args.reps,
+        _sampling(args),
+        args.seed,
+        args.batch_size,
+        args.k,
+        args.draft,
+        args.datastore,
+    )
     target = _load(args)
     result = run_bench(target, spec, log=lambda msg: print(msg, file=sys.stderr))
     out = args.json or default_output(spec, args.model)
@@ -186,15 +213,18 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _table(result: dict) -> str:
     lines = [f"{'method':18} {'tok/s':>8} {'speedup':>8} {'accept':>7} {'MAL':>5} identical"]
+    nan = float("nan")
     for name, r in result["methods"].items():
+        accept, mal = r.get("acceptance_rate", nan), r.get("mean_acceptance_length", nan)
         lines.append(
             f"{name:18} {r['tokens_per_s_median']:8.2f} {r['speedup_vs_none']:7.2f}x "
-            f"{r.get('acceptance_rate', float('nan')):7.2f} {r.get('mean_acceptance_length', float('nan')):5.2f} "
-            f"{r.get('identical_to_baseline', '-')}"
+            f"{accept:7.2f} {mal:5.2f} {r.get('identical_to_baseline', '-')}"
         )
     limit = result["plain_decoding_limit"]
-    lines.append(f"plain-decoding limit: {limit['tokens_per_s']:.1f} tok/s "
-                 f"({limit['read_bandwidth_gb_s']:.1f} GB/s read bandwidth)")
+    lines.append(
+        f"plain-decoding limit: {limit['tokens_per_s']:.1f} tok/s "
+        f"({limit['read_bandwidth_gb_s']:.1f} GB/s read bandwidth)"
+    )
     return "\n".join(lines)
 
 

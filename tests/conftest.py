@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
 
-from speccore.models import LoadedModel, load_model
+# Idle OpenMP threads sleep instead of spinning: on a shared 2-core machine spinning
+# threads of one process starve the other (a 5x slowdown was measured).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from speccore.models import LoadedModel, load_model  # noqa: E402
 
 torch.set_num_threads(2)
 

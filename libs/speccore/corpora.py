@@ -34,7 +34,11 @@ def default_datastore(target: LoadedModel, workload: str, exclude_ids: frozenset
     out.parent.mkdir(parents=True, exist_ok=True)
     if workload == "code":
         build_datastore(
-            target.tokenizer, Path(sysconfig.get_paths()["stdlib"]), out, pattern="*.py", exclude=STDLIB_EXCLUDE
+            target.tokenizer,
+            Path(sysconfig.get_paths()["stdlib"]),
+            out,
+            pattern="*.py",
+            exclude=STDLIB_EXCLUDE,
         )
         return out
     corpus = out.with_suffix(".jsonl")

@@ -72,7 +72,9 @@ def build_proposer(method: str, target: LoadedModel, config: ProposerConfig) -> 
 
 
 class Engine:
-    def __init__(self, target: LoadedModel, method: str = "none", config: ProposerConfig | None = None) -> None:
+    def __init__(
+        self, target: LoadedModel, method: str = "none", config: ProposerConfig | None = None
+    ) -> None:
         self.target = target
         self.method = method
         self.runner = ModelRunner(target.model)
@@ -161,7 +163,9 @@ class Engine:
         verdict = verify_block(
             logits, tokens, parents, acceptable, sampling, ctx.generators, tree.draft_probs, active
         )
-        cache.commit_paths([path if act else [] for path, act in zip(verdict.accepted_nodes, active, strict=True)])
+        cache.commit_paths(
+            [path if act else [] for path, act in zip(verdict.accepted_nodes, active, strict=True)]
+        )
         t2 = time.perf_counter()
 
         depth = _acceptable_depths(parents, acceptable)
@@ -195,7 +199,9 @@ class Engine:
                 if act:
                     metrics[row].draft_time_s += observe_time
 
-    def _emit(self, row: int, seq: Sequence, req: Request, new: list[int], on_tokens: TokenCallback | None) -> None:
+    def _emit(
+        self, row: int, seq: Sequence, req: Request, new: list[int], on_tokens: TokenCallback | None
+    ) -> None:
         """Append tokens to a sequence, stopping at EOS, max tokens or a stop string."""
         kept: list[int] = []
         for token in new:

@@ -29,12 +29,16 @@ class HFGenerator:
             self.extra["num_assistant_tokens_schedule"] = "constant"
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, seed: int) -> list[int]:
+    def generate(
+        self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingParams, seed: int
+    ) -> list[int]:
         ids = torch.tensor([prompt_ids], device=self.target.device)
         kwargs: dict[str, object] = {"do_sample": not sampling.greedy}
         if not sampling.greedy:
             torch.manual_seed(seed)
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+            kwargs.update(
+                temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None
+            )
         out = self.target.model.generate(
             ids,
             attention_mask=torch.ones_like(ids),

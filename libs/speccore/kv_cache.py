@@ -78,8 +78,11 @@ class StaticKVCache:
         ]
         if moves:
             rows, src, dst = (torch.tensor(col, device=self.device) for col in zip(*moves, strict=True))
-            for buf in (*self._keys, *self._values):
-                buf[rows, :, dst] = buf[rows, :, src]
+            # The buffers were allocated inside the runner's inference mode; torch refuses
+            # in-place writes to such tensors outside it.
+            with torch.inference_mode():
+                for buf in (*self._keys, *self._values):
+                    buf[rows, :, dst] = buf[rows, :, src]
         self.lengths += torch.tensor([len(p) for p in paths], dtype=torch.long)
 
     def nbytes(self) -> int:

@@ -46,7 +46,8 @@ class GenerationMetrics:
 
     @property
     def per_position_acceptance(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+        pairs = zip(self.accepted_per_position, self.drafted_per_position, strict=True)
+        return [a / d if d else 0.0 for a, d in pairs]
 
     @property
     def tpot_s(self) -> float:

@@ -215,8 +215,8 @@ def _cached_gguf(gguf: Path) -> Path:
                 gguf.parent,
                 gguf_file=gguf.name,
                 dtype=torch.float32,
-                # A plain dense model: save_pretrained refuses GGUF-packed ones ("not
-                # serializable"), which is what a GGUF matmul kernel, where present, would keep.
+                # Unpack every block even where a GGUF matmul kernel could keep them packed:
+                # save_pretrained refuses GGUF-quantized models ("not serializable").
                 quantization_config=GgufConfig(dequantize=True),
             )
     except (OSError, ValueError) as err:

@@ -118,16 +118,23 @@ def test_k_and_remaining_tokens_cap_the_guess_depth() -> None:
     assert accepted_paths(prop.propose(seqs, ctx(1)), 0) == {(2,)}
 
 
-def test_finished_and_empty_rows_get_nothing() -> None:
+def test_finished_rows_get_nothing() -> None:
     prop = LookaheadProposer(ProposerConfig())
-    seqs = [make_seq([1, 2, 3, 1], [2]), make_seq([1, 2, 3], []), make_seq([1, 2, 3, 1], [2])]
-    seqs[2].finished = True
+    seqs = [make_seq([1, 2, 3, 1], [2]), make_seq([1, 2, 3, 1], [2, 3, 1])]
+    seqs[1].finished = True
     prop.start(seqs)
-    tree = prop.propose(seqs, ctx(3))
+    tree = prop.propose(seqs, ctx(2))
     assert tree.size > 0
-    for row in (1, 2):
-        assert not tree.acceptable[row].any()
-        assert (tree.parents[row] == -1).all()
+    assert not tree.acceptable[1].any()
+    assert (tree.parents[1] == -1).all()
+
+
+def test_first_step_drafts_after_the_prompts_last_token() -> None:
+    prop = LookaheadProposer(ProposerConfig(lookahead_ngram=3))
+    seqs = [make_seq([4, 5, 6, 7, 4], [])]  # nothing emitted yet: the pending token is the prompt's last
+    prop.start(seqs)
+    tree = prop.propose(seqs, ctx(1))
+    assert accepted_paths(tree, 0) == {(5,), (5, 6)}
 
 
 def test_all_finished_batch_drafts_an_empty_tree() -> None:
@@ -205,3 +212,24 @@ def test_registered_and_memory_grows_with_the_pool() -> None:
     small = prop.extra_memory_bytes()
     prop.start([make_seq(list(range(200)), [4])])
     assert prop.extra_memory_bytes() > small > 0
+
+
+PATTERN = "apple banana cherry grape apple banana cherry grape apple banana cherry grape apple"
+
+
+@pytest.mark.slow
+def test_real_model_greedy_identity_and_acceptance(smollm) -> None:
+    from speccore.engine import Engine, Request
+
+    prompts = [
+        smollm.encode_prompt(PATTERN, chat=False),
+        smollm.encode_prompt("def fibonacci(n):\n    if n < 2:\n        return n\n", chat=False),
+        smollm.encode_prompt("Name three colours.", chat=True),
+    ]
+    requests = [Request(p, 32) for p in prompts]
+    reference = [g.token_ids for g in Engine(smollm, "none").generate(requests)]
+    results = Engine(smollm, "lookahead", ProposerConfig(k=4)).generate(requests)
+    assert [g.token_ids for g in results] == reference
+    repetitive = results[0].metrics
+    assert repetitive.accepted_tokens > 0
+    assert repetitive.mean_acceptance_length > 1.5

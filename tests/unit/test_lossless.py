@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from scipy import stats
+from stats import chi_square_pvalue
 
 import speccore.verify
 from speccore.datastore import build_datastore
@@ -62,7 +62,8 @@ def _configs(datastore: str) -> dict[str, ProposerConfig]:
 def _greedy(engine: Engine, prompts: list[list[int]], batch: int) -> list[list[int]]:
     out: list[list[int]] = []
     for i in range(0, len(prompts), batch):
-        out += [g.token_ids for g in engine.generate([Request(p, GREEDY_NEW_TOKENS) for p in prompts[i : i + batch]])]
+        reqs = [Request(p, GREEDY_NEW_TOKENS) for p in prompts[i : i + batch]]
+        out += [g.token_ids for g in engine.generate(reqs)]
     return out
 
 
@@ -79,7 +80,9 @@ def greedy_reference(smollm, greedy_prompts):
 
 
 @pytest.mark.parametrize("method", ["ngram", "rest", "draft_model", "lookahead"])
-def test_greedy_output_is_identical_to_plain_decoding(smollm, greedy_prompts, greedy_reference, datastore, method):
+def test_greedy_output_is_identical_to_plain_decoding(
+    smollm, greedy_prompts, greedy_reference, datastore, method
+):
     engine = Engine(smollm, method, _configs(datastore)[method])
     outputs = _greedy(engine, greedy_prompts, batch=10)
     mismatched = [i for i, (a, b) in enumerate(zip(outputs, greedy_reference, strict=True)) if a != b]
@@ -96,7 +99,9 @@ def test_gemma_greedy_identity(gemma, method, tmp_path):
     store = tmp_path / "gemma.npz"
     build_datastore(gemma.tokenizer, corpus, store, progress=False)
     cfg = {**_configs(str(store)), "draft_model": ProposerConfig(k=3, draft="self:9")}[method]
-    prompts = [gemma.encode_prompt(t, chat=False) for t in (PATTERN, "def add(a, b):\n", "The capital of France")]
+    prompts = [
+        gemma.encode_prompt(t, chat=False) for t in (PATTERN, "def add(a, b):\n", "The capital of France")
+    ]
     reference = _greedy(Engine(gemma, "none"), prompts, batch=3)
     assert _greedy(Engine(gemma, method, cfg), prompts, batch=3) == reference
 
@@ -126,20 +131,6 @@ def _pair_samples(engine: Engine, prompt: list[int]) -> list[tuple[int, int]]:
     return pairs
 
 
-def _chi_square_p(samples: list[tuple[int, int]], probs: dict[tuple[int, int], float]) -> float:
-    """Goodness of fit; categories with expected count < 5 are pooled into one."""
-    n = len(samples)
-    counts: dict[tuple[int, int], int] = {}
-    for s in samples:
-        counts[s] = counts.get(s, 0) + 1
-    big = [c for c, p in probs.items() if p * n >= 5]
-    observed = [counts.get(c, 0) for c in big]
-    expected = [probs[c] * n for c in big]
-    observed.append(n - sum(observed))
-    expected.append(n - sum(expected))
-    return float(stats.chisquare(observed, expected).pvalue)
-
-
 @pytest.fixture(scope="module")
 def sampling_prompt(smollm):
     return smollm.encode_prompt(PATTERN, chat=False)
@@ -151,7 +142,7 @@ def test_sampled_output_follows_target_distribution(smollm, sampling_prompt, dat
     engine = Engine(smollm, method, cfg)
     samples = _pair_samples(engine, sampling_prompt)
     probs = _target_pair_probs(smollm, sampling_prompt, {a for a, _ in samples})
-    assert _chi_square_p(samples, probs) > ALPHA
+    assert chi_square_pvalue(samples, probs) > ALPHA
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
@@ -160,4 +151,4 @@ def test_broken_acceptance_rule_is_detected(smollm, sampling_prompt, datastore, 
     engine = Engine(smollm, method, _configs(datastore)[method])
     samples = _pair_samples(engine, sampling_prompt)
     probs = _target_pair_probs(smollm, sampling_prompt, {a for a, _ in samples})
-    assert _chi_square_p(samples, probs) < ALPHA
+    assert chi_square_pvalue(samples, probs) < ALPHA

@@ -1,9 +1,8 @@
 """Model loading: offline aliases, the safetensors cache of dequantized GGUF files, errors.
 
-Every test points SPECOPS_CACHE_DIR at one directory for the whole session: the one
-already set in the environment (CI keeps it between runs), else a fresh temporary
-one, in which case each alias is dequantized once per run (about 30 s for smollm2,
-100 s for gemma on 2 CPU cores).
+The tests share the suite's model cache (SPECOPS_CACHE_DIR or the user cache
+directory): on a fresh machine the first load dequantizes each alias (about 30 s
+for smollm2, 100 s for gemma on 2 CPU cores) and every later load reads the cache.
 """
 
 from __future__ import annotations
@@ -18,34 +17,18 @@ import torch
 from transformers import AutoModelForCausalLM, ViTConfig
 
 from speccore.errors import SpecError
-from speccore.models import ALIASES, LoadedModel, _sha256, load_model, resolve_alias
+from speccore.models import ALIASES, LoadedModel, _sha256, cache_root, load_model, resolve_alias
 
 
 @pytest.fixture(scope="session")
-def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    shared = os.environ.get("SPECOPS_CACHE_DIR")
-    return Path(shared) if shared else tmp_path_factory.mktemp("specops-cache")
+def model_cache() -> Path:
+    """The cache the whole suite shares, so each alias is dequantized once per machine."""
+    return cache_root()
 
 
-@pytest.fixture(autouse=True)
-def _cache_env(model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SPECOPS_CACHE_DIR", str(model_cache))
-
-
-def _load_in(cache: Path, ref: str) -> LoadedModel:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECOPS_CACHE_DIR", str(cache))
-        return load_model(ref, device="cpu")
-
-
-@pytest.fixture(scope="module")
-def smollm2(model_cache: Path) -> LoadedModel:
-    return _load_in(model_cache, "smollm2-135m-instruct")
-
-
-@pytest.fixture(scope="module")
-def gemma(model_cache: Path) -> LoadedModel:
-    return _load_in(model_cache, "gemma-3-270m")
+@pytest.fixture
+def smollm2(smollm: LoadedModel) -> LoadedModel:
+    return smollm
 
 
 @pytest.fixture

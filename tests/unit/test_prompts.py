@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from speccore.errors import SpecError
 from speccore.prompts import (
     WORKLOADS,

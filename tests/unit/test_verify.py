@@ -56,7 +56,9 @@ CHAIN = [-1, 0, 1, 2]
         ([6, 4, 5, 8], [0], 6),  # first draft rejected: the target's own token
     ],
 )
-def test_greedy_accepts_the_longest_matching_prefix(argmax: list[int], path: list[int], next_token: int) -> None:
+def test_greedy_accepts_the_longest_matching_prefix(
+    argmax: list[int], path: list[int], next_token: int
+) -> None:
     assert _greedy([[9, 3, 4, 5]], [CHAIN], [argmax]) == ([path], [next_token])
 
 
@@ -142,7 +144,9 @@ def test_sampled_verification_is_reproducible_from_the_request_seeds() -> None:
     assert other != first  # ... while the request's own seed does
 
 
-def _first_tokens(p: torch.Tensor, cand_q: torch.Tensor | None, cand_tokens: torch.Tensor, seed: int) -> list[int]:
+def _first_tokens(
+    p: torch.Tensor, cand_q: torch.Tensor | None, cand_tokens: torch.Tensor, seed: int
+) -> list[int]:
     """First emitted token of each row: the root has len(cand) children, the candidates.
 
     p: [V] target at the root; cand_q: [m, V] distribution each candidate was drawn
@@ -165,7 +169,9 @@ def _first_tokens(p: torch.Tensor, cand_q: torch.Tensor | None, cand_tokens: tor
 def _draws_with_sampled_drafts(seed: int, candidates: int) -> tuple[list[int], dict[int, float]]:
     gen = torch.Generator().manual_seed(seed)
     p, q = _random_dist(gen), _random_dist(gen)
-    cand = torch.multinomial(q, DRAWS * candidates, replacement=True, generator=gen).reshape(DRAWS, candidates)
+    cand = torch.multinomial(q, DRAWS * candidates, replacement=True, generator=gen).reshape(
+        DRAWS, candidates
+    )
     return _first_tokens(p, q.expand(candidates, V), cand, seed + 1), dict(enumerate(p.tolist()))
 
 

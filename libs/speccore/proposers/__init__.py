@@ -16,7 +16,16 @@ DEFAULT_K = {
     "hf_assisted": 4,
 }
 
-__all__ = ["DEFAULT_K", "FAMILIES", "REGISTRY", "DraftTree", "Proposer", "ProposerConfig", "StepContext", "StepOutcome"]
+__all__ = [
+    "DEFAULT_K",
+    "FAMILIES",
+    "REGISTRY",
+    "DraftTree",
+    "Proposer",
+    "ProposerConfig",
+    "StepContext",
+    "StepOutcome",
+]
 
 
 def load_all() -> None:

@@ -46,7 +46,9 @@ def truncated_copy(model: nn.Module, n_layers: int) -> nn.Module:
 def resolve_draft(ref: str | None, target: LoadedModel) -> tuple[nn.Module, int]:
     """The draft module and the bytes of weights it adds beyond the target."""
     if not ref:
-        raise SpecError("the draft_model family needs --draft MODEL (or self:N for the target's first N layers)")
+        raise SpecError(
+            "the draft_model family needs --draft MODEL (or self:N for the target's first N layers)"
+        )
     if ref.startswith(SELF_PREFIX):
         try:
             n_layers = int(ref[len(SELF_PREFIX) :])
@@ -106,7 +108,9 @@ class DraftModelProposer(Proposer):
         return DraftTree(
             tokens=torch.stack(drafts, 1),
             parents=chain_parents(len(seqs), steps),
-            acceptable=torch.tensor([[not s.finished and i < s.remaining - 1 for i in range(steps)] for s in seqs]),
+            acceptable=torch.tensor(
+                [[not s.finished and i < s.remaining - 1 for i in range(steps)] for s in seqs]
+            ),
             draft_probs=torch.stack(probs, 1) if probs else None,
         )
 

@@ -181,7 +181,7 @@ class LookaheadProposer(Proposer):
         self._rows: list[_Row | None] = []
 
     def start(self, seqs: list[Sequence]) -> None:
-        self._rows = [self._new_row(seq) if seq.output_ids else None for seq in seqs]
+        self._rows = [self._new_row(seq) for seq in seqs]
 
     def _new_row(self, seq: Sequence) -> _Row:
         context = seq.token_ids
@@ -202,13 +202,13 @@ class LookaheadProposer(Proposer):
     def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
         per_row: list[tuple[list[int], list[int]] | None] = []
         for b, seq in enumerate(seqs):
-            if seq.finished or not seq.output_ids:
+            if seq.finished:
                 per_row.append(None)
                 if b < len(self._rows) and (idle := self._rows[b]) is not None:
                     idle.drafted = False
                 continue
             row = self._row(b, seq)
-            pending = seq.output_ids[-1]
+            pending = seq.pending
             row.levels[0][0] = pending
             window = row.levels[0][1:] + [tok for level in row.levels[1:] for tok in level]
             depth = min(self.depth, seq.remaining - 1)
@@ -246,7 +246,7 @@ class LookaheadProposer(Proposer):
                 new = jacobi[b]
                 for key, cont in harvest(row.levels, new):
                     add_ngram(row.pool, key, cont, self.guesses)
-                row.levels = shift_window(row.levels, new, seq.output_ids[-1])
+                row.levels = shift_window(row.levels, new, seq.pending)
                 row.drafted = False
             self._absorb(row, seq)
 
