@@ -1,0 +1,101 @@
+"""The `specops` command line: its JSON contract and one-line errors on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m-instruct"
+
+
+def specops(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    return subprocess.run(
+        [sys.executable, "-m", "specops.cli", *args], capture_output=True, text=True, env=env, timeout=600
+    )
+
+
+def test_generate_json_contract(smollm):
+    out = specops(
+        "generate", "--model", MODEL, "--method", "ngram", "--k", "6",
+        "--prompt", "def add(a, b):", "--max-new-tokens", "12", "--json",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["token_ids"] and isinstance(result["text"], str)
+    metrics = result["metrics"]
+    for name in (
+        "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_acceptance_length",
+        "per_position_acceptance", "draft_time_s", "verify_time_s", "rollbacks", "ttft_s",
+        "tpot_s", "tokens_per_s", "extra_memory_bytes",
+    ):  # fmt: skip
+        assert name in metrics
+    assert metrics["new_tokens"] == len(result["token_ids"]) <= 12
+
+
+def test_generate_streams_text_without_json(smollm):
+    out = specops("generate", "--model", MODEL, "--prompt", "Hello", "--chat", "--max-new-tokens", "8")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
+    assert "tok/s" in out.stderr
+
+
+def test_bench_writes_results(smollm, tmp_path):
+    dest = tmp_path / "bench.json"
+    out = specops(
+        "bench", "--model", MODEL, "--workload", "code", "--methods", "ngram,hf",
+        "--n-prompts", "2", "--reps", "1", "--max-new-tokens", "8", "--json", str(dest),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(dest.read_text())
+    assert set(result["methods"]) == {"none", "ngram", "hf"}
+    assert result["methods"]["none"]["speedup_vs_none"] == 1.0
+    assert result["methods"]["ngram"]["identical_to_baseline"] is True
+    assert result["methods"]["hf"]["identical_to_baseline"] is True
+    assert result["plain_decoding_limit"]["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "no-such-model"], "not a known alias"),
+        (["--model", MODEL, "--k", "0", "--method", "ngram"], "k must be a positive"),
+        (["--model", MODEL, "--k", "1000", "--method", "ngram"], "too large"),
+        (["--model", MODEL, "--prompt", "   "], "prompt is empty"),
+        (["--model", MODEL, "--method", "medusa9"], "invalid choice"),
+        (["--model", MODEL, "--method", "rest"], "needs --datastore"),
+        (["--model", MODEL, "--method", "draft_model", "--draft", "gemma-3-270m"], "different tokenizer"),
+        (["--model", MODEL, "--method", "draft_model", "--draft", "self:99"], "self:99"),
+        (["--model", MODEL, "--temperature", "-1"], "temperature"),
+    ],
+)
+def test_bad_input_gives_one_line_error(smollm, gemma, args, message):
+    if "--prompt" not in args:
+        args = [*args, "--prompt", "hello"]
+    out = specops("generate", *args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_prompt_longer_than_context(smollm, tmp_path: Path):
+    prompt = tmp_path / "long.txt"
+    prompt.write_text("token " * (smollm.max_context + 10))
+    out = specops("generate", "--model", MODEL, "--prompt-file", str(prompt))
+    assert out.returncode == 2
+    assert "exceeds the model's context" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_missing_prompt_file():
+    out = specops("generate", "--model", MODEL, "--prompt-file", "/nonexistent/prompt.txt")
+    assert out.returncode == 2
+    assert "cannot read prompt file" in out.stderr
