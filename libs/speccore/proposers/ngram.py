@@ -8,16 +8,21 @@ import numpy as np
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, register
 from speccore.state import Sequence
 
+# A match this long drafts the full k tokens; a shorter match of n tokens drafts
+# only n. Short matches are usually wrong, and a block of one or two extra tokens
+# costs about as much as a single token (measured on CPU), so they are probed cheaply.
+CONFIDENT_MATCH = 3
+
 
 def lookup(tokens: np.ndarray, k: int, ngram_min: int, ngram_max: int) -> list[int]:
-    """Up to k tokens following the most recent earlier match of the longest suffix n-gram."""
+    """Tokens following the most recent earlier match of the longest suffix n-gram."""
     length = len(tokens)
     for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
         windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
         hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return tokens[start : start + k].tolist()
+            return tokens[start : start + (k if n >= CONFIDENT_MATCH else min(k, n))].tolist()
     return []
 
 
