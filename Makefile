@@ -22,13 +22,14 @@ test: setup
 demo: setup
 	$(PY) scripts/demo.py
 
+# The README's measured results: greedy, 128 new tokens, 2 CPU threads, ratios in one run.
 bench: setup
-	$(VENV)/bin/specops bench --model smollm2-135m-instruct --workload code \
-		--methods none,hf,ngram,hf_prompt_lookup,rest,lookahead,draft_model,hf_assisted --draft self:12 \
-		--n-prompts 8 --reps 3 --max-new-tokens 128 --threads 2
-	$(VENV)/bin/specops bench --model smollm2-135m-instruct --workload chat \
-		--methods none,hf,ngram,hf_prompt_lookup,rest,lookahead,draft_model,hf_assisted --draft self:12 \
-		--n-prompts 8 --reps 3 --max-new-tokens 128 --threads 2
+	for wl in code chat; do \
+		OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/specops bench --model smollm2-135m-instruct --workload $$wl \
+			--methods none,hf,ngram,hf_prompt_lookup,rest,lookahead,draft_model,hf_assisted --draft self:12 \
+			--n-prompts 5 --reps 2 --max-new-tokens 128 --threads 2 \
+			--json bench/results/smollm2-135m-instruct-$$wl-greedy-cpu2.json || exit 1; \
+	done
 
 lint: setup
 	$(VENV)/bin/ruff check libs specops tests scripts

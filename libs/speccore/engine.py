@@ -105,7 +105,7 @@ class Engine:
         for seq, m in zip(seqs, run.metrics, strict=True):
             m.new_tokens = len(seq.output_ids)
             m.extra_memory_bytes = extra
-            text = self.target.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
+            text = str(self.target.tokenizer.decode(seq.output_ids, skip_special_tokens=True))
             results.append(Generation(seq.output_ids, text, seq.finish_reason or "length", m))
         return results
 

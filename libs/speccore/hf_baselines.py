@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from speccore.errors import SpecError
@@ -39,7 +41,8 @@ class HFGenerator:
             kwargs.update(
                 temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None
             )
-        out = self.target.model.generate(
+        model: Any = self.target.model
+        out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,

@@ -53,11 +53,12 @@ class ModelRunner:
         block_cols = lengths[:, None] + torch.arange(q)  # [batch, q]
         mask = (torch.arange(width)[None, :] < lengths[:, None])[:, None, :].repeat(1, q, 1)
         mask.scatter_(2, block_cols[:, None, :].expand(batch, q, q), anc)  # [batch, q, width]
-        attn: torch.Tensor | dict[str, torch.Tensor] = mask[:, None].to(self.device)
+        full = mask[:, None].to(self.device)
+        attn: torch.Tensor | dict[str, torch.Tensor] = full
         if self.sliding_window is not None:
             kv_pos = torch.arange(width).repeat(batch, 1).scatter_(1, block_cols, positions)
             near = (positions[:, :, None] - kv_pos[:, None, :]) < self.sliding_window
-            attn = {"full_attention": attn, "sliding_attention": (mask & near)[:, None].to(self.device)}
+            attn = {"full_attention": full, "sliding_attention": (mask & near)[:, None].to(self.device)}
         out = self.backbone(
             input_ids=tokens.to(self.device),
             attention_mask=attn,

@@ -8,11 +8,14 @@ feeds only the tokens it has not.
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
 from speccore.errors import SpecError
+from speccore.kv_cache import StaticKVCache
 from speccore.models import LoadedModel, load_model
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, register
 from speccore.runner import ModelRunner
@@ -23,16 +26,17 @@ from speccore.tree import chain_parents
 SELF_PREFIX = "self:"
 
 
-def truncated_copy(model: nn.Module, n_layers: int) -> nn.Module:
+def truncated_copy(model: PreTrainedModel, n_layers: int) -> PreTrainedModel:
     """The target's first n_layers with its final norm and head; weights shared, not copied."""
     total = model.config.num_hidden_layers
     if not 1 <= n_layers < total:
         raise SpecError(f"self:{n_layers} needs 1 <= layers < {total} (the target's depth)")
     draft = copy.copy(model)
     draft._modules = dict(model._modules)
-    backbone = copy.copy(model.base_model)
-    backbone._modules = dict(backbone._modules)
-    backbone.layers = nn.ModuleList(list(model.base_model.layers)[:n_layers])
+    source: Any = model.base_model
+    backbone = copy.copy(source)
+    backbone._modules = dict(source._modules)
+    backbone.layers = nn.ModuleList(list(source.layers)[:n_layers])
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = n_layers
     if getattr(config, "layer_types", None):
@@ -43,7 +47,7 @@ def truncated_copy(model: nn.Module, n_layers: int) -> nn.Module:
     return draft
 
 
-def resolve_draft(ref: str | None, target: LoadedModel) -> tuple[nn.Module, int]:
+def resolve_draft(ref: str | None, target: LoadedModel) -> tuple[PreTrainedModel, int]:
     """The draft module and the bytes of weights it adds beyond the target."""
     if not ref:
         raise SpecError(
@@ -68,7 +72,7 @@ class DraftModelProposer(Proposer):
         self.k = cfg.k
         model, self.weight_bytes = resolve_draft(cfg.draft, target)
         self.runner = ModelRunner(model)
-        self.cache = None
+        self.cache: StaticKVCache | None = None
 
     def start(self, seqs: list[Sequence]) -> None:
         capacity = max(len(s.prompt_ids) + s.max_new_tokens for s in seqs) + 2 * self.k + 8

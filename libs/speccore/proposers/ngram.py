@@ -35,7 +35,7 @@ class NgramProposer(Proposer):
         self.ngram_max = cfg.ngram_max
 
     def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
-        chains = []
+        chains: list[list[int]] = []
         for seq in seqs:
             budget = min(self.k, seq.remaining - 1)
             if seq.finished or budget <= 0:

@@ -1,0 +1,38 @@
+"""Markdown table of a `specops bench` result file, as quoted in the README."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def table(path: Path) -> str:
+    r = json.loads(path.read_text())
+    spec, machine = r["spec"], r["machine"]
+    lines = [
+        f"`{spec['workload']}`: {r['model']}, {len(r['prompt_ids'])} prompts x {spec['reps']} reps, "
+        f"{spec['max_new_tokens']} new tokens, temperature {spec['sampling']['temperature']:g}, "
+        f"batch {spec['batch_size']}, {machine['threads']} threads, {machine['date']} (`{path}`)",
+        "",
+        "| method | tok/s (median) | speedup vs none | acceptance | mean acceptance length | identical to none |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in r["methods"].items():
+        acc = f"{m['acceptance_rate']:.2f}" if "acceptance_rate" in m else "-"
+        mal = f"{m['mean_acceptance_length']:.2f}" if "mean_acceptance_length" in m else "-"
+        same = {True: "yes", False: "**no**"}.get(m.get("identical_to_baseline"), "-")
+        lines.append(
+            f"| {name} | {m['tokens_per_s_median']:.2f} | {m['speedup_vs_none']:.2f}x | {acc} | {mal} | {same} |"
+        )
+    limit = r["plain_decoding_limit"]
+    lines.append(
+        f"| plain-decoding limit | {limit['tokens_per_s']:.1f} | "
+        f"{limit['tokens_per_s'] / r['methods']['none']['tokens_per_s_median']:.2f}x | "
+        f"weights {r['weight_bytes'] / 1e6:.0f} MB / read bandwidth {limit['read_bandwidth_gb_s']:.1f} GB/s | | |"
+    )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print("\n\n".join(table(Path(p)) for p in sys.argv[1:]))
