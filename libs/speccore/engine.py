@@ -21,7 +21,7 @@ from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepCon
 from speccore.runner import ModelRunner
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
-from speccore.tree import block_parents
+from speccore.tree import ancestor_mask, block_parents, depths
 from speccore.verify import verify_block
 
 # Room for one verify block beyond prompt + new tokens.
@@ -168,7 +168,7 @@ class Engine:
         )
         t2 = time.perf_counter()
 
-        depth = _acceptable_depths(parents, acceptable)
+        depth = (depths(ancestor_mask(parents)) * acceptable).max(1).values.tolist()
         drafted = acceptable.sum(1).tolist()
         tok_rows = tokens.tolist()
         for row, seq in enumerate(seqs):
@@ -229,11 +229,3 @@ class Engine:
                 seq.finished, seq.finish_reason = True, "stop"
                 return seq.output_ids[start:]
         return seq.output_ids[start:]
-
-
-def _acceptable_depths(parents: torch.Tensor, acceptable: torch.Tensor) -> list[int]:
-    """Deepest acceptable node per row (0 when nothing was drafted)."""
-    depth = torch.zeros_like(parents)
-    for i in range(1, parents.shape[1]):
-        depth[:, i] = depth.gather(1, parents[:, i : i + 1].clamp(min=0)).squeeze(1) + 1
-    return (depth * acceptable).max(1).values.tolist() if parents.shape[1] > 1 else [0] * parents.shape[0]

@@ -12,7 +12,7 @@ import torch
 from transformers import PreTrainedModel
 
 from speccore.kv_cache import StaticKVCache
-from speccore.tree import ancestor_mask
+from speccore.tree import ancestor_mask, depths
 
 
 class ModelRunner:
@@ -49,7 +49,7 @@ class ModelRunner:
             anc = ancestor_mask(block_parents)
         width = cache.begin_block(q)
         lengths = cache.lengths
-        positions = lengths[:, None] + anc.sum(-1) - 1  # [batch, q]
+        positions = lengths[:, None] + depths(anc)  # [batch, q]
         block_cols = lengths[:, None] + torch.arange(q)  # [batch, q]
         mask = (torch.arange(width)[None, :] < lengths[:, None])[:, None, :].repeat(1, q, 1)
         mask.scatter_(2, block_cols[:, None, :].expand(batch, q, q), anc)  # [batch, q, width]
