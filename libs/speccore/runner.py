@@ -15,6 +15,15 @@ from speccore.kv_cache import StaticKVCache
 from speccore.tree import ancestor_mask, depths
 
 
+def pad_rows(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded token block [batch, max(1, longest row)] and each row's length [batch]."""
+    counts = torch.tensor([len(r) for r in rows], dtype=torch.long)
+    tokens = torch.zeros(len(rows), max(int(counts.max()), 1), dtype=torch.long)
+    for i, row in enumerate(rows):
+        tokens[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return tokens, counts
+
+
 class ModelRunner:
     def __init__(self, model: PreTrainedModel) -> None:
         config = model.config

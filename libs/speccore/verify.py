@@ -14,6 +14,12 @@ Sampling walks the tree: at a node, children are tried in order; a child d is
 accepted with probability min(1, p(d) / q(d)), else p becomes the residual and
 the next sibling is tried (SpecInfer's multi-candidate rule). Deterministic
 drafts have a one-hot q. The output distribution is exactly the target's.
+
+Lossy option, off by default (DESIGN.md §2): ``lossy_accept_threshold`` t also
+accepts a draft token the rule above rejects when the target gives it probability
+>= t (greedy: softmax of the raw logits; sampling: the sampled distribution). The
+output then no longer follows the target; the option exists so the quality gate
+can be shown to catch such shortcuts, and must fail its `exact` method.
 """
 
 from __future__ import annotations
@@ -53,11 +59,14 @@ def verify_block(
     generators: list[torch.Generator | None],
     draft_probs: torch.Tensor | None = None,  # [batch, q-1, vocab] q each draft node was sampled from
     active: list[bool] | None = None,
+    lossy_accept_threshold: float | None = None,
 ) -> Verdict:
     toks = tokens.tolist()
     parents = block_parents.tolist()
     ok = acceptable.tolist()
     greedy_ids = logits.argmax(-1).tolist() if params.greedy else None
+    lossy = lossy_accept_threshold
+    loose_probs = logits.softmax(-1) if lossy is not None and params.greedy else None  # [batch, q, vocab]
     paths: list[list[int]] = []
     nexts: list[int] = []
     for row in range(tokens.shape[0]):
@@ -67,20 +76,29 @@ def verify_block(
             continue
         kids = [[c for c in cs if ok[row][c]] for cs in children_lists(parents[row])]
         if greedy_ids is not None:
-            path, nxt = _walk_greedy(greedy_ids[row], toks[row], kids)
+            row_p = loose_probs[row] if loose_probs is not None else None
+            path, nxt = _walk_greedy(greedy_ids[row], toks[row], kids, row_p, lossy)
         else:
             row_q = draft_probs[row] if draft_probs is not None else None
-            path, nxt = _walk_sampled(logits[row], toks[row], kids, params, generators[row], row_q)
+            path, nxt = _walk_sampled(logits[row], toks[row], kids, params, generators[row], row_q, lossy)
         paths.append(path)
         nexts.append(nxt)
     return Verdict(paths, nexts)
 
 
-def _walk_greedy(argmax: list[int], toks: list[int], kids: list[list[int]]) -> tuple[list[int], int]:
+def _walk_greedy(
+    argmax: list[int],
+    toks: list[int],
+    kids: list[list[int]],
+    loose_probs: torch.Tensor | None = None,  # [q, vocab], only with the lossy threshold
+    lossy: float | None = None,
+) -> tuple[list[int], int]:
     node, path = 0, [0]
     while True:
         target = argmax[node]
         match = next((c for c in kids[node] if toks[c] == target), None)
+        if match is None and loose_probs is not None and lossy is not None:
+            match = next((c for c in kids[node] if float(loose_probs[node, toks[c]]) >= lossy), None)
         if match is None:
             return path, target
         node = match
@@ -94,15 +112,18 @@ def _walk_sampled(
     params: SamplingParams,
     gen: torch.Generator | None,
     q_probs: torch.Tensor | None,  # [q-1, vocab] or None for deterministic drafts
+    lossy: float | None = None,
 ) -> tuple[list[int], int]:
     node, path = 0, [0]
     while True:
-        p = probs_from_logits(logits[node], params)
+        p = p_target = probs_from_logits(logits[node], params)
         for child in kids[node]:
             d = toks[child]
             q = q_probs[child - 1] if q_probs is not None else _one_hot(d, p)
             u = float(torch.rand((), generator=gen))
             if u < acceptance_probability(float(p[d]), float(q[d])):
+                break
+            if lossy is not None and float(p_target[d]) >= lossy:
                 break
             p = residual(p, q)
         else:

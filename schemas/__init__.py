@@ -1,0 +1,5 @@
+"""specops_schemas: the wire contract of specops (events, subjects, HTTP bodies).
+
+Everything that crosses a process boundary is a pydantic model here; JSON Schema
+and AsyncAPI under ``generated/`` are derived from these models by ``make asyncapi``.
+"""

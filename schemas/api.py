@@ -1,0 +1,195 @@
+"""HTTP bodies of the T1 endpoints under API_PREFIX (seed 000, DESIGN.md §6)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from specops_schemas.base import Id, Model, UtcDatetime
+from specops_schemas.candidates import Candidate, CandidateResult
+from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, GateMethod, Mode, RunStatus
+
+API_PREFIX = "/api/v1/inferenceiq/speculative"
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+
+class Target(Model):
+    """The deployment to speed up; its weights are never changed."""
+
+    model_ref: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Hugging Face id, local path or specops alias of the target.",
+    )
+    gpu: str = Field(min_length=1, max_length=64, description="Hardware profile, e.g. `H100-80GB` or `cpu`.")
+    engine: Engine = Field(description="Serving engine the winner is applied to.")
+    engine_version: str | None = Field(
+        None, max_length=64, description="Engine version; None means the version installed here."
+    )
+
+
+class Workload(Model):
+    """What the endpoint serves; drives catalog pruning and the measurement prompts."""
+
+    fingerprint: Fingerprint = Field(description="One of the 8 workload fingerprints.")
+
+
+class Priorities(Model):
+    """Relative weights of the scoring objectives (the scorer normalises them to sum 1)."""
+
+    throughput: float = Field(0.0, ge=0.0, description="Weight of decode tokens/s.")
+    latency: float = Field(0.0, ge=0.0, description="Weight of time per output token.")
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> Self:
+        if self.throughput + self.latency <= 0.0:
+            raise ValueError("at least one priority weight must be positive")
+        return self
+
+
+class Goal(Model):
+    """What a winner must preserve and optimise."""
+
+    quality_gate: GateMethod = Field(GateMethod.TOPK5, description="Quality-gate method; `topk5` by default.")
+    priorities: Priorities = Field(
+        default_factory=lambda: Priorities(throughput=0.7, latency=0.3),
+        description="Scoring weights; throughput 0.7 / latency 0.3 when omitted.",
+    )
+
+
+class RunCreateRequest(Model):
+    """Body of `POST runs`."""
+
+    target: Target = Field(description="Target model, GPU and engine.")
+    workload: Workload = Field(description="Workload fingerprint.")
+    mode: Mode = Field(Mode.INTERACTIVE, description="Serving pressure to optimise for.")
+    goal: Goal = Field(default_factory=Goal, description="Quality gate and priorities.")
+
+
+class RunError(Model):
+    """Why a run failed."""
+
+    error_stage: ErrorStage = Field(description="Stage that failed.")
+    message: str = Field(description="Human-readable cause.")
+
+
+class RunStatusResponse(Model):
+    """Body of `GET runs/{id}`, and of `POST runs` (202, or 200 on a cache hit)."""
+
+    id: Id = Field(description="Run id.")
+    status: RunStatus = Field(description="Lifecycle stage.")
+    created_at: UtcDatetime = Field(description="When the run was accepted.")
+    updated_at: UtcDatetime = Field(description="Last status change.")
+    request: RunCreateRequest = Field(description="The request as accepted, defaults filled in.")
+    cache_hit: bool = Field(False, description="True when answered from the 30-day winner cache.")
+    measured: bool | None = Field(
+        None,
+        description="Whether the winner was measured here (False: predicted only); None until completed.",
+    )
+    winner: CandidateResult | None = Field(None, description="The chosen configuration once completed.")
+    candidates: list[CandidateResult] = Field(default_factory=list, description="The candidates table.")
+    pareto_front: list[str] = Field(default_factory=list, description="candidate_ids on the pareto front.")
+    error: RunError | None = Field(None, description="Set when status is `failed`.")
+
+
+class ApplyRequest(Model):
+    """Body of `POST runs/{id}/apply` (may be empty)."""
+
+    engine: Engine | None = Field(None, description="Engine to emit flags for; None means the run's engine.")
+    candidate_id: str | None = Field(None, description="Candidate to apply; None means the winner.")
+
+
+class VllmConfig(Model):
+    """vLLM's `--speculative-config` JSON."""
+
+    engine: Literal["vllm"] = Field(description="Discriminator.")
+    method: str = Field(description="vLLM method name, e.g. `ngram`, `eagle`, `eagle3`, `medusa`, `mtp`.")
+    model: str | None = Field(None, description="Draft model or head path; None for ngram and mtp.")
+    num_speculative_tokens: int = Field(ge=1, description="Tokens drafted per step.")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="Longest n-gram matched (ngram only).")
+    prompt_lookup_min: int | None = Field(None, ge=1, description="Shortest n-gram matched (ngram only).")
+    draft_tensor_parallel_size: int | None = Field(None, ge=1, description="TP degree of the draft model.")
+
+
+class SglangConfig(Model):
+    """SGLang `--speculative-*` server arguments."""
+
+    engine: Literal["sglang"] = Field(description="Discriminator.")
+    speculative_algorithm: str = Field(description="e.g. `EAGLE`, `EAGLE3`, `NEXTN`, `STANDALONE`, `NGRAM`.")
+    speculative_draft_model_path: str | None = Field(None, description="Draft model or head path.")
+    speculative_num_steps: int = Field(ge=1, description="Draft depth.")
+    speculative_eagle_topk: int | None = Field(
+        None, ge=1, description="Branching per step of the draft tree."
+    )
+    speculative_num_draft_tokens: int | None = Field(None, ge=1, description="Tree nodes verified per step.")
+
+
+class SpeccoreConfig(Model):
+    """speccore's own configuration: the candidate itself."""
+
+    engine: Literal["speccore"] = Field(description="Discriminator.")
+    candidate: Candidate = Field(description="Family, draft, k, tree and options to run.")
+
+
+EngineConfig = Annotated[VllmConfig | SglangConfig | SpeccoreConfig, Field(discriminator="engine")]
+
+
+class ApplyResponse(Model):
+    """Body returned by `POST runs/{id}/apply`."""
+
+    run_id: Id = Field(description="Run applied.")
+    candidate_id: str = Field(description="Candidate the flags encode.")
+    family: Family = Field(description="Its family.")
+    config: EngineConfig = Field(description="Structured engine configuration.")
+    cli_args: list[str] = Field(description="The same configuration as launch arguments for the engine.")
+
+
+class ProblemFieldError(Model):
+    """One invalid input, as in RFC 9457's example `errors` extension."""
+
+    pointer: str = Field(description="JSON Pointer (RFC 6901, as a URI fragment) to the invalid member.")
+    detail: str = Field(description="What is wrong with it.")
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, served as `application/problem+json`."""
+
+    # RFC 9457 §3.2: problem types may add extension members.
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    type: str = Field("about:blank", description="URI reference identifying the problem type.")
+    title: str = Field(description="Short summary of the problem type.")
+    status: int = Field(ge=400, le=599, description="HTTP status code.")
+    detail: str | None = Field(None, description="Explanation specific to this occurrence.")
+    instance: str | None = Field(None, description="URI reference of this occurrence.")
+    errors: list[ProblemFieldError] | None = Field(
+        None, description="Invalid inputs, for validation problems."
+    )
+
+    @classmethod
+    def validation(cls, errors: Iterable[Mapping[str, Any]], *, instance: str | None = None) -> Problem:
+        """422 from pydantic/FastAPI error dicts (their `loc` and `msg`)."""
+        fields = [
+            ProblemFieldError(
+                pointer="#/" + "/".join(_escape(part) for part in _body_loc(e["loc"])), detail=e["msg"]
+            )
+            for e in errors
+        ]
+        return cls(
+            title="Request body is invalid",
+            status=422,
+            detail="; ".join(f"{f.pointer[2:] or '(body)'}: {f.detail}" for f in fields),
+            instance=instance,
+            errors=fields,
+        )
+
+
+def _body_loc(loc: Sequence[object]) -> Sequence[object]:
+    # FastAPI prefixes body errors with "body"; the pointer addresses the body itself.
+    return loc[1:] if loc[:1] == ("body",) else loc
+
+
+def _escape(part: object) -> str:
+    return str(part).replace("~", "~0").replace("/", "~1")

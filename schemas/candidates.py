@@ -1,0 +1,136 @@
+"""A speculative configuration and what is known about it: predicted, measured, gated."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, JsonValue, model_validator
+
+from specops_schemas.base import Fraction, Id, Model
+from specops_schemas.catalog import ErrorStage, Family, GateMethod
+
+# Bench reps and measurements of the no-speculation reference use this candidate id.
+BASELINE_ID = "baseline"
+
+
+class Sampling(Model):
+    """Sampling parameters of a measurement (temperature 0 is greedy)."""
+
+    temperature: float = Field(0.0, ge=0.0, description="Softmax temperature; 0 means greedy decoding.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables top-k.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass kept; 1 disables top-p.")
+
+
+class Candidate(Model):
+    """One point of the catalog: family x draft source x k x tree shape x options."""
+
+    candidate_id: Id = Field(description="Id of this configuration, unique within its run.")
+    family: Family = Field(description="Speculative-decoding algorithm family.")
+    draft: str | None = Field(
+        None,
+        max_length=512,
+        description="Draft source: a model ref, `self:<layers>`, a head registry id or a datastore id; "
+        "None for families that draft from the target alone (ngram, lookahead, mtp).",
+    )
+    k: int = Field(ge=1, le=64, description="Speculative tokens per verify step (tree depth for trees).")
+    tree: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="Children per node at each depth, e.g. [4, 2, 1]; None drafts a chain of k tokens.",
+    )
+    options: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="Family-specific knobs, e.g. {'min_match': 2} for ngram or {'topk': 8} for eagle.",
+    )
+
+
+class Prediction(Model):
+    """What the acceptance predictor expects of a candidate before any measurement."""
+
+    rank: int = Field(ge=1, description="1 is the best score under the run's priorities.")
+    score: float = Field(description="Priority-weighted score the ranking sorts by (higher is better).")
+    acceptance_rate: Fraction = Field(description="Predicted accepted / drafted tokens.")
+    mean_acceptance_length: float = Field(
+        ge=1.0, description="Predicted tokens per verify step, bonus token included: (1 - a^(k+1)) / (1 - a)."
+    )
+    speedup: float = Field(gt=0.0, description="Predicted decode tokens/s relative to no speculation.")
+    extra_memory_bytes: int = Field(
+        ge=0, description="Predicted memory on top of the target and its KV cache."
+    )
+
+
+class RankedCandidate(Model):
+    """A candidate with its prediction, as listed by `run.predicted`."""
+
+    candidate: Candidate = Field(description="The configuration.")
+    prediction: Prediction = Field(description="The predictor's expectation for it.")
+
+
+class Measurement(Model):
+    """Summary of a candidate's reps in one bench (speedups are within-rep ratios to the baseline)."""
+
+    candidate_id: str = Field(description=f"Candidate measured, or '{BASELINE_ID}' for no speculation.")
+    reps: int = Field(ge=1, description="Number of reps summarised.")
+    tokens_per_s: float = Field(ge=0.0, description="Mean decode tokens/s across reps.")
+    tokens_per_s_stdev: float = Field(
+        ge=0.0, description="Sample standard deviation of tokens/s across reps."
+    )
+    speedup: float = Field(
+        gt=0.0, description="Median across reps of tokens/s over the baseline's in that rep."
+    )
+    acceptance_rate: Fraction = Field(description="Accepted / drafted tokens over all reps.")
+    mean_acceptance_length: float = Field(ge=0.0, description="Tokens per verify step, bonus token included.")
+    per_position_acceptance: list[Fraction] = Field(description="Acceptance rate at each draft depth.")
+    ttft_s: float = Field(ge=0.0, description="Mean time to first token, seconds.")
+    tpot_s: float = Field(ge=0.0, description="Mean time per output token after the first, seconds.")
+    extra_memory_bytes: int = Field(ge=0, description="Peak memory on top of the target and its KV cache.")
+
+
+class GateOutcome(Model):
+    """Result of the quality gate on one candidate."""
+
+    method: GateMethod = Field(description="Gate method applied.")
+    passed: bool | None = Field(description="Gate verdict; None only while the method is `pending`.")
+    score: float | None = Field(
+        None, description="The method's statistic (agreement, KL, MMLU delta, violations per 1k tokens)."
+    )
+    threshold: float | None = Field(
+        None, description="Bound the score was compared with; None if none applies."
+    )
+    details: dict[str, JsonValue] = Field(
+        default_factory=dict, description="Method-specific evidence, e.g. sample counts or worst prompts."
+    )
+
+    @model_validator(mode="after")
+    def _pending_has_no_verdict(self) -> Self:
+        if (self.method == GateMethod.PENDING) != (self.passed is None):
+            raise ValueError("`passed` must be null exactly when the gate method is 'pending'")
+        return self
+
+
+class CandidateResult(Model):
+    """One row of a run's candidates table: prediction, measurement and gate together."""
+
+    candidate: Candidate = Field(description="The configuration.")
+    prediction: Prediction = Field(description="The predictor's expectation for it.")
+    measurement: Measurement | None = Field(
+        None, description="Measured summary; None if it was not measured."
+    )
+    gate: GateOutcome | None = Field(None, description="Quality-gate outcome; None if it was not gated.")
+    quality_preserved: Fraction = Field(
+        1.0, description="1.0 unless the gate failed, then 0.0 (the scorer disqualifies the row)."
+    )
+    error_stage: ErrorStage | None = Field(
+        None, description="Why the candidate is disqualified; None if not."
+    )
+    error_message: str | None = Field(None, description="Human-readable cause when error_stage is set.")
+
+    @model_validator(mode="after")
+    def _gate_failure_disqualifies(self) -> Self:
+        # Seed 000: a gate fail sets quality_preserved=0.0 and error_stage="quality_regression".
+        failed = self.gate is not None and self.gate.passed is False
+        if failed and (self.quality_preserved != 0.0 or self.error_stage != ErrorStage.QUALITY_REGRESSION):
+            raise ValueError(
+                "a failed gate requires quality_preserved=0.0 and error_stage='quality_regression'"
+            )
+        return self
