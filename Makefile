@@ -33,8 +33,8 @@ bench: setup
 	done
 
 lint: setup
-	$(VENV)/bin/ruff check libs specops schemas tests scripts
-	$(VENV)/bin/mypy libs/speccore schemas
+	$(VENV)/bin/ruff check libs specops schemas services tests scripts
+	$(VENV)/bin/mypy libs/speccore libs/specbus schemas services specops/runtime specops/db
 
 # JSON Schema and AsyncAPI 3.0 built from the pydantic models in schemas/; commit the result.
 asyncapi: setup

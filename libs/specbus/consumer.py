@@ -1,0 +1,248 @@
+"""A service's handler on its durable pull consumer: typed events, retries with backoff, DLQ.
+
+FastStream's default ack policy terminates a failed message; here the bus owns the
+acknowledgement (`AckPolicy.MANUAL`) so that every delivery ends in exactly one of:
+ack (handled), nak with a backoff delay (retry), or park on `spec.dlq.<service>` then
+term (malformed, or failed `max_deliver` times). Nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
+from faststream.nats.annotations import NatsMessage
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js.api import ConsumerConfig
+from opentelemetry import propagate, trace
+
+from specbus.broker import SpecBroker
+from specbus.dlq import park
+from specbus.publish import publish
+from specops_schemas.envelope import Envelope, EventPayload
+from specops_schemas.events import parse_event
+from specops_schemas.subjects import STREAM, pattern
+
+log = logging.getLogger(__name__)
+tracer = trace.get_tracer("specbus")
+
+P = TypeVar("P", bound=EventPayload)
+Reply: TypeAlias = Envelope[Any] | Sequence[Envelope[Any]] | None
+Handler: TypeAlias = Callable[[Envelope[P]], Awaitable[Reply]]
+
+_CONSUMER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how patiently a failing handler is retried before its message is parked."""
+
+    max_deliver: int = 5
+    """Handler attempts per message; after the last failure it goes to the DLQ."""
+    backoff_s: tuple[float, ...] = (1.0, 5.0, 30.0, 120.0)
+    """Delay before attempt n+1 after failure n; the last value repeats."""
+    ack_wait_s: float = 30.0
+    """Redelivery delay if a process dies mid-handler; a running handler extends it by heartbeats."""
+
+    def __post_init__(self) -> None:
+        if self.max_deliver < 1:
+            raise ValueError(f"max_deliver must be >= 1, got {self.max_deliver}")
+        if not self.backoff_s or min(self.backoff_s) < 0:
+            raise ValueError(f"backoff_s must be non-empty and non-negative, got {self.backoff_s}")
+        if self.ack_wait_s <= 0:
+            raise ValueError(f"ack_wait_s must be positive, got {self.ack_wait_s}")
+
+    def delay(self, failures: int) -> float:
+        return self.backoff_s[min(failures, len(self.backoff_s)) - 1]
+
+
+def consumer_name(service: str, handler: str) -> str:
+    """Durable consumer name: replicas of one service share it and so split the work."""
+    name = f"{service}-{handler}"
+    if not _CONSUMER_NAME.fullmatch(name):
+        raise ValueError(f"invalid consumer name {name!r}: must match {_CONSUMER_NAME.pattern}")
+    return name
+
+
+def filter_subjects(events: Sequence[type[EventPayload]]) -> list[str]:
+    """`spec.<aggregate>.*.<event>` for each event type, e.g. `spec.run.*.requested`."""
+    return [pattern(*cls.event_type.split(".", 1)) for cls in events]
+
+
+def subscriber(
+    broker: NatsBroker,
+    *,
+    service: str,
+    events: type[P] | Sequence[type[P]],
+    name: str | None = None,
+    retry: RetryPolicy = RetryPolicy(),
+    max_workers: int = 1,
+    fetch_timeout_s: float = 5.0,
+) -> Callable[[Handler[P]], Handler[P]]:
+    """Register `handler(event) -> next events` on the durable consumer `<service>-<name>`.
+
+    The handler gets a validated `Envelope` of one of `events` and may return events to
+    publish before the message is acked (handlers that write Postgres return nothing
+    and use the outbox instead, see `specbus.inbox.process_once`). The handler itself
+    is returned unchanged, so it stays a plain coroutine function to unit-test.
+    """
+    accepted = (events,) if isinstance(events, type) else tuple(events)
+    if not accepted:
+        raise ValueError("subscriber needs at least one event type")
+    subjects = filter_subjects(accepted)
+
+    def register(handler: Handler[P]) -> Handler[P]:
+        durable = consumer_name(service, name or handler.__name__)
+        delivery = _Delivery(broker, service, accepted, handler, retry)
+
+        async def consume(message: NatsMessage) -> None:
+            await delivery.handle(message.raw_message)
+
+        consume.__name__ = consume.__qualname__ = durable
+        consume.__doc__ = handler.__doc__
+        config = ConsumerConfig(
+            name=durable,
+            durable_name=durable,
+            ack_wait=retry.ack_wait_s,
+            # Unlimited on the server on purpose: the bus stops running the handler after
+            # `retry.max_deliver` and parks the message itself. A server-side limit would
+            # instead drop it with only an advisory when parking failed or the process
+            # died during the last attempt.
+            max_deliver=-1,
+            filter_subject=subjects[0] if len(subjects) == 1 else None,
+            filter_subjects=subjects if len(subjects) > 1 else None,
+        )
+        if isinstance(broker, SpecBroker):
+            broker.declare_consumer(config)
+        broker.subscriber(
+            subjects[0] if len(subjects) == 1 else "",
+            stream=JStream(STREAM, declare=False),
+            durable=durable,
+            config=config,
+            pull_sub=PullSub(batch_size=1, timeout=fetch_timeout_s),
+            ack_policy=AckPolicy.MANUAL,
+            max_workers=max_workers,
+            no_reply=True,
+        )(consume)
+        return handler
+
+    return register
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    """Decides the fate of one delivered message for one handler."""
+
+    broker: NatsBroker
+    service: str
+    accepted: tuple[type[EventPayload], ...]
+    handler: Handler[Any]
+    retry: RetryPolicy
+
+    async def handle(self, msg: Msg) -> None:
+        deliveries = msg.metadata.num_delivered
+        if deliveries > self.retry.max_deliver:
+            # The last attempt never reported back: the process died or overran ack_wait.
+            error = f"no attempt finished in {self.retry.max_deliver} deliveries"
+            await self._give_up(msg, error, deliveries)
+            return
+        try:
+            event = self._decode(msg)
+        except ValueError as exc:
+            # Retrying cannot fix a malformed message: park it at once.
+            await self._give_up(msg, f"malformed event: {exc}", deliveries)
+            return
+        try:
+            with self._span(msg, event):
+                async with self._heartbeat(msg):
+                    reply = await self.handler(event)
+                    for follow in _as_events(reply):
+                        await publish(self.broker, follow)
+        except Exception as exc:
+            if deliveries >= self.retry.max_deliver:
+                log.exception("%s failed on delivery %d of %s", msg.subject, deliveries, event.event_id)
+                await self._give_up(msg, f"{type(exc).__name__}: {exc}", deliveries)
+            else:
+                delay = self.retry.delay(deliveries)
+                log.warning(
+                    "%s failed (delivery %d), retry in %.1fs: %r", msg.subject, deliveries, delay, exc
+                )
+                await _settle(msg.nak(delay=delay))
+            return
+        # A lost ack only means a redelivery, which the consumer's inbox absorbs.
+        await _settle(msg.ack_sync())
+
+    def _decode(self, msg: Msg) -> Envelope[Any]:
+        event = parse_event(msg.data)
+        if not isinstance(event.payload, self.accepted):
+            raise ValueError(f"event type {event.type!r} is not handled here")
+        if event.subject != msg.subject:
+            raise ValueError(f"event for {event.subject!r} was published on {msg.subject!r}")
+        return event
+
+    async def _give_up(self, msg: Msg, error: str, deliveries: int) -> None:
+        try:
+            await park(self.broker, self.service, msg, error=error, deliveries=deliveries)
+        except Exception:
+            # Not parked, so not terminated either: it comes back and parking is retried.
+            log.exception("could not park %s; it will be redelivered", msg.subject)
+            await _settle(msg.nak(delay=self.retry.delay(deliveries)))
+            return
+        await _settle(msg.term())
+
+    def _span(self, msg: Msg, event: Envelope[Any]) -> Any:
+        # Continue the producer's trace (W3C traceparent header); a no-op without an OTel SDK.
+        return tracer.start_as_current_span(
+            f"process {msg.subject}",
+            context=propagate.extract(msg.headers or {}),
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "messaging.system": "nats",
+                "messaging.destination.name": msg.subject,
+                "messaging.message.id": event.event_id,
+                "messaging.consumer.group.name": self.service,
+            },
+        )
+
+    @asynccontextmanager
+    async def _heartbeat(self, msg: Msg) -> AsyncIterator[None]:
+        """Tell JetStream the message is still being worked on, so long handlers keep it."""
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(self.retry.ack_wait_s / 3)
+                with suppress(NatsError, OSError):
+                    await msg.in_progress()
+
+        task = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+
+
+def _as_events(reply: Reply) -> Sequence[Envelope[Any]]:
+    if reply is None:
+        return ()
+    if isinstance(reply, Envelope):
+        return (reply,)
+    return reply
+
+
+async def _settle(ack: Awaitable[Any]) -> None:
+    # An ack/nak/term lost to a broken connection is not fatal: JetStream redelivers
+    # after ack_wait and the next delivery decides again.
+    try:
+        await ack
+    except (NatsError, OSError) as exc:
+        log.warning("could not settle a message: %r", exc)

@@ -1,0 +1,52 @@
+"""Consumer inbox: each event's side effects happen once per consumer, however often it arrives.
+
+JetStream delivers at least once (redelivery after a crash or a lost ack) and its
+dedup window is finite (a re-publish later is stored again). The inbox row is written
+in the same transaction as the side effects, so the transaction that commits it is the
+only one whose effects count.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeAlias
+
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from specbus import outbox
+from specops_schemas.envelope import Envelope
+
+log = logging.getLogger(__name__)
+
+Work: TypeAlias = Callable[[AsyncConnection[Any]], Awaitable[Sequence[Envelope[Any]] | None]]
+
+_CLAIM = "INSERT INTO inbox (consumer, event_id) VALUES (%s, %s) ON CONFLICT DO NOTHING"
+
+
+async def claim(conn: AsyncConnection[Any], consumer: str, event_id: str) -> bool:
+    """Record `event_id` as processed by `consumer` in the open transaction; False if it already was.
+
+    A concurrent claim of the same event (a redelivery to another replica) waits on the
+    first transaction's row: it gets False if that one commits, True if it rolls back.
+    """
+    cursor = await conn.execute(_CLAIM, (consumer, event_id))
+    return cursor.rowcount == 1
+
+
+async def process_once(
+    pool: AsyncConnectionPool[Any], consumer: str, event: Envelope[Any], work: Work
+) -> bool:
+    """Run `work(conn)` for `event` unless `consumer` already did; True if it ran.
+
+    Claim, side effects and the events `work` returns (queued in the outbox) commit in
+    one transaction; if `work` raises, all of it rolls back and the event can be retried.
+    """
+    async with pool.connection() as conn, conn.transaction():
+        if not await claim(conn, consumer, event.event_id):
+            log.info("%s already processed %s (%s); skipped", consumer, event.event_id, event.type)
+            return False
+        for follow in await work(conn) or ():
+            await outbox.add(conn, follow)
+    return True

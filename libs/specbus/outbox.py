@@ -1,0 +1,171 @@
+"""Transactional outbox: events committed with the state that caused them, published by a relay.
+
+A service that writes Postgres and publishes must not publish directly: a crash between
+its commit and its publish would lose the event, and a publish before the commit could
+announce state that was rolled back. `add` writes the event in the caller's transaction;
+`OutboxRelay` publishes committed rows with `Nats-Msg-Id = event_id` and marks them, so a
+re-send after a crash between publish and mark is dropped by the broker's dedup window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from faststream.nats import NatsBroker
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+from psycopg import AsyncConnection
+from psycopg.rows import tuple_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from specbus.publish import PUBLISH_TIMEOUT_S, envelope_headers, publish_raw
+from specops_schemas.envelope import Envelope
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "outbox"  # pg_notify channel of the trigger in schemas/sql/002_bus.sql
+
+_INSERT = """
+    INSERT INTO outbox (id, subject, body, headers) VALUES (%s, %s, %s, %s)
+    ON CONFLICT (id) DO NOTHING
+"""
+# SKIP LOCKED lets several relay replicas drain the table side by side without
+# publishing the same row twice at the same time.
+_PENDING = """
+    SELECT id, subject, body, headers FROM outbox
+    WHERE published_at IS NULL
+    ORDER BY seq
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+"""
+_MARK = "UPDATE outbox SET published_at = now() WHERE id = ANY(%s)"
+
+
+async def add(conn: AsyncConnection[Any], envelope: Envelope[Any]) -> None:
+    """Queue an event for publishing when the caller's transaction commits.
+
+    Headers are computed now, so the trace context is that of the work which caused
+    the event. Adding the same event twice is a no-op.
+    """
+    body = envelope.to_json_bytes()
+    headers = Jsonb(envelope_headers(envelope))
+    await conn.execute(_INSERT, (envelope.event_id, envelope.subject, body, headers))
+
+
+class OutboxRelay:
+    """Publishes committed outbox rows; safe to run in every replica of a service."""
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Any],
+        target: NatsBroker | JetStreamContext,
+        *,
+        batch_size: int = 100,
+        poll_interval_s: float = 1.0,
+        max_backoff_s: float = 10.0,
+        publish_timeout_s: float = PUBLISH_TIMEOUT_S,
+        listen_conninfo: str | None = None,
+    ) -> None:
+        if batch_size < 1 or poll_interval_s <= 0:
+            raise ValueError("batch_size must be >= 1 and poll_interval_s > 0")
+        self.pool = pool
+        self.target = target
+        self.batch_size = batch_size
+        self.poll_interval_s = poll_interval_s
+        self.max_backoff_s = max_backoff_s
+        self.publish_timeout_s = publish_timeout_s
+        # LISTEN needs a connection of its own, outside the pool.
+        self.listen_conninfo = listen_conninfo or (pool.conninfo if isinstance(pool.conninfo, str) else None)
+        self._listener: AsyncConnection[Any] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Run the relay in the background (e.g. `app.after_startup(relay.start)`)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name="outbox-relay")
+
+    async def stop(self) -> None:
+        """Stop the background relay; unpublished rows wait for the next one to start."""
+        if self._task is not None:
+            task, self._task = self._task, None
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def publish_pending(self) -> int:
+        """One pass over at most `batch_size` rows; returns how many were published.
+
+        Rows published before a failure are still marked (and committed) before the
+        error is raised, so they are not sent again.
+        """
+        published: list[UUID] = []
+        failure: Exception | None = None
+        async with self.pool.connection() as conn, conn.transaction():
+            # Tuple rows whatever row factory the pool was configured with.
+            async with conn.cursor(row_factory=tuple_row) as cursor:
+                rows = await (await cursor.execute(_PENDING, (self.batch_size,))).fetchall()
+            for event_id, subject, body, headers in rows:
+                try:
+                    await publish_raw(
+                        self.target, subject, bytes(body), headers, timeout=self.publish_timeout_s
+                    )
+                except (NatsError, OSError, TimeoutError) as exc:
+                    failure = exc
+                    break
+                published.append(event_id)
+            if published:
+                await conn.execute(_MARK, (published,))
+        if failure is not None:
+            raise failure
+        return len(published)
+
+    async def run(self) -> None:
+        """Publish forever: drain, then sleep until NOTIFY or the poll interval. Cancel to stop."""
+        failures = 0
+        try:
+            while True:
+                try:
+                    while await self.publish_pending() == self.batch_size:
+                        pass
+                except Exception as exc:
+                    # Whatever broke (NATS, Postgres, a bad row), the relay must outlive it.
+                    failures += 1
+                    delay = min(self.max_backoff_s, self.poll_interval_s * 2 ** (failures - 1))
+                    log.warning("outbox relay: publish failed, retry in %.1fs: %r", delay, exc)
+                    await asyncio.sleep(delay)
+                    continue
+                failures = 0
+                await self._wait()
+        finally:
+            await self._close_listener()
+
+    async def _wait(self) -> None:
+        listener = await self._listen()
+        if listener is None:
+            await asyncio.sleep(self.poll_interval_s)
+            return
+        try:
+            async for _ in listener.notifies(timeout=self.poll_interval_s, stop_after=1):
+                pass
+        except psycopg.Error as exc:
+            log.warning("outbox relay: LISTEN connection lost, polling until it is back: %r", exc)
+            await self._close_listener()
+
+    async def _listen(self) -> AsyncConnection[Any] | None:
+        if self._listener is None and self.listen_conninfo is not None:
+            try:
+                self._listener = await AsyncConnection.connect(self.listen_conninfo, autocommit=True)
+                await self._listener.execute(f"LISTEN {CHANNEL}")
+            except psycopg.Error as exc:
+                log.warning("outbox relay: cannot LISTEN, polling instead: %r", exc)
+                await self._close_listener()
+        return self._listener
+
+    async def _close_listener(self) -> None:
+        if self._listener is not None:
+            listener, self._listener = self._listener, None
+            await listener.close()

@@ -1,0 +1,313 @@
+"""The audit log's hash chain, and how a bus message becomes an audit entry (pure, no I/O).
+
+Every row commits to the row before it: ``hash = sha256(domain tag, prev_hash, seq,
+event_id, subject, type, tenant_id, stream_seq, recorded_at, payload)``, each field
+length-prefixed so no two different rows concatenate to the same bytes. The first row
+links to ``GENESIS_HASH``. Changing any column of any row, deleting a row or reordering
+rows breaks the chain at that row or the one after it; deleting rows at the end is
+caught by comparing the last row with the chain head (``ChainHead``).
+
+The database computes the same hash when it appends (``audit_row_hash`` in
+schemas/sql/004_audit.sql); this module recomputes it to verify, so the two must agree
+byte for byte.
+
+Glossary: an *entry* is what the service is about to append (no seq or hash yet); a
+*row* is what the table holds; the *head* is the (seq, hash) of the last appended row.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import struct
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from specops_schemas.events import parse_event
+from specops_schemas.subjects import DLQ, PREFIX
+
+GENESIS_HASH = bytes(32)
+_DOMAIN = b"specops-audit-row-v1"
+# Namespace of the ids given to messages that carry no event_id of their own
+# (dead letters, malformed events): uuid5(namespace, subject + sha256(body)).
+_RAW_NAMESPACE = uuid.UUID("6f1c2a52-2d0e-4d53-9b8e-3c1f0a7d4e21")
+
+DLQ_TYPE = "dlq"
+INVALID_TYPE = "invalid"
+_DLQ_PREFIX = f"{PREFIX}.{DLQ}."
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One message to append: its own event_id, or a content-derived one for non-events."""
+
+    event_id: str
+    subject: str
+    type: str
+    tenant_id: str | None
+    payload: bytes  # canonical JSON of an event; a dead letter's body; the record of an invalid one
+    stream_seq: int | None = None  # its sequence in the SPEC stream, when it came from there
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One row of ``audit_log`` as stored."""
+
+    seq: int
+    event_id: str
+    subject: str
+    type: str
+    tenant_id: str | None
+    payload: bytes
+    stream_seq: int | None
+    recorded_at: datetime
+    prev_hash: bytes
+    hash: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ChainHead:
+    """The last appended row as the appender recorded it (``GENESIS_HASH`` and 0 when empty)."""
+
+    seq: int
+    hash: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ChainBreak:
+    """The first row at which the chain does not hold, and why."""
+
+    seq: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    rows: int  # rows checked (up to and including the broken one)
+    first_seq: int | None
+    last_seq: int | None
+    head_hash: bytes  # hash of the last row found intact
+    broken: ChainBreak | None
+
+    @property
+    def ok(self) -> bool:
+        return self.broken is None
+
+    def summary(self) -> str:
+        if self.broken is not None:
+            return f"audit chain broken at seq {self.broken.seq}: {self.broken.reason}"
+        if self.rows == 0:
+            return "audit chain intact: empty"
+        return (
+            f"audit chain intact: {self.rows} rows, seq {self.first_seq}..{self.last_seq}, "
+            f"head {self.head_hash.hex()[:16]}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        broken = None if self.broken is None else {"seq": self.broken.seq, "reason": self.broken.reason}
+        return {
+            "ok": self.ok,
+            "rows": self.rows,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "head_hash": self.head_hash.hex(),
+            "broken": broken,
+        }
+
+
+def _field(value: str | bytes | None) -> bytes:
+    # A presence byte keeps None apart from the empty string.
+    if value is None:
+        return b"\x00"
+    raw = value.encode() if isinstance(value, str) else value
+    return b"\x01" + struct.pack(">Q", len(raw)) + raw
+
+
+def timestamp_text(moment: datetime) -> str:
+    """The form of recorded_at that is hashed: UTC, microseconds (PostgreSQL's precision)."""
+    if moment.tzinfo is None:
+        raise ValueError("recorded_at must be timezone-aware")
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def row_hash(
+    prev_hash: bytes,
+    canonical: bytes,
+    subject: str,
+    *,
+    seq: int,
+    event_id: str,
+    type: str,
+    tenant_id: str | None,
+    stream_seq: int | None,
+    recorded_at: datetime,
+) -> bytes:
+    """sha256 of one row, committing to the previous row's hash (field order is the format)."""
+    fields = (
+        prev_hash,
+        str(seq),
+        event_id,
+        subject,
+        type,
+        tenant_id,
+        None if stream_seq is None else str(stream_seq),
+        timestamp_text(recorded_at),
+        canonical,
+    )
+    digest = hashlib.sha256(_DOMAIN)
+    for value in fields:
+        digest.update(_field(value))
+    return digest.digest()
+
+
+def hash_of(row: AuditRow) -> bytes:
+    """The hash `row` should carry given its own contents and its prev_hash."""
+    return row_hash(
+        row.prev_hash,
+        row.payload,
+        row.subject,
+        seq=row.seq,
+        event_id=row.event_id,
+        type=row.type,
+        tenant_id=row.tenant_id,
+        stream_seq=row.stream_seq,
+        recorded_at=row.recorded_at,
+    )
+
+
+class ChainVerifier:
+    """Checks rows one at a time in seq order, so a table of any size streams through it."""
+
+    def __init__(self) -> None:
+        self._rows = 0
+        self._first: int | None = None
+        self._last: AuditRow | None = None
+        self._broken: ChainBreak | None = None
+
+    def feed(self, row: AuditRow) -> bool:
+        """Check the next row; False once the chain is broken (later rows are not checked)."""
+        if self._broken is not None:
+            return False
+        self._rows += 1
+        self._broken = self._check(row)
+        if self._broken is not None:
+            return False
+        if self._first is None:
+            self._first = row.seq
+        self._last = row
+        return True
+
+    def _check(self, row: AuditRow) -> ChainBreak | None:
+        last = self._last
+        if last is not None and row.seq <= last.seq:
+            return ChainBreak(row.seq, f"out of order: seq {row.seq} comes after seq {last.seq}")
+        expected = GENESIS_HASH if last is None else last.hash
+        if row.prev_hash != expected:
+            if last is None:
+                why = "the first row does not link to the genesis hash: earlier rows were deleted"
+            else:
+                why = (
+                    f"prev_hash does not match the hash of seq {last.seq}: a row between them "
+                    "was deleted or inserted, or rows were reordered"
+                )
+            return ChainBreak(row.seq, why)
+        if hash_of(row) != row.hash:
+            return ChainBreak(
+                row.seq, "stored hash does not match the row's contents: the row (payload, "
+                "metadata or hash) was altered",
+            )  # fmt: skip
+        return None
+
+    def report(self, head: ChainHead | None = None, *, head_missing: bool = False) -> VerifyReport:
+        """The verdict; with `head`, rows missing after the last one found are caught too.
+
+        `head_missing` says the table that should hold the head is empty, itself a sign
+        of tampering (the appender never deletes it).
+        """
+        broken = self._broken
+        last_seq = None if self._last is None else self._last.seq
+        last_hash = GENESIS_HASH if self._last is None else self._last.hash
+        if broken is None and head_missing:
+            broken = ChainBreak(last_seq or 0, "the chain head is missing: audit_chain_head was emptied")
+        elif broken is None and head is not None and (head.seq, head.hash) != (last_seq or 0, last_hash):
+            found = "no rows" if last_seq is None else f"the last row is seq {last_seq}"
+            broken = ChainBreak(
+                head.seq, f"the chain head records seq {head.seq} but {found}: rows were deleted at the end"
+            )
+        return VerifyReport(self._rows, self._first, last_seq, last_hash, broken)
+
+
+def verify_chain(rows: Iterable[AuditRow], head: ChainHead | None = None) -> VerifyReport:
+    """Verify rows given in seq order; the report names the first broken seq and why."""
+    verifier = ChainVerifier()
+    for row in rows:
+        if not verifier.feed(row):
+            break
+    return verifier.report(head)
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, no whitespace: the same bytes `Envelope.to_json_bytes` produces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def raw_event_id(subject: str, data: bytes) -> str:
+    """A stable id for a message without its own: a redelivery gets the same one."""
+    return str(uuid.uuid5(_RAW_NAMESPACE, f"{subject}\n{hashlib.sha256(data).hexdigest()}"))
+
+
+def is_dead_letter(subject: str) -> bool:
+    return subject.startswith(_DLQ_PREFIX)
+
+
+def entry_from_message(subject: str, data: bytes, stream_seq: int | None = None) -> AuditEntry:
+    """What to record for a message on `subject`; never raises, because the audit keeps everything.
+
+    - an event that validates: its own event_id, type and tenant, canonical JSON;
+    - a dead letter (``spec.dlq.<service>``): type ``dlq``, the body verbatim, the tenant
+      of the parked event when it can be read;
+    - anything else on ``spec.>`` (malformed or unknown type): type ``invalid``, a JSON
+      object with the validation error and the base64 body, so the audit shows it.
+    """
+    if is_dead_letter(subject):
+        tenant = _dead_letter_tenant(data)
+        return AuditEntry(raw_event_id(subject, data), subject, DLQ_TYPE, tenant, data, stream_seq)
+    try:
+        event = parse_event(data)
+    except ValueError as exc:
+        record = {"error": str(exc), "data": base64.b64encode(data).decode()}
+        payload = canonical_json(record)
+        return AuditEntry(
+            raw_event_id(subject, data), subject, INVALID_TYPE, _tenant_of(data), payload, stream_seq
+        )
+    return AuditEntry(event.event_id, subject, event.type, event.tenant_id, event.to_json_bytes(), stream_seq)
+
+
+def _json_object(data: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _tenant_of(data: bytes) -> str | None:
+    body = _json_object(data)
+    tenant = None if body is None else body.get("tenant_id")
+    return tenant if isinstance(tenant, str) and tenant else None
+
+
+def _dead_letter_tenant(data: bytes) -> str | None:
+    letter = _json_object(data)
+    inner = None if letter is None else letter.get("data")
+    if not isinstance(inner, str):
+        return None
+    try:
+        return _tenant_of(base64.b64decode(inner, validate=True))
+    except binascii.Error:
+        return None

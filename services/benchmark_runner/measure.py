@@ -1,0 +1,454 @@
+"""Measure a bench plan on speccore: the baseline and every candidate, rep by rep.
+
+DESIGN.md §10: everything runs in one process on the fingerprint's prompts, after a
+warm-up; within a rep the methods take turns prompt by prompt, in an order that
+rotates, so machine noise hits them alike. A candidate's speedup in a rep is its
+tokens/s over the baseline's in that same rep; its summary takes the median.
+
+Resuming: reps already stored come back in ``done`` and are not rerun; summaries
+are computed from stored and new rows alike (:func:`summarise`). A rep with any
+method left to measure reruns the baseline as well, so every speedup stays a
+ratio measured in one run; the baseline's row is reported again only if it was
+not stored.
+
+The target is loaded through a :class:`ModelCache`, so a long-running runner loads
+it once. A candidate that cannot be built or run becomes a ``CandidateFailure``
+and the others go on; a target that cannot load, or a baseline that cannot run,
+raises :class:`MeasureError` with the stage the run failed at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+
+from speccore import proposers
+from speccore.corpora import default_datastore
+from speccore.engine import Engine, Request
+from speccore.errors import SpecError
+from speccore.metrics import GenerationMetrics
+from speccore.models import LoadedModel, load_model
+from speccore.prompt_sets import encode_for, prompts_for_model
+from speccore.proposers.base import ProposerConfig
+from speccore.sampling import SamplingParams
+from specops_schemas.candidates import BASELINE_ID, Candidate, Measurement, Sampling
+from specops_schemas.catalog import ErrorStage, Family, Mode
+from specops_schemas.events import BenchPlan, CandidateFailure, RepMetrics
+
+# Rows of one generate() call in batch mode; interactive mode is batch=1.
+BATCH_SIZE = 8
+# Warm-up: one short generation per method (allocator, kernels, proposer caches).
+WARMUP_PROMPT_TOKENS = 64
+WARMUP_NEW_TOKENS = 8
+# Candidate option names accepted besides ProposerConfig's own field names.
+OPTION_ALIASES = {"min_match": "ngram_min", "max_match": "ngram_max"}
+_SET_FROM_CANDIDATE = frozenset({"k", "draft", "datastore"})
+# A rest candidate's draft names its datastore: "builtin:<workload>" (what the predictor
+# offers for chat and code, built here by speccore.corpora) or a datastore file.
+BUILTIN_DATASTORE = "builtin:"
+
+_R = TypeVar("_R")
+RepCallback = Callable[[str, int, RepMetrics, float | None], None]
+ModelLoader = Callable[[str, str, str], LoadedModel]
+
+
+class MeasureError(Exception):
+    """The whole bench failed; ``error_stage`` is what the run fails with."""
+
+    def __init__(self, error_stage: ErrorStage, message: str) -> None:
+        super().__init__(message)
+        self.error_stage = error_stage
+        self.message = message
+
+
+class TargetLoadError(MeasureError):
+    """The target model could not be loaded (error_stage ``model_load``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorStage.MODEL_LOAD, message)
+
+
+@dataclass(frozen=True, slots=True)
+class RepRow:
+    """One measured rep of one method, as published and stored."""
+
+    candidate_id: str  # or BASELINE_ID
+    rep: int
+    metrics: RepMetrics
+    speedup: float | None  # tokens/s over the baseline's in the same rep; None for the baseline
+
+
+@dataclass(frozen=True, slots=True)
+class BenchOutcome:
+    """The measured fields of a ``BenchCompleted`` payload."""
+
+    baseline: Measurement
+    results: list[Measurement]  # in plan order
+    failures: list[CandidateFailure]
+
+
+def _load(model_ref: str, device: str, dtype: str) -> LoadedModel:
+    return load_model(model_ref, device=device, dtype=dtype)
+
+
+class ModelCache:
+    """Targets kept loaded between benches, least recently used dropped first. Thread-safe."""
+
+    def __init__(self, capacity: int = 1, loader: ModelLoader = _load) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._loader = loader
+        self._models: dict[tuple[str, str, str], LoadedModel] = {}
+        self._lock = threading.Lock()
+
+    def get(self, model_ref: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+        key = (model_ref, device, dtype)
+        with self._lock:
+            model = self._models.pop(key, None)
+            if model is None:
+                self._evict(self.capacity - 1)
+                try:
+                    model = self._loader(model_ref, device, dtype)
+                except (SpecError, OSError, RuntimeError, MemoryError) as err:
+                    raise TargetLoadError(f"cannot load target '{model_ref}': {err}") from err
+            self._models[key] = model  # re-inserted last: most recently used
+            return model
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    def _evict(self, keep: int) -> None:
+        while len(self._models) > keep:
+            del self._models[next(iter(self._models))]
+            _release_memory()
+
+
+def measure(
+    plan: BenchPlan,
+    *,
+    model_cache: ModelCache,
+    on_rep: RepCallback,
+    done: Iterable[RepRow] = (),
+    device: str = "auto",
+    dtype: str = "auto",
+) -> BenchOutcome:
+    """Measure every rep of `plan` not in `done`, reporting each through `on_rep`.
+
+    on_rep(candidate_id, rep, metrics, speedup) is called once per new row, at the
+    end of its rep, the baseline first; an exception it raises stops the bench.
+    """
+    stored = _check_done(plan, done)
+    rows = list(stored.values())
+    failures: dict[str, CandidateFailure] = {}
+    candidates = {c.candidate_id: c for c in plan.candidates}
+    methods = [BASELINE_ID, *candidates]
+    pending = [r for r in range(plan.reps) if any((m, r) not in stored for m in methods)]
+    if pending:
+        target = model_cache.get(plan.target.model_ref, device, dtype)
+        bench = _Bench(plan, target)
+        engines = {BASELINE_ID: Engine(target)}
+        needed = [c for c in candidates.values() if any((c.candidate_id, r) not in stored for r in pending)]
+        for candidate in needed:
+            try:
+                engines[candidate.candidate_id] = _engine(target, candidate, plan, bench.prompt_ids)
+            except _CandidateFailed as err:
+                failures[candidate.candidate_id] = err.failure(candidate.candidate_id)
+        for method in list(engines):
+            _run_or_fail(method, engines, failures, bench.warm_up)
+        for rep in pending:
+            todo = [BASELINE_ID, *(m for m in engines if m != BASELINE_ID and (m, rep) not in stored)]
+            if len(todo) == 1 and (BASELINE_ID, rep) in stored:
+                continue  # only failed candidates were left in this rep
+            for row in bench.rep(rep, todo, engines, failures):
+                if (row.candidate_id, rep) not in stored:
+                    on_rep(row.candidate_id, rep, row.metrics, row.speedup)
+                    rows.append(row)
+    by_method: dict[str, list[RepRow]] = {}
+    for row in rows:
+        by_method.setdefault(row.candidate_id, []).append(row)
+    return BenchOutcome(
+        baseline=summarise(by_method[BASELINE_ID]),
+        results=[summarise(by_method[m]) for m in candidates if m not in failures and m in by_method],
+        failures=[failures[m] for m in candidates if m in failures],
+    )
+
+
+def summarise(rows: Sequence[RepRow]) -> Measurement:
+    """The summary of one method's rep rows (any order); pure, so stored rows can be re-summarised."""
+    if not rows:
+        raise ValueError("no rep rows to summarise")
+    candidate_id = rows[0].candidate_id
+    if any(r.candidate_id != candidate_id for r in rows):
+        raise ValueError("rep rows of different candidates cannot be summarised together")
+    if len({r.rep for r in rows}) != len(rows):
+        raise ValueError(f"rep rows of {candidate_id} repeat a rep")
+    ordered = sorted(rows, key=lambda r: r.rep)
+    ms = [r.metrics for r in ordered]
+    if candidate_id == BASELINE_ID:
+        speedup = 1.0
+    else:
+        ratios = [r.speedup for r in ordered]
+        if any(s is None for s in ratios):
+            raise ValueError(f"a rep row of candidate {candidate_id} has no speedup")
+        speedup = statistics.median(s for s in ratios if s is not None)
+    tps = [m.tokens_per_s for m in ms]
+    drafted = sum(m.drafted_tokens for m in ms)
+    accepted = sum(m.accepted_tokens for m in ms)
+    steps = sum(m.verify_steps for m in ms)
+    drafted_at = _sum_lists(m.drafted_per_position for m in ms)
+    accepted_at = _sum_lists(m.accepted_per_position for m in ms)
+    return Measurement(
+        candidate_id=candidate_id,
+        reps=len(ms),
+        tokens_per_s=statistics.fmean(tps),
+        tokens_per_s_stdev=statistics.stdev(tps) if len(tps) > 1 else 0.0,
+        speedup=speedup,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_acceptance_length=(accepted + steps) / steps if steps else 0.0,
+        per_position_acceptance=[a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at, strict=True)],
+        ttft_s=statistics.fmean(m.ttft_s for m in ms),
+        tpot_s=statistics.fmean(m.tpot_s for m in ms),
+        extra_memory_bytes=max(m.extra_memory_bytes for m in ms),
+    )
+
+
+def rep_metrics(ms: Sequence[GenerationMetrics], wall_s: float) -> RepMetrics:
+    """One method's metrics over a rep's prompts: counts and times summed, `wall_s` as total time.
+
+    ttft_s is the mean over prompts; tpot_s is decode time over decode tokens
+    (every token after each prompt's first); extra memory is the peak.
+    """
+    if not ms:
+        raise ValueError("a rep needs at least one generation")
+    drafted_at = _sum_lists(m.drafted_per_position for m in ms)
+    accepted_at = _sum_lists(m.accepted_per_position for m in ms)
+    drafted = sum(m.drafted_tokens for m in ms)
+    accepted = sum(m.accepted_tokens for m in ms)
+    steps = sum(m.verify_steps for m in ms)
+    new_tokens = sum(m.new_tokens for m in ms)
+    decode_tokens = sum(m.new_tokens - 1 for m in ms if m.new_tokens > 1)
+    decode_s = sum(max(m.total_time_s - m.ttft_s, 0.0) for m in ms if m.new_tokens > 1)
+    return RepMetrics(
+        prompt_tokens=sum(m.prompt_tokens for m in ms),
+        new_tokens=new_tokens,
+        verify_steps=steps,
+        drafted_tokens=drafted,
+        accepted_tokens=accepted,
+        rollbacks=sum(m.rollbacks for m in ms),
+        draft_time_s=sum(m.draft_time_s for m in ms),
+        verify_time_s=sum(m.verify_time_s for m in ms),
+        ttft_s=statistics.fmean(m.ttft_s for m in ms),
+        total_time_s=wall_s,
+        extra_memory_bytes=max(m.extra_memory_bytes for m in ms),
+        drafted_per_position=drafted_at,
+        accepted_per_position=accepted_at,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_acceptance_length=(accepted + steps) / steps if steps else 0.0,
+        per_position_acceptance=[a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at, strict=True)],
+        tpot_s=decode_s / decode_tokens if decode_tokens else 0.0,
+        tokens_per_s=new_tokens / wall_s if wall_s > 0 else 0.0,
+    )
+
+
+def sampling_params(sampling: Sampling) -> SamplingParams:
+    return SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
+
+
+# --- one bench -------------------------------------------------------------------------
+
+
+class _Bench:
+    """The plan's prompts, encoded once, and the interleaved rep loop over them."""
+
+    def __init__(self, plan: BenchPlan, target: LoadedModel) -> None:
+        self.plan = plan
+        self.sampling = sampling_params(plan.sampling)
+        try:
+            prompts = prompts_for_model(
+                target,
+                str(plan.fingerprint),
+                plan.n_prompts,
+                max_new_tokens=plan.max_new_tokens,
+                seed=plan.seed,
+            )
+        except SpecError as err:
+            raise MeasureError(ErrorStage.VALIDATION, f"no prompt set for this plan: {err}") from err
+        self.prompt_ids = frozenset(p.id for p in prompts)
+        encoded = [encode_for(target, p) for p in prompts]
+        size = BATCH_SIZE if plan.mode == Mode.BATCH else 1
+        self.batches = [(i, encoded[i : i + size]) for i in range(0, len(encoded), size)]
+
+    def warm_up(self, engine: Engine) -> None:
+        first = self.batches[0][1][0][:WARMUP_PROMPT_TOKENS]
+        engine.generate([Request(first, min(self.plan.max_new_tokens, WARMUP_NEW_TOKENS), self.sampling)])
+
+    def rep(
+        self, rep: int, todo: list[str], engines: dict[str, Engine], failures: dict[str, CandidateFailure]
+    ) -> list[RepRow]:
+        """Run `todo` (baseline first) over every prompt batch; return its rows, baseline first."""
+        generated: dict[str, list[GenerationMetrics]] = {m: [] for m in todo}
+        wall = dict.fromkeys(todo, 0.0)
+        for b, (first, batch) in enumerate(self.batches):
+            shift = (rep + b) % len(todo)
+            for method in todo[shift:] + todo[:shift]:
+                if method in failures:
+                    continue
+                requests = [
+                    Request(ids, self.plan.max_new_tokens, self.sampling, self.plan.seed + first + i)
+                    for i, ids in enumerate(batch)
+                ]
+                start = time.perf_counter()
+                gens = _run_or_fail(method, engines, failures, Engine.generate, requests)
+                wall[method] += time.perf_counter() - start
+                generated[method].extend(g.metrics for g in gens or ())
+        base = rep_metrics(generated[BASELINE_ID], wall[BASELINE_ID])
+        if base.tokens_per_s <= 0:
+            raise MeasureError(ErrorStage.BENCHMARK, f"the baseline generated no tokens in rep {rep}")
+        rows = [RepRow(BASELINE_ID, rep, base, None)]
+        for method in todo[1:]:
+            if method in failures:
+                continue
+            metrics = rep_metrics(generated[method], wall[method])
+            if metrics.tokens_per_s <= 0:
+                failures[method] = CandidateFailure(
+                    candidate_id=method,
+                    error_stage=ErrorStage.BENCHMARK,
+                    message=f"generated no tokens in rep {rep}",
+                )
+                continue
+            rows.append(RepRow(method, rep, metrics, metrics.tokens_per_s / base.tokens_per_s))
+        return rows
+
+
+def _run_or_fail(
+    method: str,
+    engines: dict[str, Engine],
+    failures: dict[str, CandidateFailure],
+    step: Callable[..., _R],
+    *args: object,
+) -> _R | None:
+    """Run one method's step; a candidate's error disqualifies it, the baseline's ends the bench."""
+    try:
+        return step(engines[method], *args)
+    # Anything a candidate's proposer raises (bad draft, OOM, a bug) costs that
+    # candidate, not the whole bench.
+    except Exception as err:
+        if method == BASELINE_ID:
+            raise MeasureError(ErrorStage.BENCHMARK, f"the baseline failed: {_describe(err)}") from err
+        del engines[method]
+        _release_memory()
+        failures[method] = CandidateFailure(
+            candidate_id=method, error_stage=ErrorStage.BENCHMARK, message=_describe(err)
+        )
+        return None
+
+
+# --- candidates -> speccore -----------------------------------------------------------
+
+
+class _CandidateFailed(Exception):
+    def __init__(self, error_stage: ErrorStage, message: str) -> None:
+        super().__init__(message)
+        self.error_stage = error_stage
+
+    def failure(self, candidate_id: str) -> CandidateFailure:
+        return CandidateFailure(candidate_id=candidate_id, error_stage=self.error_stage, message=str(self))
+
+
+def _engine(target: LoadedModel, candidate: Candidate, plan: BenchPlan, prompt_ids: frozenset[str]) -> Engine:
+    """The speccore engine for a candidate; _CandidateFailed says why there is none."""
+    family = str(candidate.family)
+    proposers.load_all()
+    if family not in proposers.REGISTRY:
+        runnable = ", ".join(sorted(proposers.REGISTRY))
+        raise _CandidateFailed(
+            ErrorStage.VALIDATION, f"speccore cannot run family '{family}'; it runs {runnable}"
+        )
+    if candidate.tree is not None:
+        raise _CandidateFailed(
+            ErrorStage.VALIDATION, f"speccore's {family} proposer takes no tree shape; send tree=null"
+        )
+    if candidate.family == Family.DRAFT_MODEL and not candidate.draft:
+        raise _CandidateFailed(
+            ErrorStage.VALIDATION, "draft_model needs a draft: a model ref or self:<layers>"
+        )
+    try:
+        config = _proposer_config(candidate)
+    except SpecError as err:
+        raise _CandidateFailed(ErrorStage.VALIDATION, str(err)) from err
+    try:
+        if candidate.family == Family.REST:
+            ref = config.datastore or f"{BUILTIN_DATASTORE}{plan.fingerprint}"
+            if ref.startswith(BUILTIN_DATASTORE):
+                # Leave the measured prompts' conversations out of the corpus it retrieves from.
+                built = default_datastore(target, ref.removeprefix(BUILTIN_DATASTORE), prompt_ids)
+                config = dataclasses.replace(config, datastore=str(built))
+        return Engine(target, family, config)
+    except (SpecError, OSError, RuntimeError, MemoryError) as err:
+        _release_memory()
+        raise _CandidateFailed(
+            ErrorStage.MODEL_LOAD, f"cannot load its draft source: {_describe(err)}"
+        ) from err
+
+
+def _proposer_config(candidate: Candidate) -> ProposerConfig:
+    """k, draft source and options of a candidate as speccore's ProposerConfig."""
+    tunable = {f.name for f in dataclasses.fields(ProposerConfig)} - _SET_FROM_CANDIDATE
+    knobs: dict[str, int] = {}
+    for key, value in candidate.options.items():
+        name = OPTION_ALIASES.get(key, key)
+        if name not in tunable:
+            known = ", ".join(sorted(tunable | set(OPTION_ALIASES)))
+            raise SpecError(f"unknown option '{key}'; speccore reads {known}")
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise SpecError(f"option '{key}' must be an integer, got {value!r}")
+        knobs[name] = value
+    is_rest = candidate.family == Family.REST
+    return ProposerConfig(
+        k=candidate.k,
+        draft=None if is_rest else candidate.draft,
+        datastore=candidate.draft if is_rest else None,
+        **knobs,
+    )
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _check_done(plan: BenchPlan, done: Iterable[RepRow]) -> dict[tuple[str, int], RepRow]:
+    known = {BASELINE_ID, *(c.candidate_id for c in plan.candidates)}
+    stored: dict[tuple[str, int], RepRow] = {}
+    for row in done:
+        if row.candidate_id not in known or not 0 <= row.rep < plan.reps:
+            raise ValueError(f"stored rep {row.rep} of '{row.candidate_id}' is not part of this plan")
+        stored[(row.candidate_id, row.rep)] = row
+    return stored
+
+
+def _sum_lists(lists: Iterable[list[int]]) -> list[int]:
+    total: list[int] = []
+    for values in lists:
+        total.extend([0] * (len(values) - len(total)))
+        for i, v in enumerate(values):
+            total[i] += v
+    return total
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+def _release_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

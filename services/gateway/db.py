@@ -1,0 +1,300 @@
+"""All of the gateway's SQL (tables of schemas/sql/001_core.sql and 003_gateway.sql).
+
+Functions take an open connection and run inside the caller's transaction; tenant-facing
+ones expect `specops.db.tenant_transaction`, whose row-level security is the second wall
+behind the explicit `tenant_id` filters here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from specops.db import Connection, connect
+from specops_schemas.api import RunCreateRequest
+from specops_schemas.catalog import Role, RunStatus
+from specops_schemas.envelope import Envelope
+from specops_services.gateway.logic import RunState, StoredResponse
+
+# --- tokens ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRow:
+    token_id: str
+    tenant_id: str
+    role: Role
+
+
+async def find_token(conn: Connection, secret_sha256: str) -> TokenRow | None:
+    """The live token with this hash (api_tokens has no RLS: the tenant is not known yet)."""
+    cur = await conn.execute(
+        "SELECT id, tenant_id, role FROM api_tokens WHERE secret_sha256 = %s AND revoked_at IS NULL",
+        (secret_sha256,),
+    )
+    row = await cur.fetchone()
+    return None if row is None else TokenRow(row["id"], row["tenant_id"], Role(row["role"]))
+
+
+async def create_token(
+    conn: Connection, *, token_id: str, tenant_id: str, role: Role, secret_sha256: str, name: str | None
+) -> None:
+    """Insert a token, creating its tenant on first use."""
+    await conn.execute(
+        "INSERT INTO tenants (id, name) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING", (tenant_id, tenant_id)
+    )
+    await conn.execute(
+        "INSERT INTO api_tokens (id, tenant_id, role, secret_sha256, name) VALUES (%s, %s, %s, %s, %s)",
+        (token_id, tenant_id, role.value, secret_sha256, name),
+    )
+
+
+# --- idempotency keys ---------------------------------------------------------------------
+
+
+def _lock_id(tenant_id: str, key: str) -> int:
+    digest = hashlib.sha256(f"idempotency\0{tenant_id}\0{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+async def try_lock_key(conn: Connection, tenant_id: str, key: str) -> bool:
+    """Hold (tenant, key) until the transaction ends; False if another request holds it.
+
+    The lock is the in-flight marker: it is released by commit, rollback or a dropped
+    connection, so a crashed request never leaves a key stuck in flight.
+    """
+    cur = await conn.execute("SELECT pg_try_advisory_xact_lock(%s) AS locked", (_lock_id(tenant_id, key),))
+    row = await cur.fetchone()
+    return bool(row and row["locked"])
+
+
+async def stored_response(conn: Connection, tenant_id: str, key: str) -> StoredResponse | None:
+    cur = await conn.execute(
+        """SELECT request_hash, response_status, response_body, response_headers FROM idempotency_keys
+           WHERE tenant_id = %s AND key = %s AND status = 'completed' AND expires_at > now()""",
+        (tenant_id, key),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        return None
+    return StoredResponse(
+        fingerprint=row["request_hash"],
+        status=row["response_status"],
+        body=row["response_body"],
+        headers=row["response_headers"] or {},
+    )
+
+
+async def store_response(
+    conn: Connection, tenant_id: str, key: str, response: StoredResponse, ttl: timedelta
+) -> None:
+    """Keep a completed response for replay; replaces an expired row under the same key."""
+    await conn.execute(
+        """INSERT INTO idempotency_keys
+               (tenant_id, key, request_hash, status, response_status, response_body, response_headers,
+                expires_at)
+           VALUES (%s, %s, %s, 'completed', %s, %s, %s, now() + %s)
+           ON CONFLICT (tenant_id, key) DO UPDATE SET
+               request_hash = EXCLUDED.request_hash, status = 'completed',
+               response_status = EXCLUDED.response_status, response_body = EXCLUDED.response_body,
+               response_headers = EXCLUDED.response_headers, created_at = now(),
+               expires_at = EXCLUDED.expires_at""",
+        (
+            tenant_id,
+            key,
+            response.fingerprint,
+            response.status,
+            Jsonb(response.body),
+            Jsonb(response.headers),
+            ttl,
+        ),
+    )
+
+
+async def purge_expired_keys(conn: Connection) -> int:
+    cur = await conn.execute("DELETE FROM idempotency_keys WHERE expires_at <= now()")
+    return cur.rowcount
+
+
+# --- runs --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    run_id: str
+    tenant_id: str
+    request: RunCreateRequest
+    state: RunState
+    created_at: datetime
+    updated_at: datetime
+
+
+_RUN_COLUMNS = "id, tenant_id, status, request, result, error, cache_hit, measured, created_at, updated_at"
+
+
+def _run_row(row: dict[str, Any]) -> RunRow:
+    result = row["result"] or {}
+    return RunRow(
+        run_id=row["id"],
+        tenant_id=row["tenant_id"],
+        request=RunCreateRequest.model_validate(row["request"]),
+        state=RunState(
+            status=RunStatus(row["status"]),
+            cache_hit=row["cache_hit"],
+            measured=row["measured"],
+            winner=result.get("winner"),
+            candidates=result.get("candidates", []),
+            pareto_front=result.get("pareto_front", []),
+            error=row["error"],
+        ),
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _result(state: RunState) -> Jsonb | None:
+    if state.winner is None and not state.candidates and state.status != RunStatus.COMPLETED:
+        return None
+    return Jsonb({"winner": state.winner, "candidates": state.candidates, "pareto_front": state.pareto_front})
+
+
+async def insert_run(
+    conn: Connection, *, run_id: str, tenant_id: str, request: RunCreateRequest, state: RunState
+) -> RunRow:
+    cur = await conn.execute(
+        f"""INSERT INTO runs (id, tenant_id, status, request, result, error, cache_hit, measured)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_RUN_COLUMNS}""",
+        (
+            run_id,
+            tenant_id,
+            state.status.value,
+            Jsonb(request.model_dump(mode="json")),
+            _result(state),
+            Jsonb(state.error) if state.error is not None else None,
+            state.cache_hit,
+            state.measured,
+        ),
+    )
+    row = await cur.fetchone()
+    if row is None:
+        raise RuntimeError("INSERT ... RETURNING returned no row")
+    return _run_row(row)
+
+
+async def get_run(
+    conn: Connection, tenant_id: str, run_id: str, *, for_update: bool = False
+) -> RunRow | None:
+    """The tenant's run, or None (another tenant's run is indistinguishable from a missing one)."""
+    lock = " FOR UPDATE" if for_update else ""
+    cur = await conn.execute(
+        f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = %s AND tenant_id = %s{lock}", (run_id, tenant_id)
+    )
+    row = await cur.fetchone()
+    return None if row is None else _run_row(row)
+
+
+async def update_run(conn: Connection, run_id: str, state: RunState) -> None:
+    await conn.execute(
+        "UPDATE runs SET status = %s, result = %s, error = %s, cache_hit = %s, measured = %s WHERE id = %s",
+        (
+            state.status.value,
+            _result(state),
+            Jsonb(state.error) if state.error is not None else None,
+            state.cache_hit,
+            state.measured,
+            run_id,
+        ),
+    )
+
+
+# --- run events --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    seq: int
+    type: str
+    data: str  # the envelope as JSON text, sent verbatim as the SSE data
+
+
+async def append_event(conn: Connection, run_id: str, envelope: Envelope[Any]) -> int | None:
+    """Append an event to the run's stream; its seq, or None if this event_id is already there.
+
+    Callers hold the run's row lock (get_run(..., for_update=True)), so max(seq) + 1 is
+    not raced and seq order is commit order.
+    """
+    cur = await conn.execute(
+        """INSERT INTO run_events (run_id, seq, event_id, type, payload, occurred_at)
+           SELECT %s, coalesce(max(seq), 0) + 1, %s, %s, %s, %s FROM run_events WHERE run_id = %s
+           ON CONFLICT (event_id) DO NOTHING
+           RETURNING seq""",
+        (
+            run_id,
+            envelope.event_id,
+            envelope.type,
+            Jsonb(envelope.model_dump(mode="json")),
+            envelope.occurred_at,
+            run_id,
+        ),
+    )
+    row = await cur.fetchone()
+    return None if row is None else int(row["seq"])
+
+
+async def events_after(conn: Connection, run_id: str, after_seq: int, *, limit: int = 100) -> list[EventRow]:
+    cur = await conn.execute(
+        """SELECT seq, type, payload::text AS data FROM run_events
+           WHERE run_id = %s AND seq > %s ORDER BY seq LIMIT %s""",
+        (run_id, after_seq, limit),
+    )
+    return [EventRow(int(r["seq"]), r["type"], r["data"]) for r in await cur.fetchall()]
+
+
+async def run_status(conn: Connection, run_id: str) -> RunStatus | None:
+    cur = await conn.execute("SELECT status FROM runs WHERE id = %s", (run_id,))
+    row = await cur.fetchone()
+    return None if row is None else RunStatus(row["status"])
+
+
+# --- winner cache --------------------------------------------------------------------------
+
+
+_CACHE_KEY = (
+    "cache_scope",
+    "model_ref",
+    "gpu",
+    "engine",
+    "engine_version",
+    "fingerprint",
+    "mode",
+    "quality_gate",
+)
+
+
+async def cached_winner(conn: Connection, key: dict[str, str]) -> dict[str, Any] | None:
+    """The unexpired winner_cache row under `key` (logic.winner_cache_key), or None."""
+    cur = await conn.execute(
+        """SELECT winner, candidates, pareto_front, measured FROM winner_cache
+           WHERE cache_scope = %s AND model_ref = %s AND gpu = %s AND engine = %s AND engine_version = %s
+             AND fingerprint = %s AND mode = %s AND quality_gate = %s AND expires_at > now()""",
+        [key[column] for column in _CACHE_KEY],
+    )
+    return await cur.fetchone()
+
+
+RUN_EVENTS_CHANNEL = "run_events"  # pg_notify channel of the trigger in 003_gateway.sql
+
+
+async def listen_run_events(dsn: str) -> Connection:
+    """A dedicated autocommit connection subscribed to run_events notifications."""
+    conn = await connect(dsn, autocommit=True)
+    await conn.execute(f"LISTEN {RUN_EVENTS_CHANNEL}")
+    return conn
+
+
+async def ping(conn: Connection) -> None:
+    await conn.execute("SELECT 1")

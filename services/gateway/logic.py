@@ -1,0 +1,324 @@
+"""The gateway's decisions, without I/O: roles, tokens, idempotency, run projection, SSE resume.
+
+Glossary: a *run state* is what the `runs` row holds (status + result); the *projector*
+folds the flow's events into it, one event at a time, in whatever order they arrive.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import uuid
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any, Literal
+
+from specops_schemas.api import RunCreateRequest, RunError, RunStatusResponse
+from specops_schemas.base import UtcDatetime
+from specops_schemas.candidates import CandidateResult
+from specops_schemas.catalog import Role, RunStatus
+from specops_schemas.envelope import Envelope
+from specops_schemas.events import RunCompleted, RunFailed, RunPredicted
+from specops_schemas.subjects import ID_PATTERN
+from specops_services.predictor.hardware import resolve_profile
+
+# --- roles -------------------------------------------------------------------------------
+
+# head_reviewer signs heads off to production, which outranks the developer's uat step
+# (seed 000), so on the runs API it has a developer's rights; only admin is above.
+ROLE_RANK: dict[Role, int] = {Role.VIEWER: 0, Role.DEVELOPER: 1, Role.HEAD_REVIEWER: 1, Role.ADMIN: 2}
+
+
+def has_role(role: Role, required: Role) -> bool:
+    return ROLE_RANK[role] >= ROLE_RANK[required]
+
+
+# --- tokens ------------------------------------------------------------------------------
+
+TOKEN_PREFIX = "spk_"
+
+
+def new_token() -> str:
+    """A bearer secret; only its sha256 is stored, so it is shown to its owner exactly once."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    # A plain hash suffices: the token is 256 random bits, not a guessable password.
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header (scheme is case-insensitive)."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or " " in token:
+        return None
+    return token
+
+
+# --- idempotency (draft-ietf-httpapi-idempotency-key-header) ------------------------------
+
+IDEMPOTENCY_TTL = timedelta(hours=24)
+IDEMPOTENCY_KEY_MAX = 255
+# RFC 8941 sf-string: printable ASCII, with `"` and `\` escaped by a backslash.
+_SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
+# The seed's own curl example sends an unquoted uuid, so a bare token is accepted too.
+_BARE_KEY = re.compile(r"[\x21-\x7e]+")
+
+
+def parse_idempotency_key(raw: str) -> str:
+    """The key of an `Idempotency-Key` header; ValueError says why it is not one."""
+    value = raw.strip()
+    quoted = _SF_STRING.fullmatch(value)
+    if quoted:
+        key = re.sub(r"\\(.)", r"\1", quoted.group(1))
+    elif _BARE_KEY.fullmatch(value) and '"' not in value:
+        key = value
+    else:
+        raise ValueError('Idempotency-Key must be a structured-field string, e.g. "8e03978e-..."')
+    if not 1 <= len(key) <= IDEMPOTENCY_KEY_MAX:
+        raise ValueError(f"Idempotency-Key must be 1 to {IDEMPOTENCY_KEY_MAX} characters")
+    return key
+
+
+def request_fingerprint(method: str, path: str, body: bytes) -> str:
+    """sha256 of what the request asks for; JSON bodies are canonicalised first.
+
+    Canonical JSON means a client that re-serialises the same body with other
+    whitespace or key order still gets its replay instead of a 422.
+    """
+    try:
+        canonical = json.dumps(json.loads(body), sort_keys=True, separators=(",", ":")).encode()
+    except (ValueError, UnicodeDecodeError):
+        canonical = body
+    digest = hashlib.sha256()
+    for part in (method.upper().encode(), path.encode(), canonical):
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What a POST answers: status, JSON body and extra headers (e.g. Location)."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """A completed POST kept for replay under its (tenant, key)."""
+
+    fingerprint: str
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def idempotency_decision(
+    stored: StoredResponse | None, fingerprint: str
+) -> Literal["proceed", "replay", "mismatch"]:
+    """What to do with a keyed POST once no other request holds the key (that is a 409)."""
+    if stored is None:
+        return "proceed"
+    return "replay" if stored.fingerprint == fingerprint else "mismatch"
+
+
+def should_store(status: int) -> bool:
+    """Only successes are kept: an error leaves the key free for a corrected retry."""
+    return 200 <= status < 300
+
+
+# --- runs --------------------------------------------------------------------------------
+
+
+def new_run_id() -> str:
+    return str(uuid.uuid4())
+
+
+_SPEC_ID = re.compile(ID_PATTERN)
+
+
+def is_spec_id(value: str) -> bool:
+    """Whether `value` fits the id grammar of runs and tenants (subject tokens); others name nothing."""
+    return _SPEC_ID.fullmatch(value) is not None
+
+
+def nul_pointer(value: Any, pointer: str = "#") -> str | None:
+    """JSON Pointer to the first string holding U+0000, which PostgreSQL text and jsonb refuse."""
+    if isinstance(value, str):
+        return pointer if "\x00" in value else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for name, item in items:
+        inner = f"{pointer}/{str(name).replace('~', '~0').replace('/', '~1')}"
+        found = inner if "\x00" in str(name) else nul_pointer(item, inner)
+        if found is not None:
+            return found
+    return None
+
+
+# Status only moves forward: events from different services may arrive out of order
+# (and `run.running` with stage=measuring follows `run.predicted`), so an event whose
+# status ranks below the current one is recorded in the stream but moves nothing.
+_RANK: dict[RunStatus, int] = {
+    RunStatus.QUEUED: 0,
+    RunStatus.RUNNING: 1,
+    RunStatus.PREDICTED: 2,
+    RunStatus.COMPLETED: 3,
+    RunStatus.FAILED: 3,
+}
+_STATUS_OF_EVENT: dict[str, RunStatus] = {
+    "run.queued": RunStatus.QUEUED,
+    "run.running": RunStatus.RUNNING,
+    "run.predicted": RunStatus.PREDICTED,
+    "run.completed": RunStatus.COMPLETED,
+    "run.failed": RunStatus.FAILED,
+}
+TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED})
+TERMINAL_EVENT_TYPES = frozenset({"run.completed", "run.failed"})
+# `run.requested` carries the request body and is addressed to the predictor; the run's
+# progress stream starts at `run.queued`, which the gateway records itself.
+UNRECORDED_EVENT_TYPES = frozenset({"run.requested"})
+
+
+def is_recorded(event_type: str) -> bool:
+    """Whether an event of the flow belongs in the run's stream (`run_events`)."""
+    return event_type not in UNRECORDED_EVENT_TYPES
+
+
+def next_status(current: RunStatus, event_type: str) -> RunStatus:
+    target = _STATUS_OF_EVENT.get(event_type)
+    if target is None or current in TERMINAL_STATUSES or _RANK[target] < _RANK[current]:
+        return current
+    return target
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """The mutable part of a run: status and what the flow has found so far."""
+
+    status: RunStatus
+    cache_hit: bool = False
+    measured: bool | None = None
+    winner: dict[str, Any] | None = None
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+    pareto_front: list[str] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+
+
+def fold(state: RunState, envelope: Envelope[Any]) -> RunState:
+    """The run after one more event; the same state when the event moves nothing."""
+    status = next_status(state.status, envelope.type)
+    if status == state.status:
+        return state
+    payload = envelope.payload
+    if isinstance(payload, RunPredicted):
+        candidates = [
+            CandidateResult(candidate=c.candidate, prediction=c.prediction).model_dump(mode="json")
+            for c in payload.candidates
+        ]
+        return replace(state, status=status, candidates=candidates, pareto_front=list(payload.pareto_front))
+    if isinstance(payload, RunCompleted):
+        return replace(
+            state,
+            status=status,
+            cache_hit=payload.cache_hit,
+            measured=payload.measured,
+            winner=payload.winner.model_dump(mode="json") if payload.winner else None,
+            candidates=[c.model_dump(mode="json") for c in payload.candidates],
+            pareto_front=list(payload.pareto_front),
+        )
+    if isinstance(payload, RunFailed):
+        error = RunError(error_stage=payload.error_stage, message=payload.message)
+        return replace(state, status=status, error=error.model_dump(mode="json"))
+    return replace(state, status=status)
+
+
+def run_response(
+    *,
+    run_id: str,
+    request: RunCreateRequest,
+    state: RunState,
+    created_at: UtcDatetime,
+    updated_at: UtcDatetime,
+) -> RunStatusResponse:
+    return RunStatusResponse.model_validate(
+        {
+            "id": run_id,
+            "status": state.status,
+            "created_at": created_at,
+            "updated_at": updated_at,
+            "request": request,
+            "cache_hit": state.cache_hit,
+            "measured": state.measured,
+            "winner": state.winner,
+            "candidates": state.candidates,
+            "pareto_front": state.pareto_front,
+            "error": state.error,
+        }
+    )
+
+
+def apply_conflict(state: RunState) -> str | None:
+    """Why a run's winner cannot be applied yet, or None when it can."""
+    if state.status != RunStatus.COMPLETED:
+        return f"run is {state.status.value}; only a completed run can be applied"
+    if state.winner is None:
+        return "run completed without a winner (no candidate beat the baseline)"
+    return None
+
+
+def winner_cache_key(request: RunCreateRequest, *, tenant_id: str) -> dict[str, str]:
+    """The winner_cache primary key of a request (schemas/sql/001_core.sql).
+
+    Normalised as the predictor's `cache.request_cache_key` is: the canonical GPU profile
+    name, so `h100` and `H100-80GB` share winners. The scope is the tenant (F-S1: one
+    tenant's winners never reveal another's workload); a request without an
+    engine_version matches rows stored with '' (the table's "no version").
+    """
+    target = request.target
+    return {
+        "cache_scope": tenant_id,
+        "model_ref": target.model_ref,
+        "gpu": resolve_profile(target.gpu).name,
+        "engine": target.engine.value,
+        "engine_version": target.engine_version or "",
+        "fingerprint": request.workload.fingerprint.value,
+        "mode": request.mode.value,
+        "quality_gate": request.goal.quality_gate.value,
+    }
+
+
+def pick_candidate(state: RunState, candidate_id: str | None) -> CandidateResult:
+    """The winner, or the named candidate of the table; LookupError if it cannot be applied."""
+    if candidate_id is None:
+        if state.winner is None:
+            raise LookupError("the run has no winner")
+        return CandidateResult.model_validate(state.winner)
+    for row in state.candidates:
+        if row["candidate"]["candidate_id"] == candidate_id:
+            chosen = CandidateResult.model_validate(row)
+            if chosen.error_stage is not None:
+                raise LookupError(f"candidate '{candidate_id}' was disqualified ({chosen.error_stage.value})")
+            return chosen
+    raise LookupError(f"candidate '{candidate_id}' is not among the run's candidates")
+
+
+# --- server-sent events --------------------------------------------------------------------
+
+
+def parse_last_event_id(value: str | None) -> int:
+    """The sequence a client resumes after; ids are the per-run `run_events.seq` we sent."""
+    if value is None or not value.strip():
+        return 0
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise ValueError("Last-Event-ID must be an event id this stream sent (a non-negative integer)")
+    return int(text)

@@ -1,0 +1,129 @@
+"""Every error the gateway returns is RFC 9457 `application/problem+json`; nothing else leaks."""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any, cast
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specops_schemas.api import PROBLEM_MEDIA_TYPE, Problem
+
+log = logging.getLogger(__name__)
+
+
+class ProblemError(Exception):
+    """Raised by handlers and dependencies; rendered as the problem it carries."""
+
+    def __init__(self, problem: Problem, headers: dict[str, str] | None = None) -> None:
+        super().__init__(problem.detail or problem.title)
+        self.problem = problem
+        self.headers = headers or {}
+
+
+def problem(
+    status: int, detail: str | None = None, *, title: str | None = None, **extra: Any
+) -> ProblemError:
+    """A ProblemError whose title defaults to the status's reason phrase."""
+    return ProblemError(
+        Problem(title=title or HTTPStatus(status).phrase, status=status, detail=detail, **extra)
+    )
+
+
+def unauthorized(detail: str, *, invalid: bool) -> ProblemError:
+    # RFC 6750 §3: a request without credentials gets a bare challenge, a bad token an error code.
+    challenge = 'Bearer realm="specops", error="invalid_token"' if invalid else 'Bearer realm="specops"'
+    err = problem(401, detail)
+    err.headers["WWW-Authenticate"] = challenge
+    return err
+
+
+def problem_response(body: Problem, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(
+        body.model_dump(mode="json", exclude_none=True),
+        status_code=body.status,
+        headers=headers,
+        media_type=PROBLEM_MEDIA_TYPE,
+    )
+
+
+async def _problem_error(request: Request, exc: Exception) -> JSONResponse:
+    exc = cast(ProblemError, exc)  # registered for ProblemError only
+    body = (
+        exc.problem if exc.problem.instance else exc.problem.model_copy(update={"instance": request.url.path})
+    )
+    return problem_response(body, exc.headers)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    exc = cast(RequestValidationError, exc)
+    return problem_response(Problem.validation(exc.errors(), instance=request.url.path))
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    exc = cast(StarletteHTTPException, exc)
+    detail = (
+        exc.detail
+        if isinstance(exc.detail, str) and exc.detail != HTTPStatus(exc.status_code).phrase
+        else None
+    )
+    body = Problem(
+        title=HTTPStatus(exc.status_code).phrase,
+        status=exc.status_code,
+        detail=detail,
+        instance=request.url.path,
+    )
+    return problem_response(body, dict(exc.headers or {}))
+
+
+async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    # The cause goes to the log, never to the client.
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return problem_response(
+        Problem(
+            title="Internal Server Error",
+            status=500,
+            detail="The server failed to handle this request; it has been logged.",
+            instance=request.url.path,
+        )
+    )
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(ProblemError, _problem_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries for the problems a route can return."""
+    return {status: {"model": Problem, "description": HTTPStatus(status).phrase} for status in statuses}
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema with every error response declared as problem+json.
+
+    FastAPI files additional responses under the route's media type (application/json)
+    and adds its own HTTPValidationError 422; both are rewritten to the Problem schema.
+    """
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    ref = {"$ref": "#/components/schemas/Problem"}
+    for item in schema.get("paths", {}).values():
+        for operation in item.values():
+            for status, response in operation.get("responses", {}).items():
+                if status.isdigit() and int(status) >= 400:
+                    response["content"] = {PROBLEM_MEDIA_TYPE: {"schema": ref}}
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    app.openapi_schema = schema
+    return schema

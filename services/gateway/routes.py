@@ -1,0 +1,147 @@
+"""The HTTP surface under API_PREFIX (DESIGN.md §6): thin handlers over `runs`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Header, Path, Request
+from fastapi.responses import JSONResponse
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from specops_schemas.api import API_PREFIX, ApplyRequest, ApplyResponse, RunCreateRequest, RunStatusResponse
+from specops_services.gateway import logic, runs
+from specops_services.gateway.auth import Developer, Viewer, pool_of
+from specops_services.gateway.problems import problem, responses
+
+router = APIRouter(prefix=API_PREFIX, tags=["runs"])
+
+IDEMPOTENCY_DOC = (
+    "Optional (draft-ietf-httpapi-idempotency-key-header). A unique key per logical request, as a "
+    'structured-field string (`"8e03978e-40d5-43e8-bc93-6894a57f9324"`; a bare token is accepted too). '
+    "A retry with the same key and body returns the stored response (with `Idempotent-Replayed: true`) "
+    "instead of acting twice; the same key with another body is a 422, and a retry while the first "
+    "request is still being processed is a 409. Keys are scoped to the tenant and expire 24 hours after "
+    "the response was stored; only successful (2xx) responses are stored, so a request that failed may "
+    "be retried with the same key. Without the header the POST is accepted but not protected against "
+    "duplicates."
+)
+LAST_EVENT_ID_DOC = "The `id` of the last event received; the stream resumes after it."
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", description=IDEMPOTENCY_DOC)]
+RunId = Annotated[str, Path(description="Run id, as returned by `POST runs`.")]
+
+
+def _key(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    try:
+        return logic.parse_idempotency_key(raw)
+    except ValueError as exc:
+        raise problem(400, str(exc)) from None
+
+
+async def _fingerprint(request: Request) -> str:
+    return logic.request_fingerprint(request.method, request.url.path, await request.body())
+
+
+def _json(reply: logic.Reply) -> JSONResponse:
+    return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
+
+@router.post(
+    "/runs",
+    status_code=202,
+    response_model=RunStatusResponse,
+    summary="Start a T1 run",
+    responses={
+        200: {"model": RunStatusResponse, "description": "Winner-cache hit: the run is already completed."},
+        202: {
+            "description": "Accepted; follow `Location` or the run's event stream.",
+            "headers": {"Location": {"description": "URL of the run.", "schema": {"type": "string"}}},
+        },
+        **responses(400, 401, 403, 409, 422, 500),
+    },
+)
+async def create_run(
+    body: RunCreateRequest, request: Request, principal: Developer, idempotency_key: IdempotencyKey = None
+) -> JSONResponse:
+    key = _key(idempotency_key)
+    reply = await runs.create_run(pool_of(request), principal, body, key, await _fingerprint(request))
+    return _json(reply)
+
+
+@router.get(
+    "/runs/{run_id}",
+    response_model=RunStatusResponse,
+    summary="A run's status, winner and candidates",
+    responses=responses(401, 403, 404, 422, 500),
+)
+async def get_run(run_id: RunId, request: Request, principal: Viewer) -> RunStatusResponse:
+    return await runs.read_run(pool_of(request), principal, run_id)
+
+
+async def _owned_run(run_id: RunId, request: Request, principal: Viewer) -> str:
+    # A dependency, not the generator: the 404 must be decided before the stream starts.
+    await runs.require_run(pool_of(request), principal, run_id)
+    return run_id
+
+
+def _resume_after(
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", description=LAST_EVENT_ID_DOC)] = None,
+) -> int:
+    try:
+        return logic.parse_last_event_id(last_event_id)
+    except ValueError as exc:
+        raise problem(400, str(exc)) from None
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    response_class=EventSourceResponse,
+    summary="The run's progress as server-sent events",
+    description=(
+        "`text/event-stream`: each event has `id:` (its sequence in the run), `event:` (its type, "
+        "e.g. `run.queued`, `run.running`, `run.predicted`, `bench.rep_measured`, `run.completed`) and "
+        "`data:` (the event envelope as JSON). The stream ends after `run.completed` or `run.failed`; "
+        "idle streams get `: keepalive` comments. Reconnect with `Last-Event-ID` to resume."
+    ),
+    responses=responses(400, 401, 403, 404, 422, 500),
+)
+async def stream_events(
+    request: Request,
+    principal: Viewer,
+    run_id: Annotated[str, Depends(_owned_run)],
+    after: Annotated[int, Depends(_resume_after)],
+) -> AsyncIterator[ServerSentEvent]:
+    settings = request.app.state.settings
+    async for event in runs.stream_events(
+        pool_of(request),
+        request.app.state.listener,
+        principal,
+        run_id,
+        after,
+        poll_s=settings.gateway_sse_poll_s,
+        keepalive_s=settings.gateway_sse_keepalive_s,
+    ):
+        yield event
+
+
+@router.post(
+    "/runs/{run_id}/apply",
+    response_model=ApplyResponse,
+    summary="Turn the run's winner into engine flags",
+    responses=responses(400, 401, 403, 404, 409, 422, 500),
+)
+async def apply_run(
+    run_id: RunId,
+    request: Request,
+    principal: Developer,
+    body: Annotated[ApplyRequest | None, Body()] = None,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    key = _key(idempotency_key)
+    reply = await runs.apply_run(
+        pool_of(request), principal, run_id, body or ApplyRequest(), key, await _fingerprint(request)
+    )
+    return _json(reply)

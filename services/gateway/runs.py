@@ -1,0 +1,303 @@
+"""What each endpoint does: validation, transactions, events. Routes call these; SQL lives in db.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi.sse import ServerSentEvent
+from pydantic import ValidationError
+
+from specbus import outbox
+from specops.db import Connection, Pool, tenant_transaction
+from specops_schemas.api import (
+    API_PREFIX,
+    ApplyRequest,
+    Problem,
+    ProblemFieldError,
+    RunCreateRequest,
+    RunStatusResponse,
+)
+from specops_schemas.catalog import RunStatus
+from specops_schemas.envelope import Envelope, new_event
+from specops_schemas.events import RunCompleted, RunQueued, RunRequested
+from specops_services.gateway import db, engine_flags, logic
+from specops_services.gateway.auth import Principal
+from specops_services.gateway.listener import RunEventsListener
+from specops_services.gateway.problems import ProblemError, problem
+from specops_services.predictor.hardware import HardwareError, resolve_profile
+from specops_services.predictor.targets import TargetError, UnknownModel, parse_hf_config, resolve_target
+
+log = logging.getLogger(__name__)
+
+PRODUCER = "gateway"
+Work = Callable[[Connection], Awaitable[logic.Reply]]
+
+
+def run_location(run_id: str) -> str:
+    return f"{API_PREFIX}/runs/{run_id}"
+
+
+# --- idempotent POSTs ----------------------------------------------------------------------
+
+
+async def keyed(
+    pool: Pool, principal: Principal, key: str | None, fingerprint: str, work: Work
+) -> logic.Reply:
+    """Run `work` in one tenant transaction, under the request's Idempotency-Key if it sent one.
+
+    The key's advisory lock, the replay lookup, the work and the stored response share
+    that transaction, so a response is stored exactly when the work's writes commit.
+    """
+    tenant = principal.tenant_id
+    async with pool.connection() as conn, tenant_transaction(conn, tenant):
+        if key is not None:
+            if not await db.try_lock_key(conn, tenant, key):
+                raise problem(
+                    409,
+                    "a request with this Idempotency-Key is still in progress; retry once it has finished",
+                    type="urn:specops:problem:idempotency-key-in-flight",
+                )
+            stored = await db.stored_response(conn, tenant, key)
+            decision = logic.idempotency_decision(stored, fingerprint)
+            if decision == "mismatch":
+                raise problem(
+                    422,
+                    "this Idempotency-Key was already used with a different request; use a new key",
+                    type="urn:specops:problem:idempotency-key-reused",
+                )
+            if decision == "replay" and stored is not None:
+                return logic.Reply(
+                    stored.status, stored.body, stored.headers | {"Idempotent-Replayed": "true"}
+                )
+        reply = await work(conn)
+        if key is not None and logic.should_store(reply.status):
+            response = logic.StoredResponse(fingerprint, reply.status, reply.body, reply.headers)
+            await db.store_response(conn, tenant, key, response, logic.IDEMPOTENCY_TTL)
+        return reply
+
+
+# --- POST runs ---------------------------------------------------------------------------------
+
+
+def _invalid(pointer: str, detail: str, kind: str) -> ProblemError:
+    return ProblemError(
+        Problem(
+            type=f"urn:specops:problem:{kind}",
+            title="Request body is invalid",
+            status=422,
+            detail=detail,
+            errors=[ProblemFieldError(pointer=pointer, detail=detail)],
+        )
+    )
+
+
+def check_target(request: RunCreateRequest) -> None:
+    """422 naming the model or GPU profile the predictor could not describe."""
+    nul = logic.nul_pointer(request.model_dump(mode="json"))
+    if nul is not None:
+        raise _invalid(nul, "text must not contain the NUL character (U+0000)", "invalid-text")
+    ref = request.target.model_ref
+    try:
+        _describe(ref)
+    except TargetError as exc:
+        raise _invalid("#/target/model_ref", str(exc), "unknown-model") from None
+    try:
+        resolve_profile(request.target.gpu)
+    except HardwareError as exc:
+        raise _invalid("#/target/gpu", str(exc), "unknown-gpu") from None
+
+
+def _describe(ref: str) -> None:
+    try:
+        resolve_target(ref)
+    except UnknownModel:
+        config = _local_config(ref)
+        if config is None:
+            raise
+        parse_hf_config(config, ref)
+
+
+def _local_config(ref: str) -> dict[str, Any] | None:
+    """The config.json of a local model directory (absolute paths only), or None if there is none."""
+    path = Path(ref)
+    if not path.is_absolute():
+        return None
+    try:
+        parsed = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+async def create_run(
+    pool: Pool, principal: Principal, request: RunCreateRequest, key: str | None, fingerprint: str
+) -> logic.Reply:
+    check_target(request)
+
+    async def work(conn: Connection) -> logic.Reply:
+        run_id = logic.new_run_id()
+        queued = new_event(
+            RunQueued(run_id=run_id), tenant_id=principal.tenant_id, correlation_id=run_id, producer=PRODUCER
+        )
+        completed = await _cached_completion(conn, principal, request, run_id)
+        if completed is not None:
+            done = queued.follow(completed, producer=PRODUCER)
+            events: list[Envelope[Any]] = [queued, done]
+            state = logic.fold(logic.fold(logic.RunState(RunStatus.QUEUED), queued), done)
+            published = events
+        else:
+            requested = new_event(
+                RunRequested(run_id=run_id, request=request, requested_by=principal.token_id),
+                tenant_id=principal.tenant_id,
+                correlation_id=run_id,
+                producer=PRODUCER,
+            )
+            queued = requested.follow(RunQueued(run_id=run_id), producer=PRODUCER)
+            events = [queued]
+            state = logic.RunState(RunStatus.QUEUED)
+            published = [requested, queued]
+        row = await db.insert_run(
+            conn, run_id=run_id, tenant_id=principal.tenant_id, request=request, state=state
+        )
+        for event in events:
+            await db.append_event(conn, run_id, event)
+        for event in published:
+            await outbox.add(conn, event)
+        body = _response(row).model_dump(mode="json")
+        return logic.Reply(200 if completed else 202, body, {"Location": run_location(run_id)})
+
+    return await keyed(pool, principal, key, fingerprint, work)
+
+
+async def _cached_completion(
+    conn: Connection, principal: Principal, request: RunCreateRequest, run_id: str
+) -> RunCompleted | None:
+    row = await db.cached_winner(conn, logic.winner_cache_key(request, tenant_id=principal.tenant_id))
+    if row is None:
+        return None
+    try:
+        return RunCompleted.model_validate(
+            {
+                "run_id": run_id,
+                "cache_hit": True,
+                "measured": row["measured"],
+                "winner": row["winner"],
+                "candidates": row["candidates"],
+                "pareto_front": row["pareto_front"],
+            }
+        )
+    except ValidationError as exc:
+        # A cache row this code cannot read is a miss, not a failed request.
+        log.warning("ignoring an unreadable winner_cache row: %s", exc)
+        return None
+
+
+def _response(row: db.RunRow) -> RunStatusResponse:
+    return logic.run_response(
+        run_id=row.run_id,
+        request=row.request,
+        state=row.state,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+# --- GET runs/{id} --------------------------------------------------------------------------
+
+
+def _not_found(run_id: str) -> ProblemError:
+    if not logic.is_spec_id(run_id):
+        return problem(404, "no run with that id in this tenant")
+    return problem(404, f"no run '{run_id}' in this tenant")
+
+
+async def read_run(pool: Pool, principal: Principal, run_id: str) -> RunStatusResponse:
+    if not logic.is_spec_id(run_id):
+        raise _not_found(run_id)
+    async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
+        row = await db.get_run(conn, principal.tenant_id, run_id)
+    if row is None:
+        raise _not_found(run_id)
+    return _response(row)
+
+
+# --- POST runs/{id}/apply -------------------------------------------------------------------
+
+
+async def apply_run(
+    pool: Pool, principal: Principal, run_id: str, body: ApplyRequest, key: str | None, fingerprint: str
+) -> logic.Reply:
+    async def work(conn: Connection) -> logic.Reply:
+        row = await db.get_run(conn, principal.tenant_id, run_id) if logic.is_spec_id(run_id) else None
+        if row is None:
+            raise _not_found(run_id)
+        conflict = logic.apply_conflict(row.state)
+        if conflict is not None:
+            raise problem(409, conflict, type="urn:specops:problem:run-not-applicable")
+        try:
+            chosen = logic.pick_candidate(row.state, body.candidate_id)
+        except LookupError as exc:
+            raise _invalid("#/candidate_id", str(exc), "unknown-candidate") from None
+        engine = body.engine or row.request.target.engine
+        try:
+            response = engine_flags.apply_response(run_id, chosen.candidate, engine)
+        except engine_flags.EngineCannotRun as exc:
+            raise problem(422, str(exc), type="urn:specops:problem:engine-cannot-run") from None
+        return logic.Reply(200, response.model_dump(mode="json"), {})
+
+    return await keyed(pool, principal, key, fingerprint, work)
+
+
+# --- GET runs/{id}/events -----------------------------------------------------------------------
+
+
+async def require_run(pool: Pool, principal: Principal, run_id: str) -> None:
+    if not logic.is_spec_id(run_id):
+        raise _not_found(run_id)
+    async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
+        if await db.get_run(conn, principal.tenant_id, run_id) is None:
+            raise _not_found(run_id)
+
+
+async def stream_events(
+    pool: Pool,
+    listener: RunEventsListener | None,
+    principal: Principal,
+    run_id: str,
+    after: int,
+    *,
+    poll_s: float,
+    keepalive_s: float,
+) -> AsyncIterator[ServerSentEvent]:
+    """The run's events after seq `after`, as they land, until its terminal event."""
+    last_sent = time.monotonic()
+    while True:
+        async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
+            # Status first: each statement sees every commit before it started, so once the
+            # status reads terminal the events query is sure to include the terminal event.
+            status = await db.run_status(conn, run_id)
+            rows = await db.events_after(conn, run_id, after)
+        for event in rows:
+            yield ServerSentEvent(id=str(event.seq), event=event.type, raw_data=event.data)
+            after = event.seq
+            last_sent = time.monotonic()
+            if event.type in logic.TERMINAL_EVENT_TYPES:
+                return
+        if rows:
+            continue
+        # Resumed after the terminal event, or the run vanished: nothing more will come.
+        if status is None or status in logic.TERMINAL_STATUSES:
+            return
+        if time.monotonic() - last_sent >= keepalive_s:
+            yield ServerSentEvent(comment="keepalive")
+            last_sent = time.monotonic()
+        if listener is not None:
+            await listener.wait(run_id, timeout=poll_s)
+        else:
+            await asyncio.sleep(poll_s)

@@ -1,0 +1,25 @@
+"""Gateway settings: the runtime's connection settings plus the gateway's own knobs."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from specops.runtime.settings import Settings
+
+
+class GatewaySettings(Settings):
+    """Read from `SPECOPS_GATEWAY_*` (and DATABASE_URL / NATS_URL, see specops.runtime.settings)."""
+
+    gateway_sse_poll_s: float = Field(
+        0.25, gt=0.0, le=10.0, description="How often an open event stream looks for new run events."
+    )
+    gateway_sse_keepalive_s: float = Field(
+        15.0, gt=0.0, description="Idle seconds after which an event stream sends a keepalive comment."
+    )
+    gateway_projector: bool = Field(
+        True, description="Run the projector (bus events -> runs / run_events) in this process."
+    )
+    gateway_relay: bool = Field(
+        True, description="Run the outbox relay (outbox rows -> NATS) in this process."
+    )
+    gateway_pool_size: int = Field(10, ge=2, le=200, description="Largest number of Postgres connections.")

@@ -1,0 +1,36 @@
+"""Issuing API tokens: a random secret shown once, stored only as its sha256."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from specops.db import connect
+from specops_schemas.catalog import Role
+from specops_services.gateway import db, logic
+
+
+@dataclass(frozen=True, slots=True)
+class IssuedToken:
+    token_id: str
+    tenant_id: str
+    role: Role
+    secret: str  # the bearer token; not recoverable once this object is gone
+
+
+async def issue_token(dsn: str, *, tenant_id: str, role: Role, name: str | None = None) -> IssuedToken:
+    """Create a token for `tenant_id` (creating the tenant on first use)."""
+    if not logic.is_spec_id(tenant_id):
+        raise ValueError(f"invalid tenant id {tenant_id!r}: use 1-128 of A-Z a-z 0-9 _ -")
+    secret = logic.new_token()
+    token_id = "tok_" + secrets.token_hex(8)
+    async with await connect(dsn) as conn, conn.transaction():
+        await db.create_token(
+            conn,
+            token_id=token_id,
+            tenant_id=tenant_id,
+            role=role,
+            secret_sha256=logic.hash_token(secret),
+            name=name,
+        )
+    return IssuedToken(token_id=token_id, tenant_id=tenant_id, role=role, secret=secret)

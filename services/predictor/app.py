@@ -1,0 +1,141 @@
+"""The predictor service: plans T1 runs and answers them once measured and gated.
+
+Three durable consumers (replicas share each): `<service>-plan` on run.requested,
+`<service>-bench_completed` on bench.completed and `<service>-gate_evaluated` on
+gate.evaluated. Every handler writes Postgres and queues its events in one inbox
+transaction (steps.py); the outbox relay publishes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from faststream import FastStream
+from faststream.nats import NatsBroker
+
+from specbus import OutboxRelay, RetryPolicy, consumer_name, make_broker, process_once, subscriber
+from specops.db import Connection, Pool, create_pool, migrate
+from specops.runtime.settings import Settings
+from specops_schemas.envelope import Envelope
+from specops_schemas.events import BenchCompleted, GateEvaluated, RunRequested
+from specops_services.predictor import logic, steps
+from specops_services.predictor.host import host_info
+from specops_services.predictor.settings import predictor_settings
+
+log = logging.getLogger(__name__)
+
+SERVICE = "predictor"
+RETRY = RetryPolicy()
+# A relay blocked in a publish or in LISTEN must not hold the process past its SIGTERM grace.
+RELAY_STOP_S = 5.0
+
+
+def subscribe(
+    broker: NatsBroker,
+    pool: Pool,
+    planner: steps.Planner,
+    *,
+    service: str = SERVICE,
+    retry: RetryPolicy = RETRY,
+    fetch_timeout_s: float = 5.0,
+) -> None:
+    """Register the predictor's three handlers on `broker` (before it starts)."""
+
+    on = partial(subscriber, broker, service=service, retry=retry, fetch_timeout_s=fetch_timeout_s)
+
+    @on(events=RunRequested)
+    async def plan(event: Envelope[RunRequested]) -> None:
+        """Rank the candidates, then request a bench or answer with the predicted best."""
+        await steps.queue(pool, [logic.predicting(event)])
+        target = await steps.load_target(event.payload.request.target.model_ref)
+        await _once(
+            pool, consumer_name(service, "plan"), event, lambda c: steps.plan(c, event, planner, target)
+        )
+
+    @on(events=BenchCompleted)
+    async def bench_completed(event: Envelope[BenchCompleted]) -> None:
+        """Store the bench's measurements; answer the run if every verdict is in."""
+        await _once(
+            pool, consumer_name(service, "bench_completed"), event, lambda c: steps.bench_completed(c, event)
+        )
+
+    @on(events=GateEvaluated)
+    async def gate_evaluated(event: Envelope[GateEvaluated]) -> None:
+        """Store a verdict; answer the run if the bench is completed and it was the last one."""
+        await _once(
+            pool, consumer_name(service, "gate_evaluated"), event, lambda c: steps.gate_evaluated(c, event)
+        )
+
+
+async def _once(
+    pool: Pool, consumer: str, event: Envelope[Any], work: Callable[[Connection], Awaitable[steps.Events]]
+) -> None:
+    """process_once, plus the one log line per handled event."""
+    queued: list[str] = []
+
+    async def run(conn: Any) -> steps.Events:
+        events = await work(conn)
+        queued[:] = [e.type for e in events]
+        return events
+
+    if await process_once(pool, consumer, event, run):
+        log.info("%s run=%s -> %s", event.type, event.correlation_id, ", ".join(queued) or "nothing yet")
+    else:
+        log.info("%s run=%s -> duplicate %s skipped", event.type, event.correlation_id, event.event_id)
+
+
+def create_app(settings: Settings | None = None) -> FastStream:
+    """The predictor process: its consumers, its outbox relay, its database pool."""
+    config = predictor_settings(settings)
+    dsn = config.require_database_url()
+    broker = make_broker(
+        config.require_nats_url(),
+        service=SERVICE,
+        # FastStream's per-message "Received"/"Processed" lines only at debug: the
+        # handlers log one line per event themselves.
+        logger=logging.getLogger(f"{__name__}.broker"),
+        log_level=logging.DEBUG,
+    )
+    pool = create_pool(dsn, min_size=1, max_size=config.predictor_pool_size, name=SERVICE)
+    relay = OutboxRelay(pool, broker)
+    planner = steps.Planner(
+        host=host_info(config),
+        history_rows=config.predictor_history_rows,
+        enable_cascade=config.enable_cascade,
+    )
+    log.info("host: %s", planner.host)
+    subscribe(broker, pool, planner)
+    app = FastStream(broker, logger=log)
+
+    @app.on_startup
+    async def open_database() -> None:
+        await migrate(dsn)
+        await pool.open(wait=True)
+
+    @app.after_startup
+    async def start_relay() -> None:
+        await relay.start()
+
+    @app.on_shutdown
+    async def stop_relay() -> None:
+        try:
+            await asyncio.wait_for(relay.stop(), RELAY_STOP_S)
+        except TimeoutError:
+            log.warning(
+                "outbox relay did not stop in %.0fs; unpublished rows wait for the next start", RELAY_STOP_S
+            )
+
+    @app.after_shutdown
+    async def close_database() -> None:
+        await pool.close()
+
+    return app
+
+
+def serve(settings: Settings | None = None) -> None:
+    """`specops serve predictor`: run until SIGINT / SIGTERM, then stop cleanly."""
+    asyncio.run(create_app(settings).run())

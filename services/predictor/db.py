@@ -1,0 +1,284 @@
+"""All of the predictor's SQL (001_core: candidates, gate_results, winner_cache,
+measured_history; 005_predictor: benches).
+
+Functions take an open connection and run inside the caller's transaction (the
+inbox transaction of `specbus.process_once`). The predictor works across tenants, as
+the owning role, so row-level security does not apply to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from pydantic import TypeAdapter
+
+from specops_schemas.api import RunCreateRequest
+from specops_schemas.candidates import GateOutcome, Measurement, RankedCandidate
+from specops_schemas.catalog import Family, Fingerprint
+from specops_schemas.events import BenchPlan, CandidateFailure, RunCompleted
+from specops_services.predictor.cache import CACHE_TTL
+from specops_services.predictor.logic import Bench
+from specops_services.predictor.model import HistoryRow, temperature_bucket
+
+Connection = AsyncConnection[Any]
+
+_MEASUREMENTS = TypeAdapter(list[Measurement])
+_FAILURES = TypeAdapter(list[CandidateFailure])
+
+
+async def _rows(conn: Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+    # Dict rows whatever row factory the caller's pool was configured with.
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(sql, params)
+        return await cur.fetchall()
+
+
+# --- planning --------------------------------------------------------------------------------
+
+
+async def is_planned(conn: Connection, run_id: str) -> bool:
+    """Whether this run has a plan already (another `run.requested` for it was handled)."""
+    rows = await _rows(conn, "SELECT 1 FROM candidates WHERE run_id = %s LIMIT 1", (run_id,))
+    return bool(rows)
+
+
+async def recent_history(conn: Connection, fingerprint: Fingerprint, limit: int) -> list[HistoryRow]:
+    """The newest measured_history rows of a fingerprint (other fingerprints never match)."""
+    rows = await _rows(
+        conn,
+        """SELECT family, draft, fingerprint, temperature, k, acceptance_rate, mean_acceptance_length,
+                  speedup, model_ref, gpu, tree, weight
+           FROM measured_history WHERE fingerprint = %s AND speedup IS NOT NULL
+           ORDER BY created_at DESC, id DESC LIMIT %s""",
+        (fingerprint.value, limit),
+    )
+    return [
+        HistoryRow(
+            family=Family(r["family"]),
+            fingerprint=Fingerprint(r["fingerprint"]),
+            temperature=r["temperature"],
+            k=r["k"],
+            acceptance=r["acceptance_rate"],
+            speedup=r["speedup"],
+            mean_acceptance_length=r["mean_acceptance_length"],
+            tree=tuple(r["tree"]) if r["tree"] else None,
+            draft=r["draft"],
+            target_ref=r["model_ref"],
+            gpu=r["gpu"],
+            weight=r["weight"],
+        )
+        for r in rows
+    ]
+
+
+async def save_candidates(conn: Connection, run_id: str, ranked: Sequence[RankedCandidate]) -> None:
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            """INSERT INTO candidates (run_id, candidate_id, rank, family, candidate, prediction)
+               VALUES (%s, %s, %s, %s, %s, %s)""",
+            [
+                (
+                    run_id,
+                    r.candidate.candidate_id,
+                    r.prediction.rank,
+                    r.candidate.family.value,
+                    Jsonb(r.candidate.model_dump(mode="json")),
+                    Jsonb(r.prediction.model_dump(mode="json")),
+                )
+                for r in ranked
+            ],
+        )
+
+
+async def ranked_candidates(conn: Connection, run_id: str) -> list[RankedCandidate]:
+    rows = await _rows(
+        conn, "SELECT candidate, prediction FROM candidates WHERE run_id = %s ORDER BY rank", (run_id,)
+    )
+    return [RankedCandidate.model_validate(r) for r in rows]
+
+
+async def create_bench(conn: Connection, bench: Bench) -> None:
+    await conn.execute(
+        """INSERT INTO benches (bench_id, run_id, tenant_id, request, plan) VALUES (%s, %s, %s, %s, %s)""",
+        (
+            bench.bench_id,
+            bench.run_id,
+            bench.tenant_id,
+            Jsonb(bench.request.model_dump(mode="json")),
+            Jsonb(bench.plan.model_dump(mode="json")),
+        ),
+    )
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+
+async def lock_bench(conn: Connection, bench_id: str) -> Bench | None:
+    """The bench, locked until the transaction ends; None for a bench this service did not plan.
+
+    Every writer of a bench takes this lock first, so whichever of bench.completed and
+    the last gate.evaluated commits second sees the other's rows.
+    """
+    rows = await _rows(
+        conn,
+        """SELECT bench_id, run_id, tenant_id, request, plan, baseline, results, failures,
+                  finalized_at IS NOT NULL AS finalized
+           FROM benches WHERE bench_id = %s FOR UPDATE""",
+        (bench_id,),
+    )
+    if not rows:
+        return None
+    r = rows[0]
+    return Bench(
+        bench_id=r["bench_id"],
+        run_id=r["run_id"],
+        tenant_id=r["tenant_id"],
+        request=RunCreateRequest.model_validate(r["request"]),
+        plan=BenchPlan.model_validate(r["plan"]),
+        baseline=Measurement.model_validate(r["baseline"]) if r["baseline"] is not None else None,
+        results=_MEASUREMENTS.validate_python(r["results"]) if r["results"] is not None else None,
+        failures=_FAILURES.validate_python(r["failures"] or []),
+        finalized=r["finalized"],
+    )
+
+
+async def complete_bench(
+    conn: Connection,
+    bench_id: str,
+    *,
+    baseline: Measurement,
+    results: Sequence[Measurement],
+    failures: Sequence[CandidateFailure],
+) -> None:
+    await conn.execute(
+        """UPDATE benches SET baseline = %s, results = %s, failures = %s, completed_at = now()
+           WHERE bench_id = %s""",
+        (
+            Jsonb(baseline.model_dump(mode="json")),
+            Jsonb([m.model_dump(mode="json") for m in results]),
+            Jsonb([f.model_dump(mode="json") for f in failures]),
+            bench_id,
+        ),
+    )
+
+
+async def save_gate(
+    conn: Connection, *, bench_id: str, run_id: str, candidate_id: str, outcome: GateOutcome
+) -> None:
+    """Store a verdict as the quality gate does (it may have stored this very one already).
+
+    A verdict is final; only a `pending` placeholder is replaced, by a verdict.
+    """
+    await conn.execute(
+        """INSERT INTO gate_results
+               (bench_id, candidate_id, run_id, method, passed, score, threshold, details)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+           ON CONFLICT (bench_id, candidate_id) DO UPDATE SET
+               method = EXCLUDED.method, passed = EXCLUDED.passed, score = EXCLUDED.score,
+               threshold = EXCLUDED.threshold, details = EXCLUDED.details, evaluated_at = now()
+           WHERE gate_results.passed IS NULL AND EXCLUDED.passed IS NOT NULL""",
+        (
+            bench_id,
+            candidate_id,
+            run_id,
+            outcome.method.value,
+            outcome.passed,
+            outcome.score,
+            outcome.threshold,
+            Jsonb(outcome.details),
+        ),
+    )
+
+
+async def gate_outcomes(conn: Connection, bench_id: str) -> dict[str, GateOutcome]:
+    rows = await _rows(
+        conn,
+        """SELECT candidate_id, method, passed, score, threshold, details
+           FROM gate_results WHERE bench_id = %s""",
+        (bench_id,),
+    )
+    return {r.pop("candidate_id"): GateOutcome.model_validate(r) for r in rows}
+
+
+async def mark_finalized(conn: Connection, bench_id: str) -> None:
+    await conn.execute("UPDATE benches SET finalized_at = now() WHERE bench_id = %s", (bench_id,))
+
+
+# --- what an answer teaches ---------------------------------------------------------------------
+
+
+_CACHE_KEY = (
+    "cache_scope",
+    "model_ref",
+    "gpu",
+    "engine",
+    "engine_version",
+    "fingerprint",
+    "mode",
+    "quality_gate",
+)
+
+
+async def store_winner(
+    conn: Connection, key: Mapping[str, str], answer: RunCompleted, *, source_run_id: str
+) -> None:
+    """Upsert the 30-day winner cache under `key` (logic.cache_columns).
+
+    A predicted answer never replaces a live measured one.
+    """
+    await conn.execute(
+        """INSERT INTO winner_cache (cache_scope, model_ref, gpu, engine, engine_version, fingerprint,
+               mode, quality_gate, winner, candidates, pareto_front, measured, source_run_id, created_at,
+               expires_at)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now(), now() + %s)
+           ON CONFLICT (cache_scope, model_ref, gpu, engine, engine_version, fingerprint, mode, quality_gate)
+           DO UPDATE SET
+               winner = EXCLUDED.winner, candidates = EXCLUDED.candidates,
+               pareto_front = EXCLUDED.pareto_front, measured = EXCLUDED.measured,
+               source_run_id = EXCLUDED.source_run_id, created_at = EXCLUDED.created_at,
+               expires_at = EXCLUDED.expires_at
+           WHERE EXCLUDED.measured OR NOT winner_cache.measured OR winner_cache.expires_at <= now()""",
+        (
+            *(key[column] for column in _CACHE_KEY),
+            Jsonb(answer.winner.model_dump(mode="json")) if answer.winner is not None else None,
+            Jsonb([c.model_dump(mode="json") for c in answer.candidates]),
+            Jsonb(list(answer.pareto_front)),
+            answer.measured,
+            source_run_id,
+            CACHE_TTL,
+        ),
+    )
+
+
+async def append_history(conn: Connection, rows: Sequence[HistoryRow], *, run_id: str, bench_id: str) -> None:
+    async with conn.cursor() as cur:
+        await cur.executemany(
+            """INSERT INTO measured_history (family, draft, fingerprint, temperature_bucket, temperature, k,
+                   acceptance_rate, mean_acceptance_length, speedup, model_ref, gpu, tree, weight,
+                   run_id, bench_id)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+            [
+                (
+                    r.family.value,
+                    r.draft,
+                    r.fingerprint.value,
+                    temperature_bucket(r.temperature),
+                    r.temperature,
+                    r.k,
+                    r.acceptance,
+                    r.mean_acceptance_length,
+                    r.speedup,
+                    r.target_ref,
+                    r.gpu,
+                    list(r.tree) if r.tree else None,
+                    r.weight,
+                    run_id,
+                    bench_id,
+                )
+                for r in rows
+            ],
+        )

@@ -1,0 +1,79 @@
+"""What the predictor reads from the machine it runs on: its GPU and local model directories.
+
+The predictor never imports torch (seconds of import and hundreds of MB for one
+boolean): the host's GPU comes from SPECOPS_HOST_GPU, or from `nvidia-smi` when that
+is `auto`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from specops_services.predictor.hardware import resolve_profile
+from specops_services.predictor.logic import profile_of_gpu_name
+from specops_services.predictor.plan import HostInfo
+from specops_services.predictor.settings import PredictorSettings
+from specops_services.predictor.targets import TargetInfo, parse_hf_config
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+NVIDIA_SMI_TIMEOUT_S = 10.0
+
+
+def gpu_name() -> str | None:
+    """Name of GPU 0 as `nvidia-smi` reports it, or None without a working NVIDIA driver."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("nvidia-smi failed, assuming no GPU: %r", exc)
+        return None
+    names = [line.strip() for line in out.splitlines() if line.strip()]
+    return names[0] if names else None
+
+
+def host_info(settings: PredictorSettings) -> HostInfo:
+    """The host as planning sees it; UnknownHardware if SPECOPS_HOST_GPU names no profile."""
+    if settings.host_gpu.lower() == AUTO:
+        name = gpu_name()
+        if name is None:
+            return HostInfo(cuda=False, hub_access=settings.hub_access)
+        profile = profile_of_gpu_name(name)
+        if profile is None:
+            log.warning("GPU %r matches no hardware profile; no run is measured here on a GPU", name)
+        return HostInfo(cuda=True, gpu_profile=profile, hub_access=settings.hub_access)
+    profile = resolve_profile(settings.host_gpu)
+    if profile.kind == "cpu":
+        return HostInfo(cuda=False, hub_access=settings.hub_access)
+    return HostInfo(cuda=True, gpu_profile=profile.name, hub_access=settings.hub_access)
+
+
+def local_target(model_ref: str) -> TargetInfo | None:
+    """The target described by `<model_ref>/config.json` for an absolute directory, else None.
+
+    None lets planning resolve the ref among known ids and aliases (and say it is unknown).
+    A config.json that lacks what the predictor needs raises InvalidModelConfig.
+    """
+    path = Path(model_ref)
+    if not path.is_absolute():
+        return None
+    try:
+        config: Any = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    return parse_hf_config(config, model_ref)

@@ -1,0 +1,278 @@
+"""The predictor service's decisions around plan.py and scoring.py, without I/O.
+
+Per run (all events carry correlation_id = run id):
+
+- `run.requested` -> `run.running(predicting)`, then `run.predicted` and either
+  `bench.requested` + `run.running(measuring)` (measurable here) or `run.completed`
+  with the predicted best, `measured=False` (not measurable here); `run.failed` when
+  planning fails.
+- `bench.completed` and `gate.evaluated`, in any order -> `run.completed(measured=True)`
+  once the bench is completed and every measured candidate has a final verdict.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from specops_schemas.api import RunCreateRequest
+from specops_schemas.candidates import CandidateResult, GateOutcome, Measurement, RankedCandidate
+from specops_schemas.catalog import ErrorStage, GateMethod
+from specops_schemas.envelope import Envelope, EventPayload, new_event
+from specops_schemas.events import (
+    BenchPlan,
+    BenchRequested,
+    CandidateFailure,
+    RunCompleted,
+    RunFailed,
+    RunRequested,
+    RunRunning,
+)
+from specops_services.predictor.hardware import resolve_profile
+from specops_services.predictor.model import HistoryRow
+from specops_services.predictor.plan import HostInfo, Plan, error_stage, plan_run
+from specops_services.predictor.scoring import Decision, assemble_results, choose_winner
+from specops_services.predictor.targets import TargetInfo
+
+PRODUCER = "predictor"
+# uuid5 namespace of the ids this service derives (any fixed UUID would do).
+ID_NAMESPACE = uuid.UUID("0b6a8f52-3c1e-4f7d-9a25-d84e61c07f39")
+
+# nvidia-smi name fragment -> hardware profile; first match wins, so H200 precedes H100.
+GPU_NAMES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("H200",), "H200"),
+    (("H100",), "H100-80GB"),
+    (("A100", "80GB"), "A100-80GB"),
+    (("L40S",), "L40S"),
+)
+
+P = TypeVar("P", bound=EventPayload)
+
+
+def profile_of_gpu_name(name: str) -> str | None:
+    """The hardware profile of a GPU as `nvidia-smi` names it, e.g. 'NVIDIA H100 80GB HBM3'."""
+    upper = name.upper().replace(" ", "")
+    for fragments, profile in GPU_NAMES:
+        if all(f in upper for f in fragments):
+            return profile
+    return None
+
+
+def bench_id_for(run_id: str) -> str:
+    """The id of a run's T1 bench; derived, so a re-plan of the same run names the same bench."""
+    return f"bench-{uuid.uuid5(ID_NAMESPACE, f'{run_id}/bench').hex}"
+
+
+def _derived(envelope: Envelope[P], key: str) -> Envelope[P]:
+    return envelope.model_copy(update={"event_id": str(uuid.uuid5(ID_NAMESPACE, key))})
+
+
+def predicting(trigger: Envelope[RunRequested]) -> Envelope[RunRunning]:
+    """`run.running(predicting)`, its id derived from the request's so a redelivery queues nothing new."""
+    running = trigger.follow(RunRunning(run_id=trigger.payload.run_id, stage="predicting"), producer=PRODUCER)
+    return _derived(running, f"{trigger.event_id}/run.running/predicting")
+
+
+# --- planning ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlanFailure:
+    """Why a run could not be planned; `internal` when it is a bug rather than the request."""
+
+    stage: ErrorStage
+    message: str
+    error: BaseException
+    internal: bool
+
+
+def failure(exc: BaseException) -> PlanFailure:
+    stage = error_stage(exc)
+    if stage is None:
+        # The message of an unexpected error may leak internals; the log has the traceback.
+        message = f"the predictor failed on this run ({type(exc).__name__}); see its log"
+        return PlanFailure(ErrorStage.INTERNAL, message, exc, internal=True)
+    return PlanFailure(stage, str(exc) or type(exc).__name__, exc, internal=False)
+
+
+def make_plan(
+    request: RunCreateRequest,
+    *,
+    run_id: str,
+    host: HostInfo,
+    history: Sequence[HistoryRow],
+    target: TargetInfo | None,
+    enable_cascade: bool,
+) -> Plan | PlanFailure:
+    """plan_run, with its errors turned into the run's failure."""
+    try:
+        return plan_run(
+            request, run_id=run_id, host=host, history=history, target=target, enable_cascade=enable_cascade
+        )
+    except Exception as exc:
+        # plan_run is pure: whatever it raises now it raises on every retry, so the run
+        # fails at once instead of after the bus's retries and a dead letter.
+        return failure(exc)
+
+
+def failed(trigger: Envelope[Any], problem: PlanFailure) -> Envelope[RunFailed]:
+    payload = RunFailed(run_id=trigger.correlation_id, error_stage=problem.stage, message=problem.message)
+    return trigger.follow(payload, producer=PRODUCER)
+
+
+def predicted_answer(plan: Plan, request: RunCreateRequest) -> RunCompleted:
+    """The answer for a target that cannot be measured here: the predicted best, unmeasured."""
+    rows = assemble_results(plan.ranked, gate_method=request.goal.quality_gate)
+    decision = choose_winner(rows, priorities=request.goal.priorities, baseline=None)
+    return _completed(plan.run_id, decision)
+
+
+def answered_events(trigger: Envelope[RunRequested], plan: Plan, answer: RunCompleted) -> list[Envelope[Any]]:
+    """What a plan that cannot be measured here publishes, in order."""
+    return [
+        trigger.follow(plan.run_predicted(), producer=PRODUCER),
+        trigger.follow(answer, producer=PRODUCER),
+    ]
+
+
+def measuring_events(trigger: Envelope[RunRequested], plan: Plan, bench_id: str) -> list[Envelope[Any]]:
+    """What a plan measured here publishes, in order."""
+    if plan.bench_plan is None:
+        raise ValueError(f"run {plan.run_id} is not measurable here: {plan.not_measurable_reason}")
+    requested = BenchRequested(bench_id=bench_id, plan=plan.bench_plan)
+    measuring = RunRunning(run_id=plan.run_id, stage="measuring")
+    return [
+        trigger.follow(plan.run_predicted(), producer=PRODUCER),
+        trigger.follow(requested, producer=PRODUCER),
+        trigger.follow(measuring, producer=PRODUCER),
+    ]
+
+
+# --- measured answer -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Bench:
+    """A run's bench as the predictor stored it: the plan, then what bench.completed reported."""
+
+    bench_id: str
+    run_id: str
+    tenant_id: str
+    request: RunCreateRequest
+    plan: BenchPlan
+    baseline: Measurement | None = None
+    results: list[Measurement] | None = None  # None until bench.completed
+    failures: list[CandidateFailure] = field(default_factory=list)
+    finalized: bool = False
+
+    @property
+    def completed(self) -> bool:
+        return self.results is not None
+
+
+def is_ready(bench: Bench, gates: Mapping[str, GateOutcome]) -> bool:
+    """Whether the run can be answered: bench completed, every measured candidate has a verdict.
+
+    A `pending` verdict is final only when the run's gate method is `pending` itself;
+    under any other method the quality gate replaces it with a verdict later.
+    """
+    if bench.results is None or bench.finalized:
+        return False
+    pending_is_final = bench.plan.quality_gate == GateMethod.PENDING
+
+    def settled(outcome: GateOutcome | None) -> bool:
+        return outcome is not None and (outcome.passed is not None or pending_is_final)
+
+    return all(settled(gates.get(m.candidate_id)) for m in bench.results)
+
+
+def measured_answer(
+    bench: Bench, ranked: Sequence[RankedCandidate], gates: Mapping[str, GateOutcome]
+) -> RunCompleted:
+    """The measured answer: the best qualified candidate against the bench's baseline."""
+    if bench.results is None or bench.baseline is None:
+        raise ValueError(f"bench {bench.bench_id} is not completed")
+    rows = assemble_results(
+        ranked,
+        gate_method=bench.plan.quality_gate,
+        measurements={m.candidate_id: m for m in bench.results},
+        gates=gates,
+        failures=bench.failures,
+    )
+    decision = choose_winner(rows, priorities=bench.request.goal.priorities, baseline=bench.baseline)
+    return _completed(bench.run_id, decision)
+
+
+def answer_event(bench: Bench, trigger: Envelope[Any], payload: RunCompleted | RunFailed) -> Envelope[Any]:
+    """The run's final event, caused by the bench or gate event that completed the picture."""
+    return new_event(
+        payload,
+        tenant_id=bench.tenant_id,
+        correlation_id=bench.run_id,
+        producer=PRODUCER,
+        causation_id=trigger.event_id,
+    )
+
+
+def _completed(run_id: str, decision: Decision) -> RunCompleted:
+    return RunCompleted(
+        run_id=run_id,
+        cache_hit=False,
+        measured=decision.measured,
+        winner=decision.winner,
+        candidates=decision.candidates,
+        pareto_front=decision.pareto_front,
+    )
+
+
+# --- what the answer teaches -------------------------------------------------------------------
+
+
+def cache_columns(request: RunCreateRequest, *, tenant_id: str) -> dict[str, str]:
+    """The winner_cache key of a request, exactly as the gateway looks it up.
+
+    Scoped per tenant (F-S1); the GPU is the canonical profile name (`h100` and
+    `H100-80GB` share winners); a request without engine_version is stored under ''.
+    """
+    target = request.target
+    return {
+        "cache_scope": tenant_id,
+        "model_ref": target.model_ref,
+        "gpu": resolve_profile(target.gpu).name,
+        "engine": target.engine.value,
+        "engine_version": target.engine_version or "",
+        "fingerprint": request.workload.fingerprint.value,
+        "mode": request.mode.value,
+        "quality_gate": request.goal.quality_gate.value,
+    }
+
+
+def history_rows(plan: BenchPlan, rows: Sequence[CandidateResult]) -> list[HistoryRow]:
+    """measured_history rows from a measured answer; a failed gate's acceptance is not trusted."""
+    gpu = resolve_profile(plan.target.gpu).name
+    learned = []
+    for row in rows:
+        m = row.measurement
+        if m is None or row.error_stage == ErrorStage.QUALITY_REGRESSION:
+            continue
+        c = row.candidate
+        learned.append(
+            HistoryRow(
+                family=c.family,
+                fingerprint=plan.fingerprint,
+                temperature=plan.sampling.temperature,
+                k=c.k,
+                acceptance=m.acceptance_rate,
+                speedup=m.speedup,
+                # Below 1 means nothing was verified (the field counts the bonus token).
+                mean_acceptance_length=m.mean_acceptance_length if m.mean_acceptance_length >= 1.0 else None,
+                tree=tuple(c.tree) if c.tree else None,
+                draft=c.draft,
+                target_ref=plan.target.model_ref,
+                gpu=gpu,
+                weight=float(m.reps),
+            )
+        )
+    return learned

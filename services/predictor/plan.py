@@ -1,0 +1,232 @@
+"""T1 planning: resolve, enumerate, prune, predict, rank, and decide what to measure here.
+
+Serving point per request:
+
+- context: a working context per fingerprint (FINGERPRINT_CONTEXT, capped at the
+  target's), the size the KV cache must hold per sequence;
+- temperature: chat and creative endpoints sample (0.7 and 1.0), the others are
+  greedy (FINGERPRINT_TEMPERATURE). It selects the acceptance prior's bucket and the
+  bench's sampling;
+- batch: interactive = batch 1 for latency and 8 concurrent streams for throughput;
+  batch mode = 32 for both.
+
+Bench defaults: on a CPU host a T1 confirmation must stay quick (a 135M model decodes
+~8-15 tokens/s on 2 threads), so 2 reps x 3 prompts x 48 new tokens per method: with
+the baseline and 3 candidates that is ~1,150 tokens, about two minutes. GPU hosts
+measure 3 reps x 10 prompts x 128 tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from specops_schemas.api import RunCreateRequest
+from specops_schemas.candidates import Candidate, RankedCandidate, Sampling
+from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, Mode
+from specops_schemas.events import BenchPlan, RunPredicted
+from specops_services.predictor.catalog import Pruned, build_catalog
+from specops_services.predictor.hardware import Deployment, HardwareError, deploy, resolve_profile
+from specops_services.predictor.model import HistoryRow, Workload, predict
+from specops_services.predictor.resources import BUILTIN_PREFIX
+from specops_services.predictor.scoring import predicted_front, rank
+from specops_services.predictor.targets import DatastoreRef, HeadRef, TargetError, TargetInfo, resolve_target
+
+F = Fingerprint
+FINGERPRINT_CONTEXT: dict[Fingerprint, int] = {
+    F.CHAT: 4096, F.CODE: 4096, F.RAG: 8192, F.SUMMARIZATION: 8192,
+    F.STRUCTURED: 4096, F.REASONING: 8192, F.CREATIVE: 4096, F.LONG_CONTEXT: 32_768,
+}  # fmt: skip
+FINGERPRINT_TEMPERATURE: dict[Fingerprint, float] = {F.CHAT: 0.7, F.CREATIVE: 1.0}
+MODE_BATCHES: dict[Mode, tuple[int, int]] = {Mode.INTERACTIVE: (1, 8), Mode.BATCH: (32, 32)}
+TOP_N = 3
+# speccore builds a default REST datastore for these workloads (libs/speccore/corpora.py).
+BUILTIN_DATASTORE_WORKLOADS = (F.CHAT, F.CODE)
+BUILTIN_DATASTORE_BYTES = 64 << 20  # measured 27-41 MB for smollm2 (bench/results)
+
+
+@dataclass(frozen=True, slots=True)
+class BenchDefaults:
+    reps: int
+    n_prompts: int
+    max_new_tokens: int
+
+
+CPU_BENCH = BenchDefaults(reps=2, n_prompts=3, max_new_tokens=48)
+GPU_BENCH = BenchDefaults(reps=3, n_prompts=10, max_new_tokens=128)
+
+
+class NoFeasibleCandidate(ValueError):
+    """Every candidate was pruned (error_stage `prediction`)."""
+
+
+def error_stage(exc: BaseException) -> ErrorStage | None:
+    """The error stage a planning exception maps to, or None if it is not a planning error.
+
+    validation errors (unknown model or GPU, a target too large for its profile) are the
+    client's to fix and answer 4xx.
+    """
+    if isinstance(exc, TargetError | HardwareError):
+        return ErrorStage.VALIDATION
+    if isinstance(exc, NoFeasibleCandidate):
+        return ErrorStage.PREDICTION
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class HostInfo:
+    """What the service knows about the machine it runs on."""
+
+    cuda: bool
+    gpu_profile: str | None = None  # L0 profile name of this host's GPU, if it has one
+    hub_access: bool = False  # Hugging Face ids can be downloaded here
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    run_id: str
+    target: TargetInfo
+    deployment: Deployment
+    workload: Workload
+    ranked: list[RankedCandidate]  # best first, non-empty
+    pareto_front: list[str]
+    pruned: list[Pruned]
+    measurable_here: bool
+    not_measurable_reason: str | None  # set exactly when measurable_here is False
+    bench_plan: BenchPlan | None  # set exactly when measurable_here is True
+
+    def run_predicted(self) -> RunPredicted:
+        return RunPredicted(run_id=self.run_id, candidates=self.ranked, pareto_front=self.pareto_front)
+
+
+def _builtin_datastores(target: TargetInfo, fingerprint: Fingerprint) -> list[DatastoreRef]:
+    if fingerprint not in BUILTIN_DATASTORE_WORKLOADS:
+        return []
+    return [
+        DatastoreRef(
+            datastore_id=f"{BUILTIN_PREFIX}{fingerprint}",
+            tokenizer=target.tokenizer,
+            size_bytes=BUILTIN_DATASTORE_BYTES,
+            fingerprints=frozenset({str(fingerprint)}),
+        )
+    ]
+
+
+def _why_not_measurable(request: RunCreateRequest, target: TargetInfo, host: HostInfo) -> str | None:
+    engine = request.target.engine
+    profile = resolve_profile(request.target.gpu)
+    if engine != Engine.SPECCORE:
+        return f"only speccore measures here; the winner for {engine} is predicted"
+    if not (target.local or host.hub_access):
+        return f"{target.ref} cannot be loaded here (not an offline alias or a local directory)"
+    if profile.kind == "cpu" and host.cuda:
+        return "the cpu profile is measured on hosts without CUDA; this host has a GPU"
+    if profile.kind == "gpu" and host.gpu_profile != profile.name:
+        here = host.gpu_profile or "no GPU"
+        return f"this host has {here}, not {profile.name}"
+    return None
+
+
+def pick_for_bench(ranked: Sequence[RankedCandidate], n: int) -> list[Candidate]:
+    """The best of each family in rank order, then the next best overall, up to n.
+
+    A T1 confirmation learns most from distinct families: variants of one family mostly
+    differ in k, which the predictor models better than the family's acceptance.
+    """
+    picked: list[Candidate] = []
+    seen: set[Family] = set()
+    for r in ranked:
+        if len(picked) < n and r.candidate.family not in seen:
+            picked.append(r.candidate)
+            seen.add(r.candidate.family)
+    for r in ranked:
+        if len(picked) < n and r.candidate not in picked:
+            picked.append(r.candidate)
+    return picked
+
+
+def plan_run(
+    request: RunCreateRequest,
+    *,
+    run_id: str,
+    host: HostInfo,
+    history: Sequence[HistoryRow] = (),
+    available_heads: Iterable[HeadRef] = (),
+    available_datastores: Iterable[DatastoreRef] = (),
+    target: TargetInfo | None = None,
+    enable_cascade: bool = False,
+    top_n: int = TOP_N,
+    engine_families: Mapping[Engine, frozenset[Family]] | None = None,
+) -> Plan:
+    """Plan a T1 run; pure: every fact about the world comes in as an argument.
+
+    target: pass parse_hf_config(...) for a local directory; None resolves the model_ref
+    among known ids and aliases (UnknownModel otherwise). Raises TargetError or
+    HardwareError (validation) and NoFeasibleCandidate (prediction); see error_stage().
+    """
+    if top_n < 1:
+        raise ValueError(f"top_n must be positive, got {top_n}")
+    info = target or resolve_target(request.target.model_ref)
+    profile = resolve_profile(request.target.gpu)
+    fingerprint = request.workload.fingerprint
+    latency_batch, throughput_batch = MODE_BATCHES[request.mode]
+    context = min(FINGERPRINT_CONTEXT[fingerprint], info.context)
+    dep = deploy(info, profile, context_tokens=context, batch=latency_batch)
+    workload = Workload(
+        fingerprint=fingerprint,
+        temperature=FINGERPRINT_TEMPERATURE.get(fingerprint, 0.0),
+        latency_batch=latency_batch,
+        throughput_batch=throughput_batch,
+    )
+    heads = list(available_heads)
+    stores = list(available_datastores)
+    if request.target.engine == Engine.SPECCORE and info.local:
+        stores += _builtin_datastores(info, fingerprint)
+    catalog = build_catalog(
+        dep,
+        fingerprint,
+        request.target.engine,
+        heads=heads,
+        datastores=stores,
+        enable_cascade=enable_cascade,
+        engine_families=engine_families,
+    )
+    if not catalog.kept:
+        reasons = sorted({p.reason for p in catalog.pruned})
+        raise NoFeasibleCandidate(f"no candidate survives pruning: {'; '.join(reasons)}")
+    head_map = {h.head_id: h for h in heads}
+    store_map = {s.datastore_id: s for s in stores}
+    estimates = [
+        predict(c, dep, workload, gpu=profile.name, history=history, heads=head_map, datastores=store_map)
+        for c in catalog.kept
+    ]
+    ranked = rank(estimates, request.goal.priorities, request.mode)
+    reason = _why_not_measurable(request, info, host)
+    bench = None
+    if reason is None:
+        defaults = CPU_BENCH if profile.kind == "cpu" else GPU_BENCH
+        bench = BenchPlan(
+            run_id=run_id,
+            target=request.target,
+            fingerprint=fingerprint,
+            mode=request.mode,
+            quality_gate=request.goal.quality_gate,
+            candidates=pick_for_bench(ranked, top_n),
+            reps=defaults.reps,
+            n_prompts=defaults.n_prompts,
+            max_new_tokens=defaults.max_new_tokens,
+            sampling=Sampling(temperature=workload.temperature),
+            seed=0,
+        )
+    return Plan(
+        run_id=run_id,
+        target=info,
+        deployment=dep,
+        workload=workload,
+        ranked=ranked,
+        pareto_front=predicted_front(ranked),
+        pruned=catalog.pruned,
+        measurable_here=reason is None,
+        not_measurable_reason=reason,
+        bench_plan=bench,
+    )

@@ -1,0 +1,43 @@
+"""Predictor settings: the runtime's connection settings plus the predictor's own knobs."""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+
+from specops.runtime.settings import Settings, load_settings
+
+
+class PredictorSettings(Settings):
+    """Read from `SPECOPS_*` (and DATABASE_URL / NATS_URL, see specops.runtime.settings)."""
+
+    host_gpu: str = Field(
+        "auto",
+        description="SPECOPS_HOST_GPU: the hardware profile this host measures (`cpu`, `H100-80GB`, "
+        "`h100`, ...). `auto` asks `nvidia-smi` for GPU 0 and is `cpu` where there is none. A run "
+        "is measured here only when its `target.gpu` names this profile.",
+    )
+    hub_access: bool = Field(
+        False,
+        description="SPECOPS_HUB_ACCESS: Hugging Face ids can be downloaded here, so runs on them are "
+        "measured; otherwise only the offline aliases and local directories are.",
+    )
+    enable_cascade: bool = Field(
+        False,
+        validation_alias=AliasChoices("ENABLE_L4_CASCADE", "enable_cascade"),
+        description="ENABLE_L4_CASCADE: let the catalog propose cascade candidates (stretch).",
+    )
+    predictor_history_rows: int = Field(
+        500, ge=0, le=100_000, description="Newest measured_history rows of a fingerprint read per plan."
+    )
+    predictor_pool_size: int = Field(4, ge=2, le=100, description="Largest number of Postgres connections.")
+
+
+def predictor_settings(settings: Settings | None = None) -> PredictorSettings:
+    """The predictor's settings; `settings` (e.g. what `specops serve` loaded) gives the URLs."""
+    if isinstance(settings, PredictorSettings):
+        return settings
+    state_dir = settings.state_dir if settings is not None else None
+    loaded = load_settings(state_dir, cls=PredictorSettings)
+    if settings is None:
+        return loaded
+    return loaded.model_copy(update={"nats_url": settings.nats_url, "database_url": settings.database_url})

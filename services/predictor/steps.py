@@ -1,0 +1,160 @@
+"""What each predictor handler does inside its inbox transaction: read (db), decide (logic),
+write (db), and return the events to queue in the outbox with it.
+
+Each step runs under `specbus.process_once`, so a redelivered event changes nothing
+and a crash before commit leaves no trace; a bench's steps lock the bench row first
+(`db.lock_bench`), so bench.completed and the gate verdicts, handled in any order and
+on any replica, answer the run exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from specbus import outbox
+from specops.db import Pool
+from specops_schemas.candidates import GateOutcome
+from specops_schemas.envelope import Envelope
+from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
+from specops_services.predictor import db, logic
+from specops_services.predictor.host import local_target
+from specops_services.predictor.plan import HostInfo
+from specops_services.predictor.targets import TargetError, TargetInfo
+
+log = logging.getLogger(__name__)
+
+Events = list[Envelope[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Planner:
+    """What planning needs besides the request: the host and the service's knobs."""
+
+    host: HostInfo
+    history_rows: int = 500
+    enable_cascade: bool = False
+
+
+async def load_target(model_ref: str) -> TargetInfo | logic.PlanFailure | None:
+    """A local directory's target (read off the event loop); None for ids and aliases."""
+    try:
+        return await asyncio.to_thread(local_target, model_ref)
+    except TargetError as exc:
+        return logic.failure(exc)
+
+
+async def queue(pool: Pool, events: Events) -> None:
+    """Queue events in a transaction of their own (ids derived, so queueing twice is a no-op)."""
+    async with pool.connection() as conn, conn.transaction():
+        for event in events:
+            await outbox.add(conn, event)
+
+
+async def plan(
+    conn: db.Connection,
+    event: Envelope[RunRequested],
+    planner: Planner,
+    target: TargetInfo | logic.PlanFailure | None,
+) -> Events:
+    """Plan a run: persist the ranked candidates and either the bench or the predicted answer."""
+    run_id, request = event.payload.run_id, event.payload.request
+    if await db.is_planned(conn, run_id):
+        log.warning("run %s is planned already; %s ignored", run_id, event.event_id)
+        return []
+    if isinstance(target, logic.PlanFailure):
+        _log_failure(run_id, target)
+        return [logic.failed(event, target)]
+    history = await db.recent_history(conn, request.workload.fingerprint, planner.history_rows)
+    planned = logic.make_plan(
+        request,
+        run_id=run_id,
+        host=planner.host,
+        history=history,
+        target=target,
+        enable_cascade=planner.enable_cascade,
+    )
+    if isinstance(planned, logic.PlanFailure):
+        _log_failure(run_id, planned)
+        return [logic.failed(event, planned)]
+    await db.save_candidates(conn, run_id, planned.ranked)
+    if planned.bench_plan is None:
+        answer = logic.predicted_answer(planned, request)
+        key = logic.cache_columns(request, tenant_id=event.tenant_id)
+        await db.store_winner(conn, key, answer, source_run_id=run_id)
+        return logic.answered_events(event, planned, answer)
+    bench_id = logic.bench_id_for(run_id)
+    await db.create_bench(conn, logic.Bench(bench_id, run_id, event.tenant_id, request, planned.bench_plan))
+    return logic.measuring_events(event, planned, bench_id)
+
+
+async def bench_completed(conn: db.Connection, event: Envelope[BenchCompleted]) -> Events:
+    """Store what the bench measured; answer the run if every verdict is in already."""
+    done = event.payload
+    bench = await db.lock_bench(conn, done.bench_id)
+    if bench is None:
+        log.debug("bench %s was not planned here (a tune session's?); skipped", done.bench_id)
+        return []
+    if bench.completed:
+        log.warning("bench %s is completed already; %s ignored", done.bench_id, event.event_id)
+        return []
+    await db.complete_bench(
+        conn, done.bench_id, baseline=done.baseline, results=done.results, failures=done.failures
+    )
+    completed = logic.Bench(
+        bench.bench_id,
+        bench.run_id,
+        bench.tenant_id,
+        bench.request,
+        bench.plan,
+        baseline=done.baseline,
+        results=list(done.results),
+        failures=list(done.failures),
+    )
+    return await _answer_if_ready(conn, completed, event)
+
+
+async def gate_evaluated(conn: db.Connection, event: Envelope[GateEvaluated]) -> Events:
+    """Store one verdict; answer the run if it was the last one missing."""
+    verdict = event.payload
+    bench = await db.lock_bench(conn, verdict.bench_id)
+    if bench is None:
+        log.debug("bench %s was not planned here (a tune session's?); skipped", verdict.bench_id)
+        return []
+    if bench.finalized:
+        return []
+    outcome = GateOutcome.model_validate(verdict.model_dump(exclude={"bench_id", "candidate_id"}))
+    await db.save_gate(
+        conn, bench_id=bench.bench_id, run_id=bench.run_id, candidate_id=verdict.candidate_id, outcome=outcome
+    )
+    return await _answer_if_ready(conn, bench, event)
+
+
+async def _answer_if_ready(conn: db.Connection, bench: logic.Bench, trigger: Envelope[Any]) -> Events:
+    gates = await db.gate_outcomes(conn, bench.bench_id)
+    if not logic.is_ready(bench, gates):
+        return []
+    await db.mark_finalized(conn, bench.bench_id)
+    ranked = await db.ranked_candidates(conn, bench.run_id)
+    try:
+        answer = logic.measured_answer(bench, ranked, gates)
+        learned = logic.history_rows(bench.plan, answer.candidates)
+    except Exception as exc:
+        # Pure decisions on stored data: a retry would fail the same way, so fail the run now.
+        problem = logic.failure(exc)
+        _log_failure(bench.run_id, problem)
+        failed = RunFailed(run_id=bench.run_id, error_stage=problem.stage, message=problem.message)
+        return [logic.answer_event(bench, trigger, failed)]
+    key = logic.cache_columns(bench.request, tenant_id=bench.tenant_id)
+    await db.store_winner(conn, key, answer, source_run_id=bench.run_id)
+    await db.append_history(conn, learned, run_id=bench.run_id, bench_id=bench.bench_id)
+    return [logic.answer_event(bench, trigger, answer)]
+
+
+def _log_failure(run_id: str, problem: logic.PlanFailure) -> None:
+    if problem.internal:
+        log.error("run %s failed: %s", run_id, problem.message, exc_info=problem.error)
+    else:
+        log.info("run %s failed (%s): %s", run_id, problem.stage.value, problem.message)

@@ -1,0 +1,105 @@
+"""What the quality-gate service does with a `bench.completed`, decided without I/O.
+
+Per bench: `run.running(stage="gating")` once, then one `gate.evaluated` per measured
+candidate (candidates in `failures` were never measured and are not gated), or
+`run.failed(error_stage="quality_gate")` when the target cannot be loaded here.
+
+Redelivery: a candidate whose verdict is stored is not gated again (`to_gate`), and
+the run-level events carry ids derived from the bench id, so queueing one again is
+a no-op in the outbox, and dropped by the broker's dedup and the consumers' inboxes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import TypeVar
+
+from specops_schemas.candidates import Candidate, GateOutcome
+from specops_schemas.catalog import ErrorStage, GateMethod
+from specops_schemas.envelope import Envelope, EventPayload
+from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRunning
+
+PRODUCER = "quality-gate"
+# uuid5 namespace of the event ids this service derives (any fixed UUID would do).
+EVENT_NAMESPACE = uuid.UUID("5b0f3c4e-9a51-4d3e-8f1a-6c2d7e9b0a14")
+
+P = TypeVar("P", bound=EventPayload)
+
+
+def to_gate(bench: BenchCompleted, stored: Mapping[str, GateOutcome]) -> list[Candidate]:
+    """Measured candidates still without a verdict, in plan order.
+
+    A stored `pending` placeholder is final only when the plan's method is `pending`
+    itself; under any other method the candidate is gated (and the verdict replaces it).
+    """
+    measured = {m.candidate_id for m in bench.results}
+    method = bench.plan.quality_gate
+
+    def settled(outcome: GateOutcome | None) -> bool:
+        return outcome is not None and (outcome.passed is not None or method == GateMethod.PENDING)
+
+    return [
+        c
+        for c in bench.plan.candidates
+        if c.candidate_id in measured and not settled(stored.get(c.candidate_id))
+    ]
+
+
+def gating_started(event: Envelope[BenchCompleted]) -> Envelope[RunRunning]:
+    bench = event.payload
+    started = RunRunning(run_id=bench.plan.run_id, stage="gating")
+    return _derived(event.follow(started, producer=PRODUCER), f"{bench.bench_id}/run.running/gating")
+
+
+def gate_evaluated(
+    event: Envelope[BenchCompleted], candidate_id: str, outcome: GateOutcome
+) -> Envelope[GateEvaluated]:
+    verdict = GateEvaluated(
+        bench_id=event.payload.bench_id,
+        candidate_id=candidate_id,
+        method=outcome.method,
+        passed=outcome.passed,
+        score=outcome.score,
+        threshold=outcome.threshold,
+        details=outcome.details,
+    )
+    return event.follow(verdict, producer=PRODUCER)
+
+
+def gate_unavailable(method: GateMethod, candidate: Candidate, error: BaseException) -> GateOutcome:
+    """A failed verdict for a candidate the gate could not run on.
+
+    It fails closed: a candidate whose output was not checked must not win. The
+    predictor's scorer then disqualifies it as any failed gate (quality_regression);
+    `details.error` tells this case apart from a measured regression.
+    """
+    return GateOutcome(
+        method=method,
+        passed=False,
+        details={
+            "candidate_id": candidate.candidate_id,
+            "measured": False,
+            "error": describe(error),
+            "reason": "the gate could not run on this candidate, so it fails closed",
+        },
+    )
+
+
+def target_unavailable(event: Envelope[BenchCompleted], message: str) -> Envelope[RunFailed]:
+    bench = event.payload
+    failed = RunFailed(
+        run_id=bench.plan.run_id,
+        error_stage=ErrorStage.QUALITY_GATE,
+        message=f"the quality gate could not load the target: {message}",
+    )
+    return _derived(event.follow(failed, producer=PRODUCER), f"{bench.bench_id}/run.failed")
+
+
+def describe(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+def _derived(envelope: Envelope[P], key: str) -> Envelope[P]:
+    return envelope.model_copy(update={"event_id": str(uuid.uuid5(EVENT_NAMESPACE, key))})

@@ -1,0 +1,486 @@
+"""Python SDK of the T1 HTTP API (seed 000's example; DESIGN.md §6).
+
+    from specops.client import SpeculativeClient
+
+    with SpeculativeClient() as client:
+        run = client.runs.create(
+            target={"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"},
+            workload={"fingerprint": "chat"},
+            mode="interactive",
+            goal={"quality_gate": "topk5"},
+        )
+        for event in client.runs.stream(run.id):
+            print(event.type, event.payload)
+        winner = client.runs.get(run.id).winner
+        flags = client.runs.apply(run.id, engine="vllm").cli_args
+
+Where it connects, first match wins:
+
+- base URL: the `base_url` argument; `SPECOPS_URL`; the gateway of the local runtime
+  (`specops up`: `SPECOPS_GATEWAY_HOST` / `SPECOPS_GATEWAY_PORT`, default
+  http://127.0.0.1:8787).
+- token: the `token` argument; `SPECOPS_TOKEN`; the file `<state dir>/token`
+  (`TOKEN_FILE`), which `make demo` writes with `save_token` (mode 0600). Tokens come
+  from `specops tokens create`.
+
+Every POST carries an Idempotency-Key (a fresh uuid4 unless given), so the SDK retries
+connection errors, 429/502/503/504 and a 409 "key still in flight" with backoff
+without ever starting a run twice. Errors the gateway answers are raised as
+SpecopsAPIError carrying the RFC 9457 problem; an unreachable gateway as
+SpecopsConnectionError.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeAlias
+from urllib.parse import quote
+
+import httpx
+from pydantic import ValidationError
+
+from specops_schemas.api import (
+    API_PREFIX,
+    ApplyRequest,
+    ApplyResponse,
+    Goal,
+    Problem,
+    RunCreateRequest,
+    RunStatusResponse,
+    Target,
+    Workload,
+)
+from specops_schemas.catalog import Engine, Mode, RunStatus
+from specops_schemas.envelope import Envelope, EventPayload
+from specops_schemas.events import parse_event
+
+URL_ENV = "SPECOPS_URL"
+TOKEN_ENV = "SPECOPS_TOKEN"
+TOKEN_FILE = "token"
+
+Run: TypeAlias = RunStatusResponse
+"""What `runs.create` and `runs.get` return: `.id`, `.status`, `.cache_hit`, `.winner`, `.candidates`."""
+
+DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
+# The gateway sends a keepalive comment every 15 s on an idle stream; a stream silent for
+# four of those is dead, and is resumed on a new connection.
+STREAM_READ_TIMEOUT_S = 60.0
+TERMINAL_EVENT_TYPES = frozenset({"run.completed", "run.failed"})
+TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED})
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class SpecopsError(Exception):
+    """Base of the SDK's errors; the message is one line meant for a person."""
+
+
+class SpecopsAPIError(SpecopsError):
+    """The gateway answered with an error: its RFC 9457 problem, and the parts most callers need."""
+
+    def __init__(self, problem: Problem) -> None:
+        self.problem = problem
+        self.status = problem.status
+        self.title = problem.title
+        self.detail = problem.detail
+        super().__init__(
+            f"{problem.title} ({problem.status})" + (f": {problem.detail}" if problem.detail else "")
+        )
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> SpecopsAPIError:
+        try:
+            return cls(Problem.model_validate(response.json()))
+        except (ValueError, ValidationError):
+            # Not a problem document (a proxy's HTML page, say): keep what there is.
+            text = " ".join(response.text.split())[:200]
+            return cls(
+                Problem(
+                    title=response.reason_phrase or "HTTP error",
+                    status=response.status_code,
+                    detail=text or None,
+                )
+            )
+
+
+class SpecopsConnectionError(SpecopsError):
+    """No answer from the gateway (refused, reset, timed out) after the retries."""
+
+    def __init__(self, url: str, cause: BaseException) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(f"cannot reach the gateway at {url}: {_describe_transport_error(cause)}")
+
+
+class RunTimeoutError(SpecopsError, TimeoutError):
+    """`runs.wait` gave up before the run reached a terminal status."""
+
+
+def _describe_transport_error(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
+
+
+# --- retries --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """Exponential backoff with jitter: try `attempts` times, waiting about backoff_s * 2**n between."""
+
+    attempts: int = 4
+    backoff_s: float = 0.25
+    max_backoff_s: float = 4.0
+
+    def delay(self, failures: int, retry_after: float | None = None) -> float:
+        """Seconds to wait after the `failures`-th consecutive failure (1-based)."""
+        base = min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
+        if retry_after is not None:
+            return min(self.max_backoff_s, max(base, retry_after))
+        return base * random.uniform(0.5, 1.0)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return max(0.0, float(response.headers["retry-after"]))
+    except (KeyError, ValueError):
+        return None  # absent, or an HTTP date: the backoff schedule applies
+
+
+def _should_retry(response: httpx.Response) -> bool:
+    if response.status_code in RETRY_STATUSES:
+        return True
+    if response.status_code == 409:
+        # Our own earlier attempt of this key is still being processed: its answer comes on retry.
+        try:
+            return bool(response.json().get("type") == KEY_IN_FLIGHT)
+        except ValueError:
+            return False
+    return False
+
+
+# --- server-sent events ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SseMessage:
+    """One dispatched server-sent event (WHATWG HTML §9.2); `id` is the last event ID seen."""
+
+    id: str | None
+    event: str
+    data: str
+
+
+def parse_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
+    """Decode a text/event-stream, given line by line without line terminators.
+
+    Comments (`: keepalive`) are dropped; `data:` lines of one event are joined with
+    newlines; an event is dispatched at the blank line that ends it, so a connection
+    cut mid-event yields nothing of that event.
+    """
+    event, last_id = "", None
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield SseMessage(last_id, event or "message", "\n".join(data))
+            event, data = "", []
+            continue
+        if line.startswith(":"):
+            continue
+        name, sep, value = line.partition(":")
+        if sep and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            event = value
+        elif name == "id" and "\0" not in value:
+            last_id = value
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """One event of a run's stream: queued, running, predicted, per-rep, gate, completed ..."""
+
+    id: str
+    """Its position in the run's stream; pass it as `last_event_id` to resume after it."""
+    type: str
+    """Event type, e.g. `run.predicted`, `bench.rep_measured`, `gate.evaluated`, `run.completed`."""
+    data: dict[str, Any]
+    """The event envelope as JSON."""
+    envelope: Envelope[Any] | None
+    """The typed envelope; None for an event type this SDK does not know (a newer gateway)."""
+
+    @property
+    def payload(self) -> EventPayload | None:
+        """The typed payload (e.g. RunPredicted), or None for an unknown event type."""
+        return self.envelope.payload if self.envelope is not None else None
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in TERMINAL_EVENT_TYPES
+
+    @classmethod
+    def from_sse(cls, message: SseMessage) -> RunEvent:
+        if message.id is None:
+            raise SpecopsError(f"the gateway sent a {message.event} event without an id")
+        try:
+            data = json.loads(message.data)
+        except json.JSONDecodeError:
+            raise SpecopsError(f"event {message.id} ({message.event}) is not JSON") from None
+        try:
+            envelope: Envelope[Any] | None = parse_event(message.data)
+        except ValueError:
+            envelope = None
+        return cls(id=message.id, type=message.event, data=data, envelope=envelope)
+
+
+# --- the client -----------------------------------------------------------------------------------
+
+
+def default_url(state_dir: Path | None = None) -> str:
+    """`SPECOPS_URL`, else the local runtime's gateway (what `specops up` serves)."""
+    explicit = os.environ.get(URL_ENV)
+    if explicit:
+        return explicit.rstrip("/")
+    from specops.runtime.settings import load_settings
+
+    settings = load_settings(state_dir)
+    # A gateway bound to every interface is reached on loopback from this machine.
+    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(settings.gateway_host, settings.gateway_host)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.gateway_port}"
+
+
+def token_path(state_dir: Path | None = None) -> Path:
+    from specops.runtime.settings import default_state_dir
+
+    return (state_dir if state_dir is not None else default_state_dir()) / TOKEN_FILE
+
+
+def default_token(state_dir: Path | None = None) -> str | None:
+    """`SPECOPS_TOKEN`, else the token saved in the state dir, else None."""
+    explicit = os.environ.get(TOKEN_ENV)
+    if explicit:
+        return explicit.strip()
+    try:
+        saved = token_path(state_dir).read_text().strip()
+    except OSError:
+        return None
+    return saved or None
+
+
+def save_token(token: str, state_dir: Path | None = None) -> Path:
+    """Store `token` as the default for this machine's clients, readable by this user only."""
+    path = token_path(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token.strip() + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+class SpeculativeClient:
+    """Synchronous client of the gateway; `runs` holds the T1 operations. Close it, or use `with`."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+        retry: Retry | None = None,
+        state_dir: Path | None = None,
+    ) -> None:
+        self.base_url = (base_url or default_url(state_dir)).rstrip("/")
+        self.token = token if token is not None else default_token(state_dir)
+        self.retry = retry or Retry()
+        headers = {"Accept": "application/json", "User-Agent": "specops-sdk"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        self.http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+        self.runs = Runs(self)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> SpeculativeClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """One call with retries; the successful response, or SpecopsAPIError / SpecopsConnectionError.
+
+        Only safe requests are retried: GETs, and POSTs that carry an Idempotency-Key.
+        """
+        failures = 0
+        while True:
+            try:
+                response = self.http.request(method, path, json=json_body, headers=headers)
+            except httpx.TransportError as exc:
+                failures += 1
+                if failures >= self.retry.attempts:
+                    raise SpecopsConnectionError(self.base_url, exc) from exc
+                time.sleep(self.retry.delay(failures))
+                continue
+            if response.is_success:
+                return response
+            failures += 1
+            if not _should_retry(response) or failures >= self.retry.attempts:
+                raise SpecopsAPIError.from_response(response)
+            time.sleep(self.retry.delay(failures, _retry_after(response)))
+
+
+class Runs:
+    """T1 runs: `POST runs`, `GET runs/{id}`, `GET runs/{id}/events`, `POST runs/{id}/apply`."""
+
+    def __init__(self, client: SpeculativeClient) -> None:
+        self._client = client
+
+    def create(
+        self,
+        target: Target | Mapping[str, Any],
+        workload: Workload | Mapping[str, Any] | str,
+        mode: Mode | str = Mode.INTERACTIVE,
+        goal: Goal | Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+    ) -> Run:
+        """Start a T1 run (`workload` may be just the fingerprint, e.g. "chat").
+
+        The answer is `queued`, or already `completed` with `cache_hit=True` when the
+        30-day winner cache has this request. Invalid arguments raise pydantic's
+        ValidationError before anything is sent.
+        """
+        if isinstance(workload, str):
+            workload = {"fingerprint": workload}
+        fields: dict[str, Any] = {"target": target, "workload": workload, "mode": mode}
+        if goal is not None:
+            fields["goal"] = goal
+        body = RunCreateRequest.model_validate(fields).model_dump(mode="json")
+        key = idempotency_key or str(uuid.uuid4())
+        response = self._client.request(
+            "POST", f"{API_PREFIX}/runs", json_body=body, headers={"Idempotency-Key": _sf_string(key)}
+        )
+        return Run.model_validate(response.json())
+
+    def get(self, run_id: str) -> Run:
+        """The run's status; once completed, its `winner`, `candidates`, `cache_hit` and `measured`."""
+        return Run.model_validate(self._client.request("GET", _run_path(run_id)).json())
+
+    def stream(self, run_id: str, last_event_id: str | int | None = None) -> Iterator[RunEvent]:
+        """The run's events from the start (or after `last_event_id`) until `run.completed`/`run.failed`.
+
+        A dropped or stalled connection is resumed with `Last-Event-ID`, so no event is
+        lost or repeated; SpecopsConnectionError once `retry.attempts` reconnections in a
+        row brought nothing. Resumed after the terminal event, it yields nothing.
+        """
+        client = self._client
+        last = None if last_event_id is None else str(last_event_id)
+        timeout = httpx.Timeout(client.http.timeout.connect or 5.0, read=STREAM_READ_TIMEOUT_S)
+        failures = 0
+        while True:
+            headers = {"Accept": "text/event-stream"}
+            if last is not None:
+                headers["Last-Event-ID"] = last
+            cause: BaseException | None = None
+            retry_after = None
+            delivered = False
+            try:
+                with client.http.stream(
+                    "GET", f"{_run_path(run_id)}/events", headers=headers, timeout=timeout
+                ) as response:
+                    if not response.is_success:
+                        response.read()
+                        if not _should_retry(response):
+                            raise SpecopsAPIError.from_response(response)
+                        cause, retry_after = SpecopsAPIError.from_response(response), _retry_after(response)
+                    else:
+                        for message in parse_sse(response.iter_lines()):
+                            event = RunEvent.from_sse(message)
+                            last, failures, delivered = event.id, 0, True
+                            yield event
+                            if event.terminal:
+                                return
+            except httpx.TransportError as exc:
+                cause = exc
+            # A clean, empty end: resumed after the terminal event (nothing is left to send),
+            # or cut by something between us and the gateway; the run's status tells which.
+            if cause is None and not delivered and self.get(run_id).status in TERMINAL_STATUSES:
+                return
+            failures += 1
+            if failures >= client.retry.attempts:
+                if isinstance(cause, SpecopsAPIError):
+                    raise cause
+                if cause is not None:
+                    raise SpecopsConnectionError(client.base_url, cause) from cause
+                raise SpecopsError(f"the event stream of run {run_id} keeps ending before the run does")
+            time.sleep(client.retry.delay(failures, retry_after))
+
+    def wait(self, run_id: str, timeout: float | None = None, *, poll_s: float = 0.5) -> Run:
+        """Poll until the run is completed or failed; RunTimeoutError after `timeout` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            run = self.get(run_id)
+            if run.status in TERMINAL_STATUSES:
+                return run
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RunTimeoutError(f"run {run_id} is still {run.status.value} after {timeout:g} s")
+            pause = poll_s if deadline is None else min(poll_s, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)
+
+    def apply(
+        self,
+        run_id: str,
+        engine: Engine | str | None = None,
+        candidate_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> ApplyResponse:
+        """Engine flags for the winner (or `candidate_id`), for the run's engine or `engine`."""
+        body = ApplyRequest.model_validate({"engine": engine, "candidate_id": candidate_id})
+        key = idempotency_key or str(uuid.uuid4())
+        response = self._client.request(
+            "POST",
+            f"{_run_path(run_id)}/apply",
+            json_body=body.model_dump(mode="json"),
+            headers={"Idempotency-Key": _sf_string(key)},
+        )
+        return ApplyResponse.model_validate(response.json())
+
+
+def _run_path(run_id: str) -> str:
+    # Run ids are subject tokens; anything else is quoted whole, and the gateway answers 404.
+    return f"{API_PREFIX}/runs/{quote(run_id, safe='')}"
+
+
+def _sf_string(key: str) -> str:
+    """The key as an RFC 8941 structured-field string, which the Idempotency-Key header is."""
+    return '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'

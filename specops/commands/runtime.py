@@ -1,0 +1,94 @@
+"""`specops up`, `specops down`, `specops status`: the local runtime (specops.runtime.supervisor).
+
+Wiring: `add_parsers(sub)` on the top-level subparsers; each parser sets `handler`,
+a function of the parsed args returning the exit code. Failures raise SpecError,
+which the CLI prints as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specops.runtime.supervisor import RuntimeStatus
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    up = sub.add_parser("up", help="start NATS, PostgreSQL and the services (idempotent)")
+    up.add_argument(
+        "--replicas",
+        action="extend",
+        nargs="+",
+        default=[],
+        metavar="SERVICE=N",
+        help="replicas per service (default 1 each; 0 leaves a service out)",
+    )
+    up.add_argument("--json", action="store_true", help="print the resulting status as JSON")
+    up.set_defaults(handler=run_up)
+
+    down = sub.add_parser("down", help="stop the services, then NATS and PostgreSQL")
+    down.set_defaults(handler=run_down)
+
+    status = sub.add_parser(
+        "status", help="servers and service processes, alive or dead (exit 1 if any is dead)"
+    )
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(handler=run_status)
+
+
+def _progress(message: str) -> None:
+    print(f"specops: {message}", file=sys.stderr, flush=True)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from specops.runtime.settings import Settings
+    from specops.runtime.supervisor import parse_replicas, up
+
+    # Environment only: runtime.env is what `up` writes, not what it reads.
+    result = up(Settings(), parse_replicas(args.replicas), progress=_progress)
+    _print(result, as_json=args.json)
+    return _exit_code(result)
+
+
+def run_down(args: argparse.Namespace) -> int:
+    from specops.runtime.settings import Settings
+    from specops.runtime.supervisor import down
+
+    down(Settings(), progress=_progress)
+    _progress("stopped")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from specops.runtime.settings import Settings
+    from specops.runtime.supervisor import status
+
+    result = status(Settings())
+    _print(result, as_json=args.json)
+    return _exit_code(result)
+
+
+def _exit_code(result: RuntimeStatus) -> int:
+    dead = [s for s in result.servers if s.alive is False] + [p for p in result.processes if not p.alive]
+    return 1 if dead else 0
+
+
+def _print(result: RuntimeStatus, *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result.to_dict()))
+        return
+    print(f"state dir  {result.state_dir}")
+    if not result.servers and not result.processes:
+        print("nothing running (start with `specops up`)")
+        return
+    print(f"gateway    {result.gateway_url}")
+    for server in result.servers:
+        state = "external" if server.alive is None else ("up" if server.alive else "DEAD")
+        extra = f"  pid {server.pid}" if server.pid is not None else ""
+        if server.monitor_url:
+            extra += f"  monitor {server.monitor_url}"
+        print(f"{server.name:<22} {state:<8} {server.url}{extra}")
+    for proc in result.processes:
+        name = f"{proc.service}[{proc.replica}]"
+        print(f"{name:<22} {'up' if proc.alive else 'DEAD':<8} pid {proc.pid}  log {proc.log}")

@@ -1,0 +1,98 @@
+"""`specops serve <service> [--replica N]`: run one service process until SIGTERM / SIGINT.
+
+Each service's app module (`specops_services.<package>.app`) exposes
+`serve(settings: Settings) -> None`, which blocks until the process is told to stop and
+then shuts down cleanly (consumers, outbox relay, database pool). `specops up` starts
+one such process per replica and passes the replica in SPECOPS_REPLICA; it only
+labels the log lines, since replicas of a service share its durable consumers.
+
+Wiring: `add_parsers(sub)` on the top-level subparsers; the parser sets `handler`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from specops.runtime.errors import RuntimeSetupError
+
+# Service name on the command line (and in `specops up`) -> package under specops_services.
+SERVICES = {
+    "gateway": "gateway",
+    "predictor": "predictor",
+    "benchmark-runner": "benchmark_runner",
+    "quality-gate": "quality_gate",
+    "audit": "audit",
+}
+REPLICA_ENV = "SPECOPS_REPLICA"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _replica(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"replicas are numbered from 0, got {value}")
+    return value
+
+
+def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
+    """Add `serve` to the `specops` subcommands (`sub`)."""
+    serve = sub.add_parser("serve", help="run one service process until SIGTERM / SIGINT")
+    serve.add_argument("service", choices=list(SERVICES), help="the service to run")
+    serve.add_argument(
+        "--replica",
+        type=_replica,
+        help=f"replica number shown in the log lines (default: ${REPLICA_ENV}, else 0)",
+    )
+    serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, help="default INFO")
+    serve.set_defaults(handler=run_serve)
+
+
+def configure_logging(service: str, replica: int, level: str = "INFO") -> None:
+    """One line per record on stderr, prefixed with the service and replica."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter(f"%(asctime)s {service}[{replica}] %(levelname)s %(name)s: %(message)s")
+    )
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def service_entry(service: str) -> Callable[..., None]:
+    """The `serve` function of a service's app module; RuntimeSetupError if it has none."""
+    module_name = f"specops_services.{SERVICES[service]}.app"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise RuntimeSetupError(f"service {service} is not installed: {exc}") from None
+    entry = getattr(module, "serve", None)
+    if not callable(entry):
+        raise RuntimeSetupError(f"{module_name} has no serve(settings) entry point")
+    return entry  # type: ignore[no-any-return]
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from specops.runtime.settings import load_settings
+
+    replica = args.replica if args.replica is not None else _env_replica()
+    configure_logging(args.service, replica, args.log_level)
+    entry = service_entry(args.service)
+    log = logging.getLogger(__name__)
+    log.info("starting %s replica %d", args.service, replica)
+    entry(load_settings())
+    log.info("%s replica %d stopped", args.service, replica)
+    return 0
+
+
+def _env_replica() -> int:
+    try:
+        return _replica(os.environ.get(REPLICA_ENV, "0"))
+    except argparse.ArgumentTypeError as exc:
+        raise RuntimeSetupError(f"{REPLICA_ENV}: {exc}") from None

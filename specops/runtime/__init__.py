@@ -1,0 +1,6 @@
+"""The local runtime: embedded NATS and PostgreSQL plus one process per service replica.
+
+Import from the submodules: `specops.runtime.settings` (what every service reads),
+`specops.runtime.supervisor` (up / down / status), `specops.runtime.stream` (the SPEC
+stream). This package's import stays light because every service imports settings.
+"""

@@ -1,0 +1,112 @@
+"""Where every specops process finds the bus, the database and its state directory.
+
+One mechanism, in this order of precedence:
+
+1. environment variables (``NATS_URL``, ``DATABASE_URL``, ``SPECOPS_STATE_DIR``,
+   ``SPECOPS_GATEWAY_HOST``, ``SPECOPS_GATEWAY_PORT``);
+2. ``<state dir>/runtime.env``, which ``specops up`` writes with the URLs it actually
+   uses (the embedded servers' or the ones given in the environment);
+3. defaults.
+
+``specops up`` also passes the URLs in the environment of every service it starts, so
+a supervised service never depends on reading the file; the file is what lets a
+service or a client started by hand (``specops serve gateway``, the SDK, a test)
+reach the same servers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TypeVar, overload
+
+import platformdirs
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from specops.runtime.errors import RuntimeSetupError
+
+STATE_DIR_ENV = "SPECOPS_STATE_DIR"
+RUNTIME_ENV_FILE = "runtime.env"
+
+
+def default_state_dir() -> Path:
+    override = os.environ.get(STATE_DIR_ENV)
+    return Path(override) if override else Path(platformdirs.user_state_dir("specops"))
+
+
+class Settings(BaseSettings):
+    """Connection settings shared by the runtime, the services and the CLI."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPECOPS_",
+        # runtime.env may gain keys newer code writes; an older reader must still start.
+        extra="ignore",
+        populate_by_name=True,
+    )
+
+    state_dir: Path = Field(
+        default_factory=default_state_dir,
+        description="Pids, logs, server data and runtime.env of the local runtime.",
+    )
+    # The conventional unprefixed names, so a deployment (compose, k8s) sets them as usual.
+    nats_url: str | None = Field(
+        None, validation_alias=AliasChoices("NATS_URL", "nats_url"), description="NATS server URL."
+    )
+    database_url: str | None = Field(
+        None,
+        validation_alias=AliasChoices("DATABASE_URL", "database_url"),
+        description="libpq connection URI of the specops database.",
+    )
+    gateway_host: str = Field("127.0.0.1", description="Interface the HTTP gateway binds.")
+    gateway_port: int = Field(8787, ge=1, le=65535, description="Port of the HTTP gateway.")
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://{self.gateway_host}:{self.gateway_port}"
+
+    def require_nats_url(self) -> str:
+        if not self.nats_url:
+            raise RuntimeSetupError(
+                f"no NATS server configured: set NATS_URL or run `specops up` (state dir {self.state_dir})"
+            )
+        return self.nats_url
+
+    def require_database_url(self) -> str:
+        if not self.database_url:
+            raise RuntimeSetupError(
+                f"no database configured: set DATABASE_URL or run `specops up` (state dir {self.state_dir})"
+            )
+        return self.database_url
+
+
+S = TypeVar("S", bound=Settings)
+
+
+@overload
+def load_settings(state_dir: Path | None = None) -> Settings: ...
+@overload
+def load_settings(state_dir: Path | None = None, *, cls: type[S]) -> S: ...
+
+
+def load_settings(state_dir: Path | None = None, *, cls: type[Settings] = Settings) -> Settings:
+    """Settings from the environment, then from the state dir's runtime.env.
+
+    `cls` is a service's subclass adding its own fields (e.g. the gateway's), which
+    then load by the same rules.
+    """
+    directory = state_dir if state_dir is not None else default_state_dir()
+    env_file = directory / RUNTIME_ENV_FILE
+    return cls(
+        state_dir=directory,
+        _env_file=env_file if env_file.is_file() else None,  # type: ignore[call-arg]
+    )
+
+
+def render_env_file(values: dict[str, str]) -> str:
+    """runtime.env text; values are quoted so socket paths with spaces survive dotenv parsing."""
+    lines = ["# Written by `specops up`; read by specops.runtime.settings.load_settings."]
+    for key, value in sorted(values.items()):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'{key}="{escaped}"')
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,147 @@
+"""`specops up / status / down` with the real embedded servers and stand-in services."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import nats
+import psycopg
+import pytest
+from fixtures.postgres import server_tmpdir
+from nats.js.api import RetentionPolicy
+
+from specops.runtime.errors import RuntimeSetupError
+from specops.runtime.settings import Settings, load_settings
+from specops.runtime.supervisor import down, status, up
+from specops_schemas.subjects import STREAM
+
+SERVICES = ("alpha", "beta")
+GRACE_S = 0.3
+
+
+def sleeper(service: str) -> list[str]:
+    # Stands in for `specops serve <service>`: stays up until signalled.
+    return [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def crasher(service: str) -> list[str]:
+    return [sys.executable, "-c", f"import sys; print('{service} cannot start: no config'); sys.exit(3)"]
+
+
+@pytest.fixture
+def settings() -> Iterator[Settings]:
+    root = server_tmpdir("specops-test-state-")
+    # Explicit None: a NATS_URL/DATABASE_URL in the developer's shell must not leak in.
+    configured = Settings(state_dir=root / "state", nats_url=None, database_url=None)
+    try:
+        yield configured
+    finally:
+        down(configured)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _alive(settings: Settings) -> dict[str, int]:
+    result = status(settings)
+    named = {s.name: s.pid for s in result.servers if s.alive and s.pid is not None}
+    return named | {f"{p.service}[{p.replica}]": p.pid for p in result.processes if p.alive}
+
+
+async def _stream_config(url: str) -> tuple[RetentionPolicy | None, float | None, float]:
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().stream_info(STREAM)
+        return info.config.retention, info.config.max_age, info.config.duplicate_window
+    finally:
+        await nc.close()
+
+
+def test_up_status_down(settings: Settings) -> None:
+    result = up(settings, {"alpha": 2, "beta": 1}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    running = _alive(settings)
+    assert set(running) == {"nats", "postgres", "alpha[0]", "alpha[1]", "beta[0]"}
+
+    # Services started by hand find the servers through the state dir.
+    discovered = load_settings(settings.state_dir)
+    servers = {s.name: s for s in result.servers}
+    assert discovered.nats_url == servers["nats"].url
+    assert discovered.database_url == servers["postgres"].url
+    assert (settings.state_dir / "logs" / "alpha-1.log").is_file()
+
+    retention, max_age, window = asyncio.run(_stream_config(servers["nats"].url))
+    assert retention == RetentionPolicy.LIMITS
+    assert max_age is not None and max_age >= 365 * 24 * 3600
+    assert window == 120
+    with psycopg.connect(servers["postgres"].url) as conn:
+        migrated = conn.execute("SELECT name FROM schema_migrations ORDER BY version").fetchone()
+    assert migrated == ("001_core",)
+
+    # A second up changes nothing.
+    up(settings, {"alpha": 2, "beta": 1}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    assert _alive(settings) == running
+
+    down(settings)
+    after = status(settings)
+    assert after.servers == [] and after.processes == []
+    assert not (settings.state_dir / "runtime.env").exists()
+    for pid in running.values():
+        assert not _pid_running(pid)
+
+    again = up(settings, {"alpha": 0, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    assert [(s.name, s.alive) for s in again.servers] == [("nats", True), ("postgres", True)]
+    with psycopg.connect(next(s.url for s in again.servers if s.name == "postgres")) as conn:
+        assert conn.execute("SELECT count(*) FROM hardware_profiles").fetchone() == (5,)
+
+
+def test_up_refills_dead_replicas_and_scales_down(settings: Settings) -> None:
+    up(settings, {"alpha": 2, "beta": 1}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    before = _alive(settings)
+    os.kill(before["alpha[1]"], signal.SIGKILL)
+    _wait_until(lambda: "alpha[1]" not in _alive(settings))  # the stale record reads as dead
+
+    up(settings, {"alpha": 2, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    after = _alive(settings)
+    assert set(after) == {"nats", "postgres", "alpha[0]", "alpha[1]"}
+    assert after["alpha[0]"] == before["alpha[0]"] and after["nats"] == before["nats"]
+    assert after["alpha[1]"] != before["alpha[1]"]
+    assert not _pid_running(before["beta[0]"])
+
+
+def test_a_service_that_exits_at_once_fails_up_with_its_last_words(settings: Settings) -> None:
+    with pytest.raises(RuntimeSetupError, match=r"beta\[0\] exited right after starting: beta cannot start"):
+        up(settings, {"alpha": 0, "beta": 1}, services=SERVICES, command=crasher, start_grace_s=GRACE_S)
+
+
+def test_configured_nats_is_used_not_started_or_stopped(settings: Settings, nats_url: str) -> None:
+    external = settings.model_copy(update={"nats_url": nats_url})
+    result = up(external, {"alpha": 0, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    nats_status = next(s for s in result.servers if s.name == "nats")
+    assert (nats_status.url, nats_status.embedded, nats_status.alive) == (nats_url, False, None)
+    down(external)
+    assert asyncio.run(_stream_config(nats_url))[0] == RetentionPolicy.LIMITS  # still reachable
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout_s}s")
+        time.sleep(0.05)
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie no one reaped (containers often lack an init that does) has exited.
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,283 @@
+"""The audit service on a real nats-server and PostgreSQL: recording, the chain, verify, replay."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import nats
+import psycopg
+import pytest
+
+from specbus import make_broker, publish
+from specbus.publish import publish_raw
+from specops.cli import main as specops
+from specops.db import create_pool
+from specops_schemas.dlq import DeadLetter
+from specops_schemas.envelope import Envelope, new_event
+from specops_schemas.events import RunQueued, RunRunning
+from specops_schemas.subjects import dlq_subject
+from specops_services.audit import db as audit_db
+from specops_services.audit.app import subscribe
+from specops_services.audit.logic import AuditEntry, VerifyReport, entry_from_message, raw_event_id
+
+TENANT = "acme"
+
+
+def _run_events(run_id: str) -> list[Envelope[Any]]:
+    def event(payload: Any) -> Envelope[Any]:
+        return new_event(payload, tenant_id=TENANT, correlation_id=run_id, producer="test")
+
+    return [
+        event(RunQueued(run_id=run_id)),
+        event(RunRunning(run_id=run_id, stage="predicting")),
+        event(RunRunning(run_id=run_id, stage="measuring")),
+        event(RunRunning(run_id=run_id, stage="gating")),
+    ]
+
+
+def _entry(event: Envelope[Any]) -> AuditEntry:
+    return entry_from_message(event.subject, event.to_json_bytes())
+
+
+def _rows(dsn: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT seq, event_id::text, subject, type, tenant_id, stream_seq, payload "
+            "FROM audit_log ORDER BY seq"
+        ).fetchall()
+
+
+async def _verify(dsn: str) -> VerifyReport:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return await audit_db.verify(conn)
+
+
+async def test_bus_messages_are_recorded_in_order_once_with_a_valid_chain(db: str, nats_url: str) -> None:
+    run_id = f"audit-{uuid.uuid4().hex[:8]}"
+    events = _run_events(run_id)
+    letter = (
+        DeadLetter(
+            service="predictor",
+            subject=events[1].subject,
+            data=base64.b64encode(events[1].to_json_bytes()),
+            deliveries=5,
+            error="RuntimeError: boom",
+        )
+        .model_dump_json()
+        .encode()
+    )
+    malformed = b'{"type": "run.queued", "tenant_id": "acme"'
+    bad_subject = f"spec.run.{run_id}.queued"
+
+    pool = create_pool(db, max_size=2)
+    broker = make_broker(nats_url, service="audit-test")
+    subscribe(broker, pool, durable=f"audit-test-{run_id}", fetch_timeout_s=0.5)
+    await pool.open()
+    await broker.start()
+    try:
+        for event in events:
+            await publish(broker, event)
+        # The first event again under another Nats-Msg-Id: the stream stores it twice, as
+        # it would a re-publish after the dedup window; the audit must record it once.
+        await publish_raw(
+            broker, events[0].subject, events[0].to_json_bytes(), {"Nats-Msg-Id": f"again-{run_id}"}
+        )
+        await publish_raw(broker, dlq_subject("predictor"), letter, {})
+        await publish_raw(broker, bad_subject, malformed, {})
+
+        expected = [e.event_id for e in events] + [
+            raw_event_id(dlq_subject("predictor"), letter),
+            raw_event_id(bad_subject, malformed),
+        ]
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            rows = [r for r in _rows(db) if r[1] in expected]
+            if len(rows) >= len(expected):
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        await broker.stop()
+        await pool.close()
+
+    assert [r[1] for r in rows] == expected  # recorded once each, in publish order
+    stream_seqs = [r[5] for r in rows]
+    assert stream_seqs == sorted(stream_seqs)
+    by_id = {r[1]: r for r in rows}
+    first = by_id[events[0].event_id]
+    assert (first[2], first[3], first[4]) == (events[0].subject, "run.queued", TENANT)
+    assert bytes(first[6]) == events[0].to_json_bytes()
+    dead = by_id[expected[-2]]
+    assert (dead[3], dead[4], bytes(dead[6])) == ("dlq", TENANT, letter)
+    invalid = by_id[expected[-1]]
+    assert invalid[3] == "invalid" and "not JSON" in json.loads(bytes(invalid[6]))["error"]
+
+    report = await _verify(db)
+    assert report.ok, report.summary()
+    assert report.rows == len(_rows(db))
+
+
+async def test_concurrent_appenders_keep_one_chain_and_record_an_event_once(db: str) -> None:
+    events = [e for i in range(6) for e in _run_events(f"conc-{i}")]
+    twice = _entry(events[0])
+
+    async def replica(k: int) -> list[int | None]:
+        # One connection each, like replicas; every one of them also gets the same event.
+        async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+            return [await audit_db.append(conn, entry) for entry in [*map(_entry, events[k::4]), twice]]
+
+    seqs = [seq for part in await asyncio.gather(*map(replica, range(4))) for seq in part]
+    assert sum(seq is not None for seq in seqs) == len(events)
+    assert [r[0] for r in _rows(db)] == list(range(1, len(events) + 1))  # no gap, no duplicate
+    report = await _verify(db)
+    assert report.ok and report.rows == len(events), report.summary()
+
+
+def _verify_cli(
+    dsn: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    monkeypatch.setenv("DATABASE_URL", dsn)
+    code = specops(["audit", "verify"])
+    return code, capsys.readouterr().out.strip()
+
+
+# Each tampering is done as the table owner with the append-only triggers off, as an
+# attacker with database access would; (statement, first broken seq, words of the reason).
+TAMPERING = {
+    "payload": ("UPDATE audit_log SET payload = payload || '\\x20'::bytea WHERE seq = 3", 3, "altered"),
+    "subject": ("UPDATE audit_log SET subject = 'spec.run.other.queued' WHERE seq = 3", 3, "altered"),
+    "hash": ("UPDATE audit_log SET hash = sha256(hash) WHERE seq = 3", 3, "altered"),
+    "deleted": ("DELETE FROM audit_log WHERE seq = 3", 4, "deleted"),
+    "deleted_last": ("DELETE FROM audit_log WHERE seq = 5", 5, "deleted at the end"),
+    "reordered": (
+        "UPDATE audit_log SET seq = 100 WHERE seq = 2; UPDATE audit_log SET seq = 2 WHERE seq = 3; "
+        "UPDATE audit_log SET seq = 3 WHERE seq = 100",
+        2,
+        "reordered",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", TAMPERING)
+def test_verify_passes_then_names_the_first_tampered_seq(
+    kind: str, db: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def fill() -> None:
+        async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+            for event in _run_events("tamper") + _run_events("tamper2")[:1]:
+                await audit_db.append(conn, _entry(event))
+
+    asyncio.run(fill())
+    code, out = _verify_cli(db, monkeypatch, capsys)
+    assert code == 0 and out.startswith("audit chain intact: 5 rows, seq 1..5"), out
+
+    statement, seq, reason = TAMPERING[kind]
+    with psycopg.connect(db, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(statement.split(";")[0])  # the triggers refuse it
+        conn.execute("SET session_replication_role = replica")
+        conn.execute(statement)
+
+    code, out = _verify_cli(db, monkeypatch, capsys)
+    assert code == 1
+    assert out.startswith(f"audit chain broken at seq {seq}: ") and reason in out, out
+    assert "\n" not in out
+
+    monkeypatch.setenv("DATABASE_URL", db)
+    assert specops(["audit", "verify", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["broken"]["seq"] == seq
+
+
+def test_verify_without_a_database_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://specops@127.0.0.1:1/specops")
+    assert specops(["audit", "verify"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specops: error: cannot connect to the database") and err.count("\n") == 1
+
+
+async def _publish_for_replay(nats_url: str, run_id: str) -> tuple[list[Envelope[Any]], list[int]]:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        events = _run_events(run_id)
+        other = _run_events(f"{run_id}-other")[0]
+        seqs = []
+        for event in [events[0], other, *events[1:]]:
+            seqs.append((await publish(js, event)).seq)
+    finally:
+        await nc.close()
+    return events, seqs
+
+
+def _replay(args: list[str], capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
+    assert specops(["audit", "replay", *args, "--json"]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_replay_from_seq_or_time_until_the_end_with_a_subject_filter(
+    nats_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NATS_URL", nats_url)
+    run_id = f"replay-{uuid.uuid4().hex[:8]}"
+    before = datetime.now(UTC) - timedelta(milliseconds=50)
+    events, seqs = asyncio.run(_publish_for_replay(nats_url, run_id))
+    mine = [e.event_id for e in events]
+
+    lines = _replay(["--from-seq", str(seqs[0])], capsys)
+    assert lines[0]["seq"] == seqs[0]
+    assert [line["seq"] for line in lines] == sorted(line["seq"] for line in lines)
+    assert [line["event_id"] for line in lines if line["event_id"] in mine] == mine
+    assert lines[-1]["seq"] >= seqs[-1]  # read to the end of the stream, then stopped
+    first = lines[0]
+    assert (first["subject"], first["type"], first["tenant_id"]) == (events[0].subject, "run.queued", TENANT)
+    assert datetime.fromisoformat(first["time"]) >= before
+
+    since = _replay(["--since", before.isoformat()], capsys)
+    assert all(datetime.fromisoformat(line["time"]) >= before for line in since)
+    assert [line["event_id"] for line in since if line["event_id"] in mine] == mine
+
+    only = _replay(["--from-seq", "1", "--subject", f"spec.run.{run_id}.*"], capsys)
+    assert [line["event_id"] for line in only] == mine
+
+    assert specops(["audit", "replay", "--from-seq", str(seqs[-1]), "--subject", f"spec.run.{run_id}.>"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.split() == [str(seqs[-1]), line.split()[1], events[-1].subject, "run.running", mine[-1]]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--since", "yesterday"], "not a time"),
+        (["--since", "2026-11-23T14:00:00"], "no UTC offset"),
+        (["--from-seq", "-3"], "stream sequences start at 1"),
+        (["--from-seq", "1", "--subject", "run.>"], "not a subject filter"),
+        (["--from-seq", "1", "--since", "1h"], "not allowed with"),
+    ],
+)
+def test_replay_rejects_bad_input_in_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        specops(["audit", "replay", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and message in err and err.count("\n") == 1, err
+
+
+def test_replay_without_a_server_is_a_one_line_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NATS_URL", "nats://127.0.0.1:1")
+    assert specops(["audit", "replay", "--since", "1h"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("specops: error: cannot connect to NATS at nats://127.0.0.1:1")
+        and err.count("\n") == 1
+    )

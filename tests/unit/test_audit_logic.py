@@ -1,0 +1,132 @@
+"""The audit hash chain and message classification, without a database."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from specops_schemas.dlq import DeadLetter
+from specops_schemas.envelope import new_event
+from specops_schemas.events import RunQueued
+from specops_services.audit.logic import (
+    GENESIS_HASH,
+    AuditRow,
+    ChainHead,
+    entry_from_message,
+    hash_of,
+    raw_event_id,
+    row_hash,
+    verify_chain,
+)
+
+T0 = datetime(2026, 11, 23, 14, 0, tzinfo=UTC)
+
+
+def _chain(n: int) -> list[AuditRow]:
+    rows: list[AuditRow] = []
+    prev = GENESIS_HASH
+    for seq in range(1, n + 1):
+        event = new_event(
+            RunQueued(run_id=f"r{seq}"), tenant_id="acme", correlation_id=f"r{seq}", producer="t"
+        )
+        entry = entry_from_message(event.subject, event.to_json_bytes(), stream_seq=seq * 10)
+        row = AuditRow(
+            seq, entry.event_id, entry.subject, entry.type, entry.tenant_id, entry.payload,
+            entry.stream_seq, T0 + timedelta(seconds=seq), prev, b"",
+        )  # fmt: skip
+        row = replace(row, hash=hash_of(row))
+        rows.append(row)
+        prev = row.hash
+    return rows
+
+
+def _head(rows: list[AuditRow]) -> ChainHead:
+    return ChainHead(rows[-1].seq, rows[-1].hash)
+
+
+def test_an_intact_chain_verifies() -> None:
+    rows = _chain(5)
+    report = verify_chain(rows, _head(rows))
+    assert report.ok and report.rows == 5 and (report.first_seq, report.last_seq) == (1, 5)
+    assert report.summary().startswith("audit chain intact: 5 rows, seq 1..5")
+    assert verify_chain([], ChainHead(0, GENESIS_HASH)).summary() == "audit chain intact: empty"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("payload", b"{}"),
+        ("subject", "spec.run.x.queued"),
+        ("tenant_id", None),
+        ("type", "run.failed"),
+        ("recorded_at", T0),
+        ("stream_seq", None),
+        ("hash", bytes(32)),
+    ],
+)
+def test_an_altered_column_breaks_the_chain_at_that_row(field: str, value: object) -> None:
+    rows = _chain(5)
+    rows[2] = replace(rows[2], **{field: value})
+    report = verify_chain(rows, _head(rows))
+    assert report.broken is not None and report.broken.seq == 3 and "altered" in report.broken.reason
+    assert report.rows == 3 and report.head_hash == rows[1].hash
+
+
+def test_deleted_and_reordered_rows_break_the_link_after_them() -> None:
+    rows = _chain(5)
+    deleted = verify_chain(rows[:2] + rows[3:], _head(rows)).broken
+    assert deleted is not None and deleted.seq == 4 and "deleted" in deleted.reason
+    swapped = [rows[0], replace(rows[2], seq=2), replace(rows[1], seq=3), *rows[3:]]
+    reordered = verify_chain(swapped, _head(rows)).broken
+    assert reordered is not None and reordered.seq == 2 and "reordered" in reordered.reason
+    first_gone = verify_chain(rows[1:], _head(rows)).broken
+    assert first_gone is not None and first_gone.seq == 2 and "genesis" in first_gone.reason
+
+
+def test_rows_deleted_at_the_end_are_caught_by_the_head() -> None:
+    rows = _chain(5)
+    assert verify_chain(rows[:4]).ok  # without the head nothing shows it
+    tail = verify_chain(rows[:4], _head(rows)).broken
+    assert tail is not None and tail.seq == 5 and "deleted at the end" in tail.reason
+    emptied = verify_chain([], _head(rows)).broken
+    assert emptied is not None and emptied.seq == 5
+
+
+def test_the_hash_separates_fields_and_none_from_empty() -> None:
+    common = {"seq": 1, "event_id": "e", "type": "t", "stream_seq": None, "recorded_at": T0}
+    assert row_hash(GENESIS_HASH, b"bc", "a", tenant_id=None, **common) != row_hash(
+        GENESIS_HASH, b"c", "ab", tenant_id=None, **common
+    )
+    assert row_hash(GENESIS_HASH, b"", "a", tenant_id=None, **common) != row_hash(
+        GENESIS_HASH, b"", "a", tenant_id="", **common
+    )
+
+
+def test_messages_become_entries_events_dead_letters_and_invalid_ones() -> None:
+    event = new_event(RunQueued(run_id="r1"), tenant_id="acme", correlation_id="r1", producer="t")
+    entry = entry_from_message(event.subject, event.to_json_bytes(), stream_seq=7)
+    assert (entry.event_id, entry.type, entry.tenant_id, entry.stream_seq) == (
+        event.event_id,
+        "run.queued",
+        "acme",
+        7,
+    )
+    assert entry.payload == event.to_json_bytes()
+
+    letter = DeadLetter(
+        service="predictor", subject=event.subject, data=base64.b64encode(event.to_json_bytes()),
+        deliveries=5, error="boom",
+    ).model_dump_json().encode()  # fmt: skip
+    dead = entry_from_message("spec.dlq.predictor", letter)
+    assert (dead.type, dead.tenant_id, dead.payload) == ("dlq", "acme", letter)
+    assert dead.event_id == raw_event_id("spec.dlq.predictor", letter)  # a redelivery maps to the same id
+
+    bad = entry_from_message("spec.run.r1.queued", b'{"type": "run.nope", "tenant_id": "acme"}')
+    record = json.loads(bad.payload)
+    assert (bad.type, bad.tenant_id) == ("invalid", "acme") and "unknown event type" in record["error"]
+    assert base64.b64decode(record["data"]) == b'{"type": "run.nope", "tenant_id": "acme"}'
+    assert entry_from_message("spec.dlq.x", b"\xff").tenant_id is None
