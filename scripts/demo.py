@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -36,12 +37,12 @@ READY_TIMEOUT_S = 180.0
 
 def specops(*args: str, capture: bool = False) -> str:
     """Run one `specops` command as a user would, echoing it; its stdout when `capture`."""
-    print(f"\n$ specops {' '.join(args)}", flush=True)
+    print(f"\n$ {shlex.join(['specops', *args])}", flush=True)
     done = subprocess.run(
         [sys.executable, "-m", "specops.cli", *args], stdout=subprocess.PIPE if capture else None, text=True
     )
     if done.returncode != 0:
-        raise SystemExit(f"demo: `specops {' '.join(args)}` failed with exit code {done.returncode}")
+        raise SystemExit(f"demo: `{shlex.join(['specops', *args])}` failed with exit code {done.returncode}")
     return done.stdout if capture else ""
 
 
