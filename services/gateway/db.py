@@ -19,6 +19,7 @@ from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import Role, RunStatus
 from specops_schemas.envelope import Envelope
 from specops_services.gateway.logic import RunState, StoredResponse
+from specops_services.predictor.cache import KEY_COLUMNS
 
 # --- tokens ------------------------------------------------------------------------------
 
@@ -263,25 +264,13 @@ async def run_status(conn: Connection, run_id: str) -> RunStatus | None:
 # --- winner cache --------------------------------------------------------------------------
 
 
-_CACHE_KEY = (
-    "cache_scope",
-    "model_ref",
-    "gpu",
-    "engine",
-    "engine_version",
-    "fingerprint",
-    "mode",
-    "quality_gate",
-)
-
-
 async def cached_winner(conn: Connection, key: dict[str, str]) -> dict[str, Any] | None:
-    """The unexpired winner_cache row under `key` (logic.winner_cache_key), or None."""
+    """The unexpired winner_cache row under `key` (cache.key_columns), or None."""
     cur = await conn.execute(
         """SELECT winner, candidates, pareto_front, measured FROM winner_cache
            WHERE cache_scope = %s AND model_ref = %s AND gpu = %s AND engine = %s AND engine_version = %s
              AND fingerprint = %s AND mode = %s AND quality_gate = %s AND expires_at > now()""",
-        [key[column] for column in _CACHE_KEY],
+        [key[column] for column in KEY_COLUMNS],
     )
     return await cur.fetchone()
 

@@ -22,7 +22,6 @@ from specops_schemas.catalog import Role, RunStatus
 from specops_schemas.envelope import Envelope
 from specops_schemas.events import RunCompleted, RunFailed, RunPredicted
 from specops_schemas.subjects import ID_PATTERN
-from specops_services.predictor.hardware import resolve_profile
 
 # --- roles -------------------------------------------------------------------------------
 
@@ -273,27 +272,6 @@ def apply_conflict(state: RunState) -> str | None:
     if state.winner is None:
         return "run completed without a winner (no candidate beat the baseline)"
     return None
-
-
-def winner_cache_key(request: RunCreateRequest, *, tenant_id: str) -> dict[str, str]:
-    """The winner_cache primary key of a request (schemas/sql/001_core.sql).
-
-    Normalised as the predictor's `cache.request_cache_key` is: the canonical GPU profile
-    name, so `h100` and `H100-80GB` share winners. The scope is the tenant (F-S1: one
-    tenant's winners never reveal another's workload); a request without an
-    engine_version matches rows stored with '' (the table's "no version").
-    """
-    target = request.target
-    return {
-        "cache_scope": tenant_id,
-        "model_ref": target.model_ref,
-        "gpu": resolve_profile(target.gpu).name,
-        "engine": target.engine.value,
-        "engine_version": target.engine_version or "",
-        "fingerprint": request.workload.fingerprint.value,
-        "mode": request.mode.value,
-        "quality_gate": request.goal.quality_gate.value,
-    }
 
 
 def pick_candidate(state: RunState, candidate_id: str | None) -> CandidateResult:

@@ -30,6 +30,7 @@ from specops_services.gateway import db, engine_flags, logic
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import ProblemError, problem
+from specops_services.predictor import cache
 from specops_services.predictor.hardware import HardwareError, resolve_profile
 from specops_services.predictor.targets import TargetError, UnknownModel, parse_hf_config, resolve_target
 
@@ -178,7 +179,7 @@ async def create_run(
 async def _cached_completion(
     conn: Connection, principal: Principal, request: RunCreateRequest, run_id: str
 ) -> RunCompleted | None:
-    row = await db.cached_winner(conn, logic.winner_cache_key(request, tenant_id=principal.tenant_id))
+    row = await db.cached_winner(conn, cache.key_columns(request, tenant_id=principal.tenant_id))
     if row is None:
         return None
     try:

@@ -1,4 +1,8 @@
-"""The 30-day winner cache: its key and its freshness rule (seed 000, T1)."""
+"""The 30-day winner cache: its key and its freshness rule (seed 000, T1).
+
+The predictor stores winners under `key_columns` and the gateway looks them up under
+the same function, so a stored winner is always found again.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,38 @@ from specops_services.predictor.hardware import resolve_profile
 CACHE_TTL = timedelta(days=30)
 # Bumped when the key's recipe changes, so that old rows stop matching instead of colliding.
 KEY_VERSION = 1
+
+# The winner_cache primary key (schemas/sql/001_core.sql), in its column order.
+KEY_COLUMNS = (
+    "cache_scope",
+    "model_ref",
+    "gpu",
+    "engine",
+    "engine_version",
+    "fingerprint",
+    "mode",
+    "quality_gate",
+)
+
+
+def key_columns(request: RunCreateRequest, *, tenant_id: str) -> dict[str, str]:
+    """The winner_cache row key of a request (KEY_COLUMNS -> value).
+
+    Scoped per tenant (F-S1: one tenant's winners never reveal another's workload); the
+    GPU is the canonical profile name (`h100` and `H100-80GB` share winners); a request
+    without engine_version is stored under '' (the table's "no version").
+    """
+    target = request.target
+    return {
+        "cache_scope": tenant_id,
+        "model_ref": target.model_ref,
+        "gpu": resolve_profile(target.gpu).name,
+        "engine": target.engine.value,
+        "engine_version": target.engine_version or "",
+        "fingerprint": request.workload.fingerprint.value,
+        "mode": request.mode.value,
+        "quality_gate": request.goal.quality_gate.value,
+    }
 
 
 def cache_key(

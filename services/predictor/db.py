@@ -20,7 +20,7 @@ from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import GateOutcome, Measurement, RankedCandidate
 from specops_schemas.catalog import Family, Fingerprint
 from specops_schemas.events import BenchPlan, CandidateFailure, RunCompleted
-from specops_services.predictor.cache import CACHE_TTL
+from specops_services.predictor.cache import CACHE_TTL, KEY_COLUMNS
 from specops_services.predictor.logic import Bench
 from specops_services.predictor.model import HistoryRow, temperature_bucket
 
@@ -211,22 +211,10 @@ async def mark_finalized(conn: Connection, bench_id: str) -> None:
 # --- what an answer teaches ---------------------------------------------------------------------
 
 
-_CACHE_KEY = (
-    "cache_scope",
-    "model_ref",
-    "gpu",
-    "engine",
-    "engine_version",
-    "fingerprint",
-    "mode",
-    "quality_gate",
-)
-
-
 async def store_winner(
     conn: Connection, key: Mapping[str, str], answer: RunCompleted, *, source_run_id: str
 ) -> None:
-    """Upsert the 30-day winner cache under `key` (logic.cache_columns).
+    """Upsert the 30-day winner cache under `key` (cache.key_columns).
 
     A predicted answer never replaces a live measured one.
     """
@@ -243,7 +231,7 @@ async def store_winner(
                expires_at = EXCLUDED.expires_at
            WHERE EXCLUDED.measured OR NOT winner_cache.measured OR winner_cache.expires_at <= now()""",
         (
-            *(key[column] for column in _CACHE_KEY),
+            *(key[column] for column in KEY_COLUMNS),
             Jsonb(answer.winner.model_dump(mode="json")) if answer.winner is not None else None,
             Jsonb([c.model_dump(mode="json") for c in answer.candidates]),
             Jsonb(list(answer.pareto_front)),

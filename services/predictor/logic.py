@@ -230,25 +230,6 @@ def _completed(run_id: str, decision: Decision) -> RunCompleted:
 # --- what the answer teaches -------------------------------------------------------------------
 
 
-def cache_columns(request: RunCreateRequest, *, tenant_id: str) -> dict[str, str]:
-    """The winner_cache key of a request, exactly as the gateway looks it up.
-
-    Scoped per tenant (F-S1); the GPU is the canonical profile name (`h100` and
-    `H100-80GB` share winners); a request without engine_version is stored under ''.
-    """
-    target = request.target
-    return {
-        "cache_scope": tenant_id,
-        "model_ref": target.model_ref,
-        "gpu": resolve_profile(target.gpu).name,
-        "engine": target.engine.value,
-        "engine_version": target.engine_version or "",
-        "fingerprint": request.workload.fingerprint.value,
-        "mode": request.mode.value,
-        "quality_gate": request.goal.quality_gate.value,
-    }
-
-
 def history_rows(plan: BenchPlan, rows: Sequence[CandidateResult]) -> list[HistoryRow]:
     """measured_history rows from a measured answer; a failed gate's acceptance is not trusted."""
     gpu = resolve_profile(plan.target.gpu).name

@@ -19,7 +19,7 @@ from specops.db import Pool
 from specops_schemas.candidates import GateOutcome
 from specops_schemas.envelope import Envelope
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
-from specops_services.predictor import db, logic
+from specops_services.predictor import cache, db, logic
 from specops_services.predictor.host import local_target
 from specops_services.predictor.plan import HostInfo
 from specops_services.predictor.targets import TargetError, TargetInfo
@@ -82,7 +82,7 @@ async def plan(
     await db.save_candidates(conn, run_id, planned.ranked)
     if planned.bench_plan is None:
         answer = logic.predicted_answer(planned, request)
-        key = logic.cache_columns(request, tenant_id=event.tenant_id)
+        key = cache.key_columns(request, tenant_id=event.tenant_id)
         await db.store_winner(conn, key, answer, source_run_id=run_id)
         return logic.answered_events(event, planned, answer)
     bench_id = logic.bench_id_for(run_id)
@@ -147,7 +147,7 @@ async def _answer_if_ready(conn: db.Connection, bench: logic.Bench, trigger: Env
         _log_failure(bench.run_id, problem)
         failed = RunFailed(run_id=bench.run_id, error_stage=problem.stage, message=problem.message)
         return [logic.answer_event(bench, trigger, failed)]
-    key = logic.cache_columns(bench.request, tenant_id=bench.tenant_id)
+    key = cache.key_columns(bench.request, tenant_id=bench.tenant_id)
     await db.store_winner(conn, key, answer, source_run_id=bench.run_id)
     await db.append_history(conn, learned, run_id=bench.run_id, bench_id=bench.bench_id)
     return [logic.answer_event(bench, trigger, answer)]

@@ -8,8 +8,7 @@ from specops_schemas.api import RunCreateRequest, Target
 from specops_schemas.candidates import GateOutcome, Measurement
 from specops_schemas.catalog import GateMethod
 from specops_schemas.events import BenchPlan
-from specops_services.gateway.logic import winner_cache_key
-from specops_services.predictor import host, logic
+from specops_services.predictor import cache, host, logic
 from specops_services.predictor.hardware import UnknownHardware
 from specops_services.predictor.settings import PredictorSettings
 
@@ -40,14 +39,25 @@ def test_host_gpu_setting_overrides_detection(monkeypatch: pytest.MonkeyPatch) -
         host.host_info(PredictorSettings(host_gpu="TPU-v9"))
 
 
-def test_cache_key_is_the_one_the_gateway_looks_up() -> None:
+def test_cache_key_columns_are_the_canonical_key_the_gateway_looks_up() -> None:
     request = RunCreateRequest.model_validate(
         {
             "target": {"model_ref": "smollm2-135m-instruct", "gpu": "h100", "engine": "speccore"},
             "workload": {"fingerprint": "code"},
         }
     )
-    assert logic.cache_columns(request, tenant_id="acme") == winner_cache_key(request, tenant_id="acme")
+    key = cache.key_columns(request, tenant_id="acme")
+    assert key == {
+        "cache_scope": "acme",
+        "model_ref": "smollm2-135m-instruct",
+        "gpu": "H100-80GB",
+        "engine": "speccore",
+        "engine_version": "",
+        "fingerprint": "code",
+        "mode": "interactive",
+        "quality_gate": "topk5",
+    }
+    assert tuple(key) == cache.KEY_COLUMNS
 
 
 def _measured(cid: str) -> Measurement:
