@@ -26,7 +26,8 @@ from nats.js.api import ConsumerConfig
 from psycopg_pool import PoolTimeout
 
 from specbus import consumer_name, make_broker
-from specops.db import Pool, create_pool, migrate
+from specops.db import Pool, create_pool
+from specops.runtime.service import service_app
 from specops.runtime.settings import Settings, load_settings
 from specops_schemas.subjects import STREAM, STREAM_SUBJECTS
 from specops_services.audit import db
@@ -95,18 +96,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     broker = make_broker(settings.require_nats_url(), service=SERVICE)
     pool = create_pool(dsn, min_size=1, max_size=2, name=SERVICE)
     subscribe(broker, pool)
-    app = FastStream(broker)
-
-    @app.on_startup
-    async def open_database() -> None:
-        await migrate(dsn)
-        await pool.open()
-
-    @app.after_shutdown
-    async def close_database() -> None:
-        await pool.close()
-
-    return app
+    return service_app(broker, pool, dsn, outbox=False)
 
 
 def serve(settings: Settings | None = None) -> None:

@@ -22,9 +22,10 @@ from typing import Any
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
-from specbus import OutboxRelay, RetryPolicy, consumer_name, make_broker, outbox, process_once, subscriber
+from specbus import RetryPolicy, consumer_name, make_broker, outbox, process_once, subscriber
 from specbus.inbox import Work
-from specops.db import Pool, create_pool, migrate
+from specops.db import Pool, create_pool
+from specops.runtime.service import service_app
 from specops.runtime.settings import Settings
 from specops_schemas.envelope import Envelope
 from specops_schemas.events import BenchPlan, BenchRequested, RepMetrics
@@ -141,28 +142,8 @@ def create_app(settings: Settings | None = None, *, models: ModelCache | None = 
     dsn = bench_settings.require_database_url()
     broker = make_broker(bench_settings.require_nats_url(), service=SERVICE)
     pool = create_pool(dsn, min_size=1, max_size=4, name=SERVICE)
-    relay = OutboxRelay(pool, broker)
     subscribe(broker, pool, BenchRunner(bench_settings, models))
-    app = FastStream(broker)
-
-    @app.on_startup
-    async def open_database() -> None:
-        await migrate(dsn)
-        await pool.open()
-
-    @app.after_startup
-    async def start_relay() -> None:
-        await relay.start()
-
-    @app.on_shutdown
-    async def stop_relay() -> None:
-        await relay.stop()
-
-    @app.after_shutdown
-    async def close_database() -> None:
-        await pool.close()
-
-    return app
+    return service_app(broker, pool, dsn)
 
 
 def serve(settings: Settings | None = None) -> None:

@@ -17,8 +17,9 @@ from typing import Any
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
-from specbus import OutboxRelay, RetryPolicy, consumer_name, make_broker, process_once, subscriber
-from specops.db import Connection, Pool, create_pool, migrate
+from specbus import RetryPolicy, consumer_name, make_broker, process_once, subscriber
+from specops.db import Connection, Pool, create_pool
+from specops.runtime.service import service_app
 from specops.runtime.settings import Settings
 from specops_schemas.envelope import Envelope
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunRequested
@@ -30,8 +31,6 @@ log = logging.getLogger(__name__)
 
 SERVICE = "predictor"
 RETRY = RetryPolicy()
-# A relay blocked in a publish or in LISTEN must not hold the process past its SIGTERM grace.
-RELAY_STOP_S = 5.0
 
 
 def subscribe(
@@ -101,7 +100,6 @@ def create_app(settings: Settings | None = None) -> FastStream:
         log_level=logging.DEBUG,
     )
     pool = create_pool(dsn, min_size=1, max_size=config.predictor_pool_size, name=SERVICE)
-    relay = OutboxRelay(pool, broker)
     planner = steps.Planner(
         host=host_info(config),
         history_rows=config.predictor_history_rows,
@@ -109,31 +107,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     )
     log.info("host: %s", planner.host)
     subscribe(broker, pool, planner)
-    app = FastStream(broker, logger=log)
-
-    @app.on_startup
-    async def open_database() -> None:
-        await migrate(dsn)
-        await pool.open(wait=True)
-
-    @app.after_startup
-    async def start_relay() -> None:
-        await relay.start()
-
-    @app.on_shutdown
-    async def stop_relay() -> None:
-        try:
-            await asyncio.wait_for(relay.stop(), RELAY_STOP_S)
-        except TimeoutError:
-            log.warning(
-                "outbox relay did not stop in %.0fs; unpublished rows wait for the next start", RELAY_STOP_S
-            )
-
-    @app.after_shutdown
-    async def close_database() -> None:
-        await pool.close()
-
-    return app
+    return service_app(broker, pool, dsn, logger=log)
 
 
 def serve(settings: Settings | None = None) -> None:

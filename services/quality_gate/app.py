@@ -16,8 +16,9 @@ import torch
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
-from specbus import OutboxRelay, RetryPolicy, make_broker, outbox, subscriber
-from specops.db import Pool, create_pool, migrate
+from specbus import RetryPolicy, make_broker, outbox, subscriber
+from specops.db import Pool, create_pool
+from specops.runtime.service import service_app
 from specops.runtime.settings import Settings, load_settings
 from specops_schemas.envelope import Envelope
 from specops_schemas.events import BenchCompleted
@@ -83,27 +84,12 @@ def create_app(settings: Settings | None = None, *, models: ModelCache | None = 
     dsn = gate_settings.require_database_url()
     broker = make_broker(gate_settings.require_nats_url(), service=SERVICE)
     pool = create_pool(dsn, min_size=1, max_size=4, name=SERVICE)
-    relay = OutboxRelay(pool, broker)
     subscribe(broker, pool, GateRunner(gate_settings, models))
-    app = FastStream(broker)
+    app = service_app(broker, pool, dsn)
 
     @app.on_startup
-    async def open_database() -> None:
+    def use_threads() -> None:
         torch.set_num_threads(gate_settings.threads)
-        await migrate(dsn)
-        await pool.open()
-
-    @app.after_startup
-    async def start_relay() -> None:
-        await relay.start()
-
-    @app.on_shutdown
-    async def stop_relay() -> None:
-        await relay.stop()
-
-    @app.after_shutdown
-    async def close_database() -> None:
-        await pool.close()
 
     return app
 

@@ -2,5 +2,6 @@
 
 Import from the submodules: `specops.runtime.settings` (what every service reads),
 `specops.runtime.supervisor` (up / down / status), `specops.runtime.stream` (the SPEC
-stream). This package's import stays light because every service imports settings.
+stream), `specops.runtime.service` (a bus service's process: database, relay, app).
+This package's import stays light because every service imports settings.
 """

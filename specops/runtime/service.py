@@ -1,0 +1,70 @@
+"""The process of a bus service (`specops serve <service>`): what each one does on start and stop.
+
+Start: apply the migrations, open the database pool, start the broker (FastStream binds
+the durable consumers registered on it), then the outbox relay. Stop (SIGTERM / SIGINT):
+the relay, the broker, then the pool, so nothing a handler or the relay still uses is
+closed under it. The gateway is a FastAPI app with a lifespan of its own instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from faststream import FastStream
+from faststream.nats import NatsBroker
+
+from specbus import OutboxRelay
+from specops.db import Pool, migrate
+
+log = logging.getLogger(__name__)
+
+# A relay blocked in a publish or in LISTEN must not hold the process past its SIGTERM grace.
+RELAY_STOP_S = 5.0
+
+
+def service_app(
+    broker: NatsBroker,
+    pool: Pool,
+    dsn: str,
+    *,
+    outbox: bool = True,
+    logger: logging.Logger | None = None,
+) -> FastStream:
+    """The FastStream app of a service whose handlers are subscribed on `broker` already.
+
+    `pool` is unopened (`specops.db.create_pool`) and `dsn` the database it connects to.
+    `outbox`: run an OutboxRelay for the events the handlers commit (audit writes none).
+    `logger`: FastStream's own log lines go there instead of to its default logger.
+    """
+    relay = OutboxRelay(pool, broker) if outbox else None
+    options: dict[str, Any] = {} if logger is None else {"logger": logger}
+    app = FastStream(broker, **options)
+
+    @app.on_startup
+    async def open_database() -> None:
+        await migrate(dsn)
+        await pool.open(wait=True)
+
+    @app.after_startup
+    async def start_relay() -> None:
+        if relay is not None:
+            await relay.start()
+
+    @app.on_shutdown
+    async def stop_relay() -> None:
+        if relay is None:
+            return
+        try:
+            await asyncio.wait_for(relay.stop(), RELAY_STOP_S)
+        except TimeoutError:
+            log.warning(
+                "outbox relay did not stop in %.0fs; unpublished rows wait for the next start", RELAY_STOP_S
+            )
+
+    @app.after_shutdown
+    async def close_database() -> None:
+        await pool.close()
+
+    return app
