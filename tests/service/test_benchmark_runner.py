@@ -9,26 +9,25 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import huggingface_hub.constants
-import nats
 import psycopg
 import pytest
+from fixtures import bus
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
 
-from specbus import OutboxRelay, RetryPolicy, consumer_name, make_broker, publish
+from specbus import RetryPolicy, SpecBroker, consumer_name, publish
 from speccore.models import LoadedModel
-from specops.db import create_pool
+from specops.db import Pool
 from specops_schemas.api import Target
 from specops_schemas.candidates import BASELINE_ID, Candidate
 from specops_schemas.catalog import ErrorStage
 from specops_schemas.envelope import Envelope, new_event
-from specops_schemas.events import BenchPlan, BenchRequested, parse_event
+from specops_schemas.events import BenchPlan, BenchRequested
 from specops_schemas.subjects import STREAM, dlq_subject
 from specops_services.benchmark_runner.app import HANDLER, SERVICE, subscribe
 from specops_services.benchmark_runner.measure import ModelCache
@@ -68,68 +67,13 @@ def _loader(calls: list[str], model: LoadedModel) -> Callable[[str, str, str], L
     return load
 
 
-@pytest.fixture
-async def js(nats_url: str) -> AsyncIterator[JetStreamContext]:
-    client = await nats.connect(nats_url)
-    js = client.jetstream()
-    # Each test starts from an empty stream: its consumer delivers from the start.
-    await js.purge_stream(STREAM)
-    yield js
-    await client.close()
-
-
-@asynccontextmanager
-async def _runner_service(db: str, nats_url: str, runner: BenchRunner) -> AsyncIterator[str]:
+def _runner_service(db: str, nats_url: str, runner: BenchRunner) -> AbstractAsyncContextManager[str]:
     """The service's consumer and outbox relay in this process; yields its service name."""
-    service = f"br_{uuid.uuid4().hex[:8]}"
-    pool = create_pool(db, max_size=4)
-    broker = make_broker(nats_url, service=service)
-    subscribe(broker, pool, runner, service=service, retry=FAST, fetch_timeout_s=0.5)
-    relay = OutboxRelay(pool, broker, poll_interval_s=0.2)
-    await pool.open()
-    await broker.start()
-    await relay.start()
-    try:
-        yield service
-    finally:
-        await relay.stop()
-        await broker.stop()
-        await pool.close()
 
+    def register(broker: SpecBroker, pool: Pool, service: str) -> None:
+        subscribe(broker, pool, runner, service=service, retry=FAST, fetch_timeout_s=0.5)
 
-async def _count(js: JetStreamContext, subject: str) -> int:
-    info = await js.stream_info(STREAM, subjects_filter=subject)
-    return sum((info.state.subjects or {}).values())
-
-
-async def _events(js: JetStreamContext, subject: str, at_least: int) -> list[Envelope[Any]]:
-    """Every event on `subject` in the stream, once there are `at_least`."""
-    deadline = time.monotonic() + WAIT_S
-    while (total := await _count(js, subject)) < at_least:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{total} events on {subject} after {WAIT_S}s, expected {at_least}")
-        await asyncio.sleep(0.1)
-    sub = await js.pull_subscribe(subject, stream=STREAM)
-    msgs: list[Any] = []
-    try:
-        while len(msgs) < total:
-            msgs += await sub.fetch(total - len(msgs), timeout=2)
-    finally:
-        await sub.unsubscribe()
-    return [parse_event(m.data) for m in msgs]
-
-
-async def _acked(js: JetStreamContext, durable: str, ack: PubAck) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while (await js.consumer_info(STREAM, durable)).ack_floor.stream_seq < ack.seq:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{durable} did not ack stream seq {ack.seq}")
-        await asyncio.sleep(0.1)
-
-
-def _rows(dsn: str, sql: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(sql).fetchall()
+    return bus.serving(db, nats_url, "br", register)
 
 
 def _rep_rows(dsn: str, bench_id: str) -> dict[tuple[str, int], Any]:
@@ -150,19 +94,19 @@ async def test_each_rep_is_stored_and_announced_once_then_the_bench_completes(
     runner = BenchRunner(SETTINGS, ModelCache(loader=_loader(loads, smollm)))
     async with _runner_service(db, nats_url, runner) as service:
         durable = consumer_name(service, HANDLER)
-        await _acked(js, durable, await publish(js, event))
+        await bus.acked(js, durable, await publish(js, event))
         assert (await js.consumer_info(STREAM, durable)).num_redelivered == 0
-        [done] = await _events(js, f"spec.bench.{bench_id}.completed", at_least=1)
-        reps = await _events(js, f"spec.bench.{bench_id}.rep_measured", at_least=4)
-        outbox_rows = len(_rows(db, "SELECT id FROM outbox"))
+        [done] = await bus.events(js, f"spec.bench.{bench_id}.completed", at_least=1)
+        reps = await bus.events(js, f"spec.bench.{bench_id}.rep_measured", at_least=4)
+        outbox_rows = len(bus.sql(db, "SELECT id FROM outbox"))
 
         # The same bench published again under a new event id (the broker's dedup cannot
         # catch it): every rep is stored, so nothing is measured, stored or announced again.
         again = event.model_copy(update={"event_id": str(uuid.uuid4())})
-        await _acked(js, durable, await publish(js, again))
-        assert len(_rows(db, "SELECT id FROM outbox")) == outbox_rows
-        assert await _count(js, f"spec.bench.{bench_id}.completed") == 1
-        assert await _count(js, f"spec.bench.{bench_id}.rep_measured") == 4
+        await bus.acked(js, durable, await publish(js, again))
+        assert len(bus.sql(db, "SELECT id FROM outbox")) == outbox_rows
+        assert await bus.count(js, f"spec.bench.{bench_id}.completed") == 1
+        assert await bus.count(js, f"spec.bench.{bench_id}.rep_measured") == 4
 
     assert loads == [MODEL]
     assert sorted((e.payload.candidate_id, e.payload.rep) for e in reps) == [
@@ -197,10 +141,10 @@ async def test_a_target_that_cannot_load_fails_the_run_at_once(
     async with _runner_service(db, nats_url, runner) as service:
         started = time.monotonic()
         ack = await publish(js, event)
-        [failed] = await _events(js, f"spec.run.{event.correlation_id}.failed", at_least=1)
+        [failed] = await bus.events(js, f"spec.run.{event.correlation_id}.failed", at_least=1)
         elapsed = time.monotonic() - started
         durable = consumer_name(service, HANDLER)
-        await _acked(js, durable, ack)
+        await bus.acked(js, durable, ack)
         info = await js.consumer_info(STREAM, durable)
 
     assert elapsed < 10.0
@@ -208,10 +152,10 @@ async def test_a_target_that_cannot_load_fails_the_run_at_once(
     assert "no-such-org/no-such-model" in failed.payload.message
     # Decided on the first delivery: not retried, not parked.
     assert info.num_redelivered == 0 and info.num_ack_pending == 0
-    assert await _count(js, dlq_subject(service)) == 0
+    assert await bus.count(js, dlq_subject(service)) == 0
     for published in ("rep_measured", "completed"):
-        assert await _count(js, f"spec.bench.{event.payload.bench_id}.{published}") == 0
-    assert _rows(db, "SELECT * FROM bench_results") == []
+        assert await bus.count(js, f"spec.bench.{event.payload.bench_id}.{published}") == 0
+    assert bus.sql(db, "SELECT * FROM bench_results") == []
 
 
 @contextmanager
@@ -276,10 +220,10 @@ async def test_a_runner_killed_mid_bench_resumes_without_storing_or_announcing_a
     assert 1 <= len(before) < 2 * reps, "the runner must die mid-bench"
 
     with _runner_process(log, env):
-        [done] = await _events(js, f"spec.bench.{bench_id}.completed", at_least=1)
-        await _acked(js, consumer_name(SERVICE, HANDLER), ack)
-        rep_events = await _events(js, f"spec.bench.{bench_id}.rep_measured", at_least=2 * reps)
-        assert await _count(js, f"spec.bench.{bench_id}.completed") == 1
+        [done] = await bus.events(js, f"spec.bench.{bench_id}.completed", at_least=1)
+        await bus.acked(js, consumer_name(SERVICE, HANDLER), ack)
+        rep_events = await bus.events(js, f"spec.bench.{bench_id}.rep_measured", at_least=2 * reps)
+        assert await bus.count(js, f"spec.bench.{bench_id}.completed") == 1
 
     assert "resuming with" in log.read_text()
     expected = sorted((cid, rep) for cid in (BASELINE_ID, "ngram-k4") for rep in range(reps))

@@ -19,14 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import nats
 import psycopg
 import pytest
-import uvicorn
-from fastapi import FastAPI
+from fixtures import bus
+from fixtures.gateway import ServerThread, gateway_settings
 from psycopg.types.json import Jsonb
 
-from specbus.publish import publish
 from specops.client import (
     TOKEN_ENV,
     URL_ENV,
@@ -62,7 +60,6 @@ from specops_schemas.events import (
     RunRunning,
 )
 from specops_services.gateway.app import create_app
-from specops_services.gateway.settings import GatewaySettings
 from specops_services.gateway.tokens import issue_token
 
 WAIT_S = 15.0
@@ -85,36 +82,6 @@ T1_TYPES = [
 # --- the gateway on uvicorn -----------------------------------------------------------------------
 
 
-class ServerThread:
-    """The app under uvicorn on a free port, in a thread with its own event loop."""
-
-    def __init__(self, app: FastAPI) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + WAIT_S
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(WAIT_S)
-
-
 class Stack:
     def __init__(self, url: str, dsn: str, nats_url: str, tokens: dict[str, str]) -> None:
         self.url, self.dsn, self.nats_url, self.tokens = url, dsn, nats_url, tokens
@@ -125,17 +92,13 @@ class Stack:
 
 @pytest.fixture
 def stack(db: str, nats_url: str) -> Iterator[Stack]:
-    settings = GatewaySettings(
-        database_url=db, nats_url=nats_url, gateway_sse_poll_s=0.05, gateway_sse_keepalive_s=0.3
-    )
-
     async def tokens() -> dict[str, str]:
         dev = await issue_token(db, tenant_id="acme", role=Role.DEVELOPER)
         viewer = await issue_token(db, tenant_id="acme", role=Role.VIEWER)
         return {"dev": dev.secret, "viewer": viewer.secret}
 
     issued = asyncio.run(tokens())
-    with ServerThread(create_app(settings)) as server:
+    with ServerThread(create_app(gateway_settings(db, nats_url))) as server:
         yield Stack(server.url, db, nats_url, issued)
 
 
@@ -277,16 +240,8 @@ def t1_flow(run_id: str, tenant: str = "acme") -> list[Envelope[Any]]:
 
 
 def publish_all(nats_url: str, events: list[Envelope[Any]], delay_s: float = 0.0) -> None:
-    async def go() -> None:
-        nc = await nats.connect(nats_url)
-        try:
-            for event in events:
-                await publish(nc.jetstream(), event)
-                await asyncio.sleep(delay_s)
-        finally:
-            await nc.close()
-
-    asyncio.run(go())
+    """bus.publish_all from the test's synchronous code and threads."""
+    asyncio.run(bus.publish_all(nats_url, events, delay_s=delay_s))
 
 
 def complete_runs_in_background(stack: Stack, count: int = 1) -> threading.Thread:

@@ -5,11 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -18,13 +15,20 @@ import nats
 import psycopg
 import pytest
 import schemathesis
-import uvicorn
-from fastapi import FastAPI
+from fixtures import bus
+from fixtures.gateway import (
+    RUNS,
+    Gateway,
+    ServerThread,
+    gateway_settings,
+    issue_tokens,
+    run_body,
+    running_gateway,
+)
 from psycopg.types.json import Jsonb
 from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 
-from specbus.publish import publish
 from specops.commands import tokens as tokens_cli
 from specops_schemas.api import API_PREFIX, PROBLEM_MEDIA_TYPE
 from specops_schemas.candidates import (
@@ -35,7 +39,7 @@ from specops_schemas.candidates import (
     Prediction,
     RankedCandidate,
 )
-from specops_schemas.catalog import Family, GateMethod, Role, RunStatus
+from specops_schemas.catalog import Family, GateMethod, RunStatus
 from specops_schemas.envelope import Envelope, new_event
 from specops_schemas.events import (
     BenchRepMeasured,
@@ -49,76 +53,14 @@ from specops_schemas.subjects import STREAM
 from specops_services.gateway import db as gateway_db
 from specops_services.gateway import logic
 from specops_services.gateway.app import create_app
-from specops_services.gateway.settings import GatewaySettings
-from specops_services.gateway.tokens import issue_token
 
-RUNS = f"{API_PREFIX}/runs"
 WAIT_S = 10.0
-ROLES = {
-    "dev": ("acme", Role.DEVELOPER),
-    "viewer": ("acme", Role.VIEWER),
-    "admin": ("acme", Role.ADMIN),
-    "other": ("globex", Role.DEVELOPER),
-}
-
-
-def run_body(**target: Any) -> dict[str, Any]:
-    return {
-        "target": {"model_ref": "meta-llama/Llama-3.1-70B-Instruct", "gpu": "H100-80GB", "engine": "vllm"}
-        | target,
-        "workload": {"fingerprint": "chat"},
-        "mode": "interactive",
-        "goal": {"quality_gate": "topk5", "priorities": {"throughput": 0.7, "latency": 0.3}},
-    }
-
-
-def settings_for(dsn: str, nats_url: str) -> GatewaySettings:
-    return GatewaySettings(
-        database_url=dsn, nats_url=nats_url, gateway_sse_poll_s=0.05, gateway_sse_keepalive_s=0.3
-    )
-
-
-async def issue_tokens(dsn: str) -> dict[str, str]:
-    return {
-        who: (await issue_token(dsn, tenant_id=tenant, role=role)).secret
-        for who, (tenant, role) in ROLES.items()
-    }
-
-
-@dataclass
-class Gateway:
-    client: httpx.AsyncClient
-    app: FastAPI
-    dsn: str
-    nats_url: str
-    tokens: dict[str, str]
-
-    def auth(self, who: str = "dev", **extra: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.tokens[who]}"} | extra
-
-    async def create(self, who: str = "dev", body: Any = None, **headers: str) -> httpx.Response:
-        body = run_body() if body is None else body
-        return await self.client.post(RUNS, json=body, headers=self.auth(who, **headers))
-
-    async def wait_status(self, run_id: str, status: str, who: str = "dev") -> dict[str, Any]:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            body: dict[str, Any] = (await self.client.get(f"{RUNS}/{run_id}", headers=self.auth(who))).json()
-            if body["status"] == status:
-                return body
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} is {body['status']}, not {status}, after {WAIT_S}s")
-            await asyncio.sleep(0.05)
 
 
 @pytest.fixture
 async def gw(db: str, nats_url: str) -> AsyncIterator[Gateway]:
-    app = create_app(settings_for(db, nats_url))
-    tokens = await issue_tokens(db)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-            yield Gateway(client, app, db, nats_url, tokens)
+    async with running_gateway(db, nats_url) as gateway:
+        yield gateway
 
 
 def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
@@ -233,15 +175,6 @@ def flow(run_id: str, tenant: str = "acme", *, fail: bool = False) -> list[Envel
     return [running, predicted, rep, completed]
 
 
-async def publish_all(nats_url: str, events: list[Envelope[Any]]) -> None:
-    nc = await nats.connect(nats_url)
-    try:
-        for event in events:
-            await publish(nc.jetstream(), event)
-    finally:
-        await nc.close()
-
-
 def parse_sse(text: str) -> tuple[list[dict[str, str]], list[str]]:
     """(events as {id, event, data}, comment lines) of a text/event-stream body."""
     events, comments = [], []
@@ -309,13 +242,13 @@ async def test_post_queues_the_run_and_publishes_run_requested(gw: Gateway) -> N
 async def test_projector_moves_the_run_to_completed(gw: Gateway) -> None:
     run_id = (await gw.create()).json()["id"]
     events = flow(run_id)
-    await publish_all(gw.nats_url, events[:2])
+    await bus.publish_all(gw.nats_url, events[:2])
     predicted = await gw.wait_status(run_id, "predicted")
     assert [c["candidate"]["candidate_id"] for c in predicted["candidates"]] == ["ngram-k4", "eagle3-tree"]
     assert predicted["winner"] is None
 
     # A redelivered event changes nothing; a late `running` does not move the status back.
-    await publish_all(gw.nats_url, [*events[2:], events[0]])
+    await bus.publish_all(gw.nats_url, [*events[2:], events[0]])
     done = await gw.wait_status(run_id, "completed")
     assert done["winner"] == WINNER.model_dump(mode="json")
     assert done["measured"] is True and done["cache_hit"] is False and done["pareto_front"] == ["ngram-k4"]
@@ -334,16 +267,16 @@ async def test_projector_moves_the_run_to_completed(gw: Gateway) -> None:
 
 async def test_failed_run_reports_its_error(gw: Gateway) -> None:
     run_id = (await gw.create()).json()["id"]
-    await publish_all(gw.nats_url, flow(run_id, fail=True))
+    await bus.publish_all(gw.nats_url, flow(run_id, fail=True))
     failed = await gw.wait_status(run_id, "failed")
     assert failed["error"] == {"error_stage": "prediction", "message": "no luck"}
 
 
 async def test_events_of_another_tenant_do_not_touch_the_run(gw: Gateway) -> None:
     run_id = (await gw.create()).json()["id"]
-    await publish_all(gw.nats_url, flow(run_id, tenant="globex"))
+    await bus.publish_all(gw.nats_url, flow(run_id, tenant="globex"))
     # The same run's own events, published after, are projected: the foreign ones were skipped.
-    await publish_all(gw.nats_url, flow(run_id, fail=True))
+    await bus.publish_all(gw.nats_url, flow(run_id, fail=True))
     failed = await gw.wait_status(run_id, "failed")
     assert failed["winner"] is None
 
@@ -501,7 +434,7 @@ async def test_cache_hit_completes_at_once_and_is_recorded(gw: Gateway) -> None:
 
 async def test_sse_resumes_after_last_event_id(gw: Gateway) -> None:
     run_id = (await gw.create()).json()["id"]
-    await publish_all(gw.nats_url, flow(run_id))
+    await bus.publish_all(gw.nats_url, flow(run_id))
     await gw.wait_status(run_id, "completed")
     url = f"{RUNS}/{run_id}/events"
     resumed = await gw.client.get(url, headers=gw.auth(**{"Last-Event-ID": "2"}))
@@ -527,7 +460,7 @@ async def test_sse_streams_live_events_with_keepalives(gw: Gateway) -> None:
     # ASGITransport returns the body once the stream ends, i.e. at the terminal event.
     pending = asyncio.create_task(gw.client.get(url, headers=gw.auth("viewer")))
     await asyncio.sleep(0.8)  # idle longer than the 0.3 s keepalive interval
-    await publish_all(gw.nats_url, flow(run_id))
+    await bus.publish_all(gw.nats_url, flow(run_id))
     response = await asyncio.wait_for(pending, WAIT_S)
     sse, comments = parse_sse(response.text)
     assert [e["event"] for e in sse][0] == "run.queued" and sse[-1]["event"] == "run.completed"
@@ -539,7 +472,7 @@ async def test_sse_streams_live_events_with_keepalives(gw: Gateway) -> None:
 
 async def completed_run(gw: Gateway) -> str:
     run_id: str = (await gw.create()).json()["id"]
-    await publish_all(gw.nats_url, flow(run_id))
+    await bus.publish_all(gw.nats_url, flow(run_id))
     await gw.wait_status(run_id, "completed")
     return run_id
 
@@ -607,7 +540,7 @@ async def test_apply_needs_a_completed_run_with_a_winner(gw: Gateway) -> None:
         ),
         producer="t",
     )
-    await publish_all(gw.nats_url, [running, empty])
+    await bus.publish_all(gw.nats_url, [running, empty])
     await gw.wait_status(no_winner, "completed")
     response = await gw.client.post(f"{RUNS}/{no_winner}/apply", headers=gw.auth())
     assert "without a winner" in assert_problem(response, 409)["detail"]
@@ -667,40 +600,10 @@ async def test_probes_and_openapi(gw: Gateway) -> None:
 # --- fuzzing the OpenAPI schema over real HTTP ----------------------------------------------------
 
 
-class ServerThread:
-    """The app under uvicorn on a free port, in a thread with its own event loop."""
-
-    def __init__(self, app: FastAPI) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + WAIT_S
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(WAIT_S)
-
-
 @pytest.fixture
 def served(db: str, nats_url: str) -> Iterator[tuple[ServerThread, dict[str, str]]]:
     tokens = asyncio.run(issue_tokens(db))
-    with ServerThread(create_app(settings_for(db, nats_url))) as server:
+    with ServerThread(create_app(gateway_settings(db, nats_url))) as server:
         yield server, tokens
 
 

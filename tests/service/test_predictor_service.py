@@ -8,23 +8,19 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-import nats
-import psycopg
-import pytest
+from fixtures import bus
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
 from psycopg.types.json import Jsonb
 
-from specbus import OutboxRelay, RetryPolicy, consumer_name, make_broker, publish
+from specbus import RetryPolicy, SpecBroker, consumer_name, publish
 from specbus.publish import MSG_ID, envelope_headers, publish_raw
-from specops.db import create_pool
+from specops.db import Pool
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import BASELINE_ID, Measurement
 from specops_schemas.catalog import ErrorStage, GateMethod
@@ -34,9 +30,7 @@ from specops_schemas.events import (
     BenchRequested,
     GateEvaluated,
     RunRequested,
-    parse_event,
 )
-from specops_schemas.subjects import STREAM
 from specops_services.predictor.app import subscribe
 from specops_services.predictor.plan import HostInfo
 from specops_services.predictor.steps import Planner
@@ -45,7 +39,6 @@ TENANT = "acme"
 SMOLLM = "smollm2-135m-instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 FAST = RetryPolicy(max_deliver=3, backoff_s=(0.2, 0.5), ack_wait_s=5.0)
-WAIT_S = 20.0
 BASE_TOKENS_PER_S = 10.0
 CPU_HOST = HostInfo(cuda=False)
 
@@ -56,17 +49,11 @@ def _request(model: str = SMOLLM, gpu: str = "cpu", engine: str = "speccore") ->
     )
 
 
-def _sql(dsn: str, query: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn) as conn:
-        cur = conn.execute(query, tuple(params) or None)
-        return cur.fetchall() if cur.description else []
-
-
 def _requested(dsn: str, request: RunCreateRequest) -> Envelope[RunRequested]:
     """A run as the gateway creates it: its row (queued), then its `run.requested`."""
     run_id = str(uuid.uuid4())
-    _sql(dsn, "INSERT INTO tenants (id, name) VALUES (%s, %s) ON CONFLICT DO NOTHING", (TENANT, TENANT))
-    _sql(
+    bus.sql(dsn, "INSERT INTO tenants (id, name) VALUES (%s, %s) ON CONFLICT DO NOTHING", (TENANT, TENANT))
+    bus.sql(
         dsn,
         "INSERT INTO runs (id, tenant_id, request) VALUES (%s, %s, %s)",
         (run_id, TENANT, Jsonb(request.model_dump(mode="json"))),
@@ -117,76 +104,25 @@ def _verdict(done: Envelope[BenchCompleted], candidate_id: str, passed: bool) ->
     return done.follow(payload, producer="quality-gate")
 
 
-@pytest.fixture
-async def js(nats_url: str) -> AsyncIterator[JetStreamContext]:
-    client = await nats.connect(nats_url)
-    js = client.jetstream()
-    # Each test starts from an empty stream: its consumers deliver from the start.
-    await js.purge_stream(STREAM)
-    yield js
-    await client.close()
-
-
-@asynccontextmanager
-async def _predictor(db: str, nats_url: str, host: HostInfo = CPU_HOST) -> AsyncIterator[str]:
+def _predictor(db: str, nats_url: str, host: HostInfo = CPU_HOST) -> AbstractAsyncContextManager[str]:
     """The predictor's consumers and outbox relay on this test's database; yields its service name."""
-    service = f"pred_{uuid.uuid4().hex[:8]}"
-    pool = create_pool(db, max_size=4)
-    broker = make_broker(nats_url, service=service)
-    subscribe(broker, pool, Planner(host=host), service=service, retry=FAST, fetch_timeout_s=0.5)
-    relay = OutboxRelay(pool, broker, poll_interval_s=0.2)
-    await pool.open()
-    await broker.start()
-    await relay.start()
-    try:
-        yield service
-    finally:
-        await relay.stop()
-        await broker.stop()
-        await pool.close()
 
+    def register(broker: SpecBroker, pool: Pool, service: str) -> None:
+        subscribe(broker, pool, Planner(host=host), service=service, retry=FAST, fetch_timeout_s=0.5)
 
-async def _count(js: JetStreamContext, subject: str) -> int:
-    info = await js.stream_info(STREAM, subjects_filter=subject)
-    return sum((info.state.subjects or {}).values())
-
-
-async def _events(js: JetStreamContext, subject: str, at_least: int = 1) -> list[Envelope[Any]]:
-    """Every event on `subject` (wildcards allowed) in stream order, once there are `at_least`."""
-    deadline = time.monotonic() + WAIT_S
-    while (total := await _count(js, subject)) < at_least:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{total} events on {subject} after {WAIT_S}s, expected {at_least}")
-        await asyncio.sleep(0.1)
-    sub = await js.pull_subscribe(subject, stream=STREAM)
-    msgs: list[Any] = []
-    try:
-        while len(msgs) < total:
-            msgs += await sub.fetch(total - len(msgs), timeout=2)
-    finally:
-        await sub.unsubscribe()
-    return [parse_event(m.data) for m in msgs]
-
-
-async def _acked(js: JetStreamContext, durable: str, ack: PubAck) -> None:
-    """Wait until the consumer acked the message at `ack` (its transaction is committed)."""
-    deadline = time.monotonic() + WAIT_S
-    while (await js.consumer_info(STREAM, durable)).ack_floor.stream_seq < ack.seq:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{durable} did not ack stream seq {ack.seq}")
-        await asyncio.sleep(0.05)
+    return bus.serving(db, nats_url, "pred", register)
 
 
 async def _run_events(js: JetStreamContext, run_id: str, at_least: int) -> list[Envelope[Any]]:
     """The run's events after its `run.requested`, in stream order."""
-    events = await _events(js, f"spec.run.{run_id}.*", at_least=at_least + 1)
+    events = await bus.events(js, f"spec.run.{run_id}.*", at_least=at_least + 1)
     return [e for e in events if e.type != "run.requested"]
 
 
 async def _planned(js: JetStreamContext, run_id: str) -> Envelope[BenchRequested]:
     """The bench the predictor requested for a run, once the run is planned."""
-    [predicted] = await _events(js, f"spec.run.{run_id}.predicted")
-    [bench] = [e for e in await _events(js, "spec.bench.*.requested") if e.correlation_id == run_id]
+    [predicted] = await bus.events(js, f"spec.run.{run_id}.predicted")
+    [bench] = [e for e in await bus.events(js, "spec.bench.*.requested") if e.correlation_id == run_id]
     assert bench.payload.plan.run_id == run_id
     assert {c.candidate_id for c in bench.payload.plan.candidates} <= {
         c.candidate.candidate_id for c in predicted.payload.candidates
@@ -216,11 +152,11 @@ async def test_measured_run_completes_once_every_verdict_is_in(
         # Verdicts may overtake the bench: nothing is answered until all of them and the bench are in.
         await publish(js, verdicts[first])
         ack = await publish(js, verdicts[second])
-        await _acked(js, consumer_name(service, "gate_evaluated"), ack)
-        await _acked(js, consumer_name(service, "bench_completed"), await publish(js, done))
-        assert _sql(db, "SELECT count(*) FROM outbox WHERE subject LIKE 'spec.run.%.completed'") == [(0,)]
+        await bus.acked(js, consumer_name(service, "gate_evaluated"), ack)
+        await bus.acked(js, consumer_name(service, "bench_completed"), await publish(js, done))
+        assert bus.sql(db, "SELECT count(*) FROM outbox WHERE subject LIKE 'spec.run.%.completed'") == [(0,)]
         await publish(js, verdicts[third])
-        [completed] = await _events(js, f"spec.run.{run_id}.completed")
+        [completed] = await bus.events(js, f"spec.run.{run_id}.completed")
 
     answer = completed.payload
     assert answer.measured is True and answer.cache_hit is False
@@ -231,7 +167,7 @@ async def test_measured_run_completes_once_every_verdict_is_in(
     assert measured == set(speedups)
     assert second in answer.pareto_front
 
-    [(winner, is_measured, source)] = _sql(
+    [(winner, is_measured, source)] = bus.sql(
         db,
         """SELECT winner, measured, source_run_id FROM winner_cache
            WHERE cache_scope = %s AND model_ref = %s AND gpu = 'cpu' AND engine = 'speccore'
@@ -240,7 +176,7 @@ async def test_measured_run_completes_once_every_verdict_is_in(
         (TENANT, SMOLLM),
     )
     assert winner["candidate"]["candidate_id"] == second and is_measured and source == run_id
-    history = _sql(
+    history = bus.sql(
         db, "SELECT family, k, acceptance_rate, gpu FROM measured_history WHERE run_id = %s", (run_id,)
     )
     assert len(history) == 3 and {row[3] for row in history} == {"cpu"}
@@ -255,12 +191,12 @@ async def test_history_refines_the_next_prediction(db: str, nats_url: str, js: J
         done = _bench_completed(bench, {cid: 2.5}, acceptance=0.95)
         await publish(js, done)
         await publish(js, _verdict(done, cid, passed=True))
-        await _events(js, f"spec.run.{before.correlation_id}.completed")
+        await bus.events(js, f"spec.run.{before.correlation_id}.completed")
 
         after = _requested(db, _request())
         await publish(js, after)
-        [first] = await _events(js, f"spec.run.{before.correlation_id}.predicted")
-        [second] = await _events(js, f"spec.run.{after.correlation_id}.predicted")
+        [first] = await bus.events(js, f"spec.run.{before.correlation_id}.predicted")
+        [second] = await bus.events(js, f"spec.run.{after.correlation_id}.predicted")
 
     def prediction(event: Envelope[Any]) -> Any:
         return next(c.prediction for c in event.payload.candidates if c.candidate.candidate_id == cid)
@@ -284,7 +220,7 @@ async def test_a_failed_gate_disqualifies_the_fastest(db: str, nats_url: str, js
             await publish(js, done)
             for cid in ids:
                 await publish(js, _verdict(done, cid, passed=cid not in failing))
-            [completed] = await _events(js, f"spec.run.{event.correlation_id}.completed")
+            [completed] = await bus.events(js, f"spec.run.{event.correlation_id}.completed")
             answers[name] = (ids, completed.payload)
 
     ids, answer = answers["fastest_fails"]
@@ -296,10 +232,10 @@ async def test_a_failed_gate_disqualifies_the_fastest(db: str, nats_url: str, js
     _, nothing = answers["all_fail"]
     assert nothing.measured is True and nothing.winner is None
     run_id = runs["all_fail"].correlation_id
-    assert _sql(db, "SELECT count(*) FROM measured_history WHERE run_id = %s", (run_id,)) == [(0,)]
+    assert bus.sql(db, "SELECT count(*) FROM measured_history WHERE run_id = %s", (run_id,)) == [(0,)]
     # A disqualified candidate's acceptance is not learned from.
     fastest_run = runs["fastest_fails"].correlation_id
-    assert _sql(db, "SELECT count(*) FROM measured_history WHERE run_id = %s", (fastest_run,)) == [(2,)]
+    assert bus.sql(db, "SELECT count(*) FROM measured_history WHERE run_id = %s", (fastest_run,)) == [(2,)]
 
 
 async def test_a_target_not_measurable_here_gets_the_predicted_best(
@@ -309,16 +245,16 @@ async def test_a_target_not_measurable_here_gets_the_predicted_best(
     run_id = requested.correlation_id
     async with _predictor(db, nats_url):
         await publish(js, requested)
-        [completed] = await _events(js, f"spec.run.{run_id}.completed")
+        [completed] = await bus.events(js, f"spec.run.{run_id}.completed")
         stream = await _run_events(js, run_id, at_least=3)
-        assert await _count(js, "spec.bench.*.requested") == 0
+        assert await bus.count(js, "spec.bench.*.requested") == 0
 
     answer = completed.payload
     assert answer.measured is False and answer.cache_hit is False
     assert answer.winner is not None and answer.winner.measurement is None
     assert stream[0].type == "run.running" and stream[0].payload.stage == "predicting"
     assert sorted(e.type for e in stream) == ["run.completed", "run.predicted", "run.running"]
-    rows = _sql(db, "SELECT measured, gpu, engine FROM winner_cache WHERE source_run_id = %s", (run_id,))
+    rows = bus.sql(db, "SELECT measured, gpu, engine FROM winner_cache WHERE source_run_id = %s", (run_id,))
     assert rows == [(False, "H100-80GB", "vllm")]
 
 
@@ -329,11 +265,11 @@ async def test_an_unknown_gpu_fails_the_run_as_validation(
     run_id = requested.correlation_id
     async with _predictor(db, nats_url):
         await publish(js, requested)
-        [failed] = await _events(js, f"spec.run.{run_id}.failed")
+        [failed] = await bus.events(js, f"spec.run.{run_id}.failed")
     assert failed.payload.error_stage == ErrorStage.VALIDATION
     assert "TPU-v9" in failed.payload.message
-    assert await _count(js, f"spec.run.{run_id}.predicted") == 0
-    assert _sql(db, "SELECT count(*) FROM candidates WHERE run_id = %s", (run_id,)) == [(0,)]
+    assert await bus.count(js, f"spec.run.{run_id}.predicted") == 0
+    assert bus.sql(db, "SELECT count(*) FROM candidates WHERE run_id = %s", (run_id,)) == [(0,)]
 
 
 async def test_a_redelivered_request_is_planned_once(db: str, nats_url: str, js: JetStreamContext) -> None:
@@ -345,14 +281,14 @@ async def test_a_redelivered_request_is_planned_once(db: str, nats_url: str, js:
         headers = envelope_headers(requested) | {MSG_ID: f"again-{requested.event_id}"}
         again = await publish_raw(js, requested.subject, requested.to_json_bytes(), headers)
         assert not again.duplicate
-        await _acked(js, consumer_name(service, "plan"), again)
+        await bus.acked(js, consumer_name(service, "plan"), again)
         await _planned(js, run_id)
         # Give the relay time to publish anything a second plan would have queued.
         await asyncio.sleep(0.6)
-        assert await _count(js, "spec.bench.*.requested") == 1
-        assert await _count(js, f"spec.run.{run_id}.predicted") == 1
-        assert await _count(js, f"spec.run.{run_id}.running") == 2
-    assert _sql(db, "SELECT count(*) FROM benches WHERE run_id = %s", (run_id,)) == [(1,)]
+        assert await bus.count(js, "spec.bench.*.requested") == 1
+        assert await bus.count(js, f"spec.run.{run_id}.predicted") == 1
+        assert await bus.count(js, f"spec.run.{run_id}.running") == 2
+    assert bus.sql(db, "SELECT count(*) FROM benches WHERE run_id = %s", (run_id,)) == [(1,)]
 
 
 _SERVE = (
@@ -384,7 +320,7 @@ async def test_serve_logs_each_event_and_stops_on_sigterm(
     try:
         requested = _requested(db, _request())
         await publish(js, requested)
-        await _events(js, "spec.bench.*.requested")
+        await bus.events(js, "spec.bench.*.requested")
         proc.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.to_thread(proc.communicate, timeout=15)
     finally:

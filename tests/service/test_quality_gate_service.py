@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
-import nats
 import psycopg
 import pytest
+from fixtures import bus
 from nats.js import JetStreamContext
-from nats.js.api import PubAck
 
-from specbus import OutboxRelay, RetryPolicy, consumer_name, make_broker, publish
+from specbus import RetryPolicy, SpecBroker, consumer_name, publish
 from speccore.models import LoadedModel
-from specops.db import create_pool
+from specops.db import Pool
 from specops_schemas.api import Target
 from specops_schemas.candidates import BASELINE_ID, Candidate, GateOutcome, Measurement
 from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.envelope import Envelope, new_event
-from specops_schemas.events import BenchCompleted, BenchPlan, CandidateFailure, parse_event
-from specops_schemas.subjects import STREAM
+from specops_schemas.events import BenchCompleted, BenchPlan, CandidateFailure
 from specops_services.benchmark_runner.measure import ModelCache
 from specops_services.quality_gate import db as gate_db
 from specops_services.quality_gate.app import subscribe
@@ -33,7 +28,6 @@ from specops_services.quality_gate.runner import GateRunner, QualityGateSettings
 TENANT = "acme"
 MODEL = "smollm2-135m-instruct"
 FAST = RetryPolicy(max_deliver=3, backoff_s=(0.2, 0.4), ack_wait_s=5.0)
-WAIT_S = 30.0
 # Tiny on purpose: 2 prompts x 12 tokens, decoded together.
 SETTINGS = QualityGateSettings(gate_prompts=2, gate_new_tokens=12, gate_batch_size=2, threads=2)
 
@@ -104,68 +98,15 @@ def _loader(calls: list[str], model: LoadedModel | None = None) -> Callable[[str
     return load
 
 
-@pytest.fixture
-async def js(nats_url: str) -> AsyncIterator[JetStreamContext]:
-    client = await nats.connect(nats_url)
-    js = client.jetstream()
-    # Each test starts from an empty stream: its consumer delivers from the start.
-    await js.purge_stream(STREAM)
-    yield js
-    await client.close()
-
-
 @asynccontextmanager
 async def _gate_service(db: str, nats_url: str, runner: GateRunner) -> AsyncIterator[str]:
     """The service's consumer and outbox relay on this test's database; yields its durable name."""
-    service = f"qg_{uuid.uuid4().hex[:8]}"
-    pool = create_pool(db, max_size=4)
-    broker = make_broker(nats_url, service=service)
-    subscribe(broker, pool, runner, service=service, retry=FAST, fetch_timeout_s=0.5)
-    relay = OutboxRelay(pool, broker, poll_interval_s=0.2)
-    await pool.open()
-    await broker.start()
-    await relay.start()
-    try:
+
+    def register(broker: SpecBroker, pool: Pool, service: str) -> None:
+        subscribe(broker, pool, runner, service=service, retry=FAST, fetch_timeout_s=0.5)
+
+    async with bus.serving(db, nats_url, "qg", register) as service:
         yield consumer_name(service, "gate_bench")
-    finally:
-        await relay.stop()
-        await broker.stop()
-        await pool.close()
-
-
-async def _count(js: JetStreamContext, subject: str) -> int:
-    info = await js.stream_info(STREAM, subjects_filter=subject)
-    return sum((info.state.subjects or {}).values())
-
-
-async def _events(js: JetStreamContext, subject: str, at_least: int) -> list[Envelope[Any]]:
-    """Every event on `subject` in the stream, once there are `at_least`."""
-    deadline = time.monotonic() + WAIT_S
-    while (total := await _count(js, subject)) < at_least:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{total} events on {subject} after {WAIT_S}s, expected {at_least}")
-        await asyncio.sleep(0.1)
-    sub = await js.pull_subscribe(subject, stream=STREAM)
-    msgs: list[Any] = []
-    try:
-        while len(msgs) < total:
-            msgs += await sub.fetch(total - len(msgs), timeout=2)
-    finally:
-        await sub.unsubscribe()
-    return [parse_event(m.data) for m in msgs]
-
-
-async def _acked(js: JetStreamContext, durable: str, ack: PubAck) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while (await js.consumer_info(STREAM, durable)).ack_floor.stream_seq < ack.seq:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{durable} did not ack stream seq {ack.seq}")
-        await asyncio.sleep(0.1)
-
-
-def _rows(dsn: str, sql: str) -> list[tuple[Any, ...]]:
-    with psycopg.connect(dsn) as conn:
-        return conn.execute(sql).fetchall()
 
 
 @pytest.mark.slow
@@ -194,16 +135,16 @@ async def test_measured_candidates_are_gated_once_on_the_target(
     runner = _Recording(ModelCache(loader=_loader(loads, smollm)))
     async with _gate_service(db, nats_url, runner) as durable:
         await publish(js, event)
-        verdicts = await _events(js, f"spec.gate.{bench.bench_id}.evaluated", at_least=2)
-        running = await _events(js, f"spec.run.{run_id}.running", at_least=1)
-        outbox_rows = len(_rows(db, "SELECT id FROM outbox"))
+        verdicts = await bus.events(js, f"spec.gate.{bench.bench_id}.evaluated", at_least=2)
+        running = await bus.events(js, f"spec.run.{run_id}.running", at_least=1)
+        outbox_rows = len(bus.sql(db, "SELECT id FROM outbox"))
 
         # Published again under a new event id (the broker's dedup cannot catch it).
         again = event.model_copy(update={"event_id": str(uuid.uuid4())})
-        await _acked(js, durable, await publish(js, again))
-        assert len(_rows(db, "SELECT id FROM outbox")) == outbox_rows
-        assert await _count(js, f"spec.gate.{bench.bench_id}.evaluated") == 2
-        assert await _count(js, f"spec.run.{run_id}.running") == 1
+        await bus.acked(js, durable, await publish(js, again))
+        assert len(bus.sql(db, "SELECT id FROM outbox")) == outbox_rows
+        assert await bus.count(js, f"spec.gate.{bench.bench_id}.evaluated") == 2
+        assert await bus.count(js, f"spec.run.{run_id}.running") == 1
 
     assert loads == [MODEL]
     assert runner.gated == ["ngram-k4", "bad-opt"]
@@ -217,7 +158,7 @@ async def test_measured_candidates_are_gated_once_on_the_target(
     assert ok.score is not None and ok.score >= 0.95
     refused = by_id["bad-opt"].payload
     assert refused.passed is False and LOSSY_OPTION in str(refused.details["error"])
-    stored = _rows(db, "SELECT candidate_id, method, passed FROM gate_results ORDER BY candidate_id")
+    stored = bus.sql(db, "SELECT candidate_id, method, passed FROM gate_results ORDER BY candidate_id")
     assert stored == [("bad-opt", "topk5", False), ("ngram-k4", "topk5", True), ("ngram-k8", "topk5", True)]
 
 
@@ -230,14 +171,14 @@ async def test_a_skipped_gate_passes_for_the_audit_without_loading_a_model(
     loads: list[str] = []
     async with _gate_service(db, nats_url, GateRunner(SETTINGS, ModelCache(loader=_loader(loads)))):
         await publish(js, event)
-        [verdict] = await _events(js, f"spec.gate.{event.payload.bench_id}.evaluated", at_least=1)
-        await _events(js, f"spec.run.{event.correlation_id}.running", at_least=1)
+        [verdict] = await bus.events(js, f"spec.gate.{event.payload.bench_id}.evaluated", at_least=1)
+        await bus.events(js, f"spec.run.{event.correlation_id}.running", at_least=1)
 
     assert loads == []
     outcome = verdict.payload
     assert (outcome.candidate_id, outcome.method, outcome.passed) == ("ngram-k4", GateMethod.SKIPPED, True)
     assert outcome.details["audit"] is True and outcome.details["measured"] is False
-    assert _rows(db, "SELECT method, passed FROM gate_results") == [("skipped", True)]
+    assert bus.sql(db, "SELECT method, passed FROM gate_results") == [("skipped", True)]
 
 
 async def test_a_target_that_cannot_load_fails_the_run_at_the_quality_gate(
@@ -249,10 +190,10 @@ async def test_a_target_that_cannot_load_fails_the_run_at_the_quality_gate(
     loads: list[str] = []
     async with _gate_service(db, nats_url, GateRunner(SETTINGS, ModelCache(loader=_loader(loads)))):
         await publish(js, event)
-        [failed] = await _events(js, f"spec.run.{event.correlation_id}.failed", at_least=1)
+        [failed] = await bus.events(js, f"spec.run.{event.correlation_id}.failed", at_least=1)
 
     assert loads == [MODEL]
     assert failed.payload.error_stage == ErrorStage.QUALITY_GATE
     assert "no such model" in failed.payload.message
-    assert await _count(js, f"spec.gate.{event.payload.bench_id}.evaluated") == 0
-    assert _rows(db, "SELECT * FROM gate_results") == []
+    assert await bus.count(js, f"spec.gate.{event.payload.bench_id}.evaluated") == 0
+    assert bus.sql(db, "SELECT * FROM gate_results") == []
