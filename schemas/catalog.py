@@ -78,7 +78,8 @@ class RunStatus(StrEnum):
 
 
 class ErrorStage(StrEnum):
-    """Where a run or a candidate failed; `quality_regression` is a gate fail (seed 000)."""
+    """Where a run or a candidate failed; `quality_regression` is a gate fail (seed 000);
+    `dead_letter`: a service gave up on one of the run's events and parked it (DLQ)."""
 
     VALIDATION = "validation"
     PREDICTION = "prediction"
@@ -88,3 +89,4 @@ class ErrorStage(StrEnum):
     QUALITY_REGRESSION = "quality_regression"
     TIMEOUT = "timeout"
     INTERNAL = "internal"
+    DEAD_LETTER = "dead_letter"

@@ -5,13 +5,14 @@
 - `publish`: one event to JetStream with `Nats-Msg-Id = event_id`, waiting for the PubAck.
 - `subscriber`: a typed handler on a durable pull consumer, retried with backoff,
   parked on `spec.dlq.<service>` when it keeps failing or the message is malformed.
+- `dead_letter_subscriber`: the same for a handler of the parked messages (`spec.dlq.>`).
 - `process_once` / `inbox.claim`: side effects once per consumer and event.
 - `outbox.add` / `OutboxRelay`: events committed with the state that caused them.
 """
 
 from specbus import inbox, outbox
 from specbus.broker import SpecBroker, ensure_stream, jetstream, make_broker, stream_config
-from specbus.consumer import RetryPolicy, consumer_name, subscriber
+from specbus.consumer import RetryPolicy, consumer_name, dead_letter_subscriber, subscriber
 from specbus.dlq import park
 from specbus.inbox import process_once
 from specbus.outbox import OutboxRelay
@@ -22,6 +23,7 @@ __all__ = [
     "RetryPolicy",
     "SpecBroker",
     "consumer_name",
+    "dead_letter_subscriber",
     "ensure_stream",
     "envelope_headers",
     "inbox",

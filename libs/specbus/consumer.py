@@ -4,6 +4,9 @@ FastStream's default ack policy terminates a failed message; here the bus owns t
 acknowledgement (`AckPolicy.MANUAL`) so that every delivery ends in exactly one of:
 ack (handled), nak with a backoff delay (retry), or park on `spec.dlq.<service>` then
 term (malformed, or failed `max_deliver` times). Nothing is dropped silently.
+
+`subscriber` takes events (`spec.<aggregate>.*.<event>`); `dead_letter_subscriber`
+takes the dead letters themselves (`spec.dlq.>`), under the same rules.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from faststream import AckPolicy
 from faststream.nats import JStream, NatsBroker, PullSub
@@ -26,17 +29,20 @@ from opentelemetry import propagate, trace
 
 from specbus.broker import SpecBroker
 from specbus.dlq import park
-from specbus.publish import publish
+from specbus.publish import MSG_ID, publish
+from specops_schemas.dlq import DeadLetter
 from specops_schemas.envelope import Envelope, EventPayload
 from specops_schemas.events import parse_event
-from specops_schemas.subjects import STREAM, pattern
+from specops_schemas.subjects import DLQ_SUBJECTS, STREAM, pattern
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("specbus")
 
 P = TypeVar("P", bound=EventPayload)
+M = TypeVar("M")
 Reply: TypeAlias = Envelope[Any] | Sequence[Envelope[Any]] | None
 Handler: TypeAlias = Callable[[Envelope[P]], Awaitable[Reply]]
+LetterHandler: TypeAlias = Callable[[DeadLetter], Awaitable[Reply]]
 
 _CONSUMER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
@@ -100,51 +106,110 @@ def subscriber(
     subjects = filter_subjects(accepted)
 
     def register(handler: Handler[P]) -> Handler[P]:
+        delivery = _Delivery(broker, service, "event", _event_decoder(accepted), handler, retry)
         durable = consumer_name(service, name or handler.__name__)
-        delivery = _Delivery(broker, service, accepted, handler, retry)
-
-        async def consume(message: NatsMessage) -> None:
-            await delivery.handle(message.raw_message)
-
-        consume.__name__ = consume.__qualname__ = durable
-        consume.__doc__ = handler.__doc__
-        config = ConsumerConfig(
-            name=durable,
-            durable_name=durable,
-            ack_wait=retry.ack_wait_s,
-            # Unlimited on the server on purpose: the bus stops running the handler after
-            # `retry.max_deliver` and parks the message itself. A server-side limit would
-            # instead drop it with only an advisory when parking failed or the process
-            # died during the last attempt.
-            max_deliver=-1,
-            filter_subject=subjects[0] if len(subjects) == 1 else None,
-            filter_subjects=subjects if len(subjects) > 1 else None,
-        )
-        if isinstance(broker, SpecBroker):
-            broker.declare_consumer(config)
-        broker.subscriber(
-            subjects[0] if len(subjects) == 1 else "",
-            stream=JStream(STREAM, declare=False),
-            durable=durable,
-            config=config,
-            pull_sub=PullSub(batch_size=1, timeout=fetch_timeout_s),
-            ack_policy=AckPolicy.MANUAL,
-            max_workers=max_workers,
-            no_reply=True,
-        )(consume)
+        _bind(broker, durable, subjects, delivery, handler.__doc__, max_workers, fetch_timeout_s)
         return handler
 
     return register
 
 
+def dead_letter_subscriber(
+    broker: NatsBroker,
+    *,
+    service: str,
+    name: str = "dead_letter",
+    retry: RetryPolicy = RetryPolicy(),
+    max_workers: int = 1,
+    fetch_timeout_s: float = 5.0,
+) -> Callable[[LetterHandler], LetterHandler]:
+    """Register `handler(letter) -> next events` on `<service>-<name>`, over every service's dead letters.
+
+    The handler gets a validated `DeadLetter` (`spec.dlq.>`; the body it keeps is not
+    decoded, since it may not parse) and is delivered as `subscriber`'s handlers are:
+    retried with backoff, then parked on `spec.dlq.<service>`. What this handler gives up
+    on therefore comes back to it once, as the body of a letter of its own, so it must
+    acknowledge a letter whose body is not an event rather than fail on it.
+    """
+
+    def register(handler: LetterHandler) -> LetterHandler:
+        delivery = _Delivery(broker, service, "dead letter", _decode_letter, handler, retry)
+        durable = consumer_name(service, name)
+        _bind(broker, durable, [DLQ_SUBJECTS], delivery, handler.__doc__, max_workers, fetch_timeout_s)
+        return handler
+
+    return register
+
+
+def _event_decoder(accepted: tuple[type[EventPayload], ...]) -> Callable[[bytes, str], Envelope[Any]]:
+    def decode(data: bytes, subject: str) -> Envelope[Any]:
+        event = parse_event(data)
+        if not isinstance(event.payload, accepted):
+            raise ValueError(f"event type {event.type!r} is not handled here")
+        if event.subject != subject:
+            raise ValueError(f"event for {event.subject!r} was published on {subject!r}")
+        return event
+
+    return decode
+
+
+def _decode_letter(data: bytes, subject: str) -> DeadLetter:
+    return DeadLetter.model_validate_json(data)
+
+
+def _bind(
+    broker: NatsBroker,
+    durable: str,
+    subjects: Sequence[str],
+    delivery: _Delivery[Any],
+    doc: str | None,
+    max_workers: int,
+    fetch_timeout_s: float,
+) -> None:
+    """Subscribe `delivery` on the durable pull consumer `durable` filtered on `subjects`."""
+
+    async def consume(message: NatsMessage) -> None:
+        await delivery.handle(message.raw_message)
+
+    consume.__name__ = consume.__qualname__ = durable
+    consume.__doc__ = doc
+    config = ConsumerConfig(
+        name=durable,
+        durable_name=durable,
+        ack_wait=delivery.retry.ack_wait_s,
+        # Unlimited on the server on purpose: the bus stops running the handler after
+        # `retry.max_deliver` and parks the message itself. A server-side limit would
+        # instead drop it with only an advisory when parking failed or the process
+        # died during the last attempt.
+        max_deliver=-1,
+        filter_subject=subjects[0] if len(subjects) == 1 else None,
+        filter_subjects=list(subjects) if len(subjects) > 1 else None,
+    )
+    if isinstance(broker, SpecBroker):
+        broker.declare_consumer(config)
+    broker.subscriber(
+        subjects[0] if len(subjects) == 1 else "",
+        stream=JStream(STREAM, declare=False),
+        durable=durable,
+        config=config,
+        pull_sub=PullSub(batch_size=1, timeout=fetch_timeout_s),
+        ack_policy=AckPolicy.MANUAL,
+        max_workers=max_workers,
+        no_reply=True,
+    )(consume)
+
+
 @dataclass(frozen=True, slots=True)
-class _Delivery:
+class _Delivery(Generic[M]):
     """Decides the fate of one delivered message for one handler."""
 
     broker: NatsBroker
     service: str
-    accepted: tuple[type[EventPayload], ...]
-    handler: Handler[Any]
+    kind: str
+    """What the handler takes ("event", "dead letter"), for the DLQ's error text."""
+    decode: Callable[[bytes, str], M]
+    """(body, subject) -> what the handler takes; ValueError (or ValidationError) if malformed."""
+    handler: Callable[[M], Awaitable[Reply]]
     retry: RetryPolicy
 
     async def handle(self, msg: Msg) -> None:
@@ -155,20 +220,21 @@ class _Delivery:
             await self._give_up(msg, error, deliveries)
             return
         try:
-            event = self._decode(msg)
+            message = self.decode(msg.data, msg.subject)
         except ValueError as exc:
             # Retrying cannot fix a malformed message: park it at once.
-            await self._give_up(msg, f"malformed event: {exc}", deliveries)
+            await self._give_up(msg, f"malformed {self.kind}: {exc}", deliveries)
             return
+        message_id = _message_id(msg, message)
         try:
-            with self._span(msg, event):
+            with self._span(msg, message_id):
                 async with self._heartbeat(msg):
-                    reply = await self.handler(event)
+                    reply = await self.handler(message)
                     for follow in _as_events(reply):
                         await publish(self.broker, follow)
         except Exception as exc:
             if deliveries >= self.retry.max_deliver:
-                log.exception("%s failed on delivery %d of %s", msg.subject, deliveries, event.event_id)
+                log.exception("%s failed on delivery %d of %s", msg.subject, deliveries, message_id)
                 await self._give_up(msg, f"{type(exc).__name__}: {exc}", deliveries)
             else:
                 delay = self.retry.delay(deliveries)
@@ -180,14 +246,6 @@ class _Delivery:
         # A lost ack only means a redelivery, which the consumer's inbox absorbs.
         await _settle(msg.ack_sync())
 
-    def _decode(self, msg: Msg) -> Envelope[Any]:
-        event = parse_event(msg.data)
-        if not isinstance(event.payload, self.accepted):
-            raise ValueError(f"event type {event.type!r} is not handled here")
-        if event.subject != msg.subject:
-            raise ValueError(f"event for {event.subject!r} was published on {msg.subject!r}")
-        return event
-
     async def _give_up(self, msg: Msg, error: str, deliveries: int) -> None:
         try:
             await park(self.broker, self.service, msg, error=error, deliveries=deliveries)
@@ -198,7 +256,7 @@ class _Delivery:
             return
         await _settle(msg.term())
 
-    def _span(self, msg: Msg, event: Envelope[Any]) -> Any:
+    def _span(self, msg: Msg, message_id: str) -> Any:
         # Continue the producer's trace (W3C traceparent header); a no-op without an OTel SDK.
         return tracer.start_as_current_span(
             f"process {msg.subject}",
@@ -207,7 +265,7 @@ class _Delivery:
             attributes={
                 "messaging.system": "nats",
                 "messaging.destination.name": msg.subject,
-                "messaging.message.id": event.event_id,
+                "messaging.message.id": message_id,
                 "messaging.consumer.group.name": self.service,
             },
         )
@@ -229,6 +287,13 @@ class _Delivery:
             task.cancel()
             with suppress(asyncio.CancelledError):
                 await task
+
+
+def _message_id(msg: Msg, message: object) -> str:
+    """An event's id; for anything else its Nats-Msg-Id, else its stream sequence."""
+    if isinstance(message, Envelope):
+        return message.event_id
+    return (msg.headers or {}).get(MSG_ID) or f"stream seq {msg.metadata.sequence.stream}"
 
 
 def _as_events(reply: Reply) -> Sequence[Envelope[Any]]:

@@ -1,9 +1,12 @@
 """The predictor service: plans T1 runs and answers them once measured and gated.
 
-Three durable consumers (replicas share each): `<service>-plan` on run.requested,
-`<service>-bench_completed` on bench.completed and `<service>-gate_evaluated` on
-gate.evaluated. Every handler writes Postgres and queues its events in one inbox
-transaction (steps.py); the outbox relay publishes them.
+Four durable consumers (replicas share each): `<service>-plan` on run.requested,
+`<service>-bench_completed` on bench.completed, `<service>-gate_evaluated` on
+gate.evaluated, and `<service>-dead_letter` on every service's dead letters
+(`spec.dlq.>`): as the runs' orchestrator, the predictor fails a run whose event a
+service gave up on, which would otherwise wait forever. Every handler writes Postgres
+and queues its events in one inbox transaction (steps.py); the outbox relay publishes
+them.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ from typing import Any
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
-from specbus import RetryPolicy, consumer_name, make_broker, process_once, subscriber
+from specbus import RetryPolicy, consumer_name, dead_letter_subscriber, make_broker, process_once, subscriber
 from specops.db import Connection, Pool, create_pool
 from specops.runtime.service import service_app
 from specops.runtime.settings import Settings
+from specops_schemas.dlq import DeadLetter
 from specops_schemas.envelope import Envelope
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunRequested
 from specops_services.predictor import logic, steps
@@ -42,7 +46,7 @@ def subscribe(
     retry: RetryPolicy = RETRY,
     fetch_timeout_s: float = 5.0,
 ) -> None:
-    """Register the predictor's three handlers on `broker` (before it starts)."""
+    """Register the predictor's four handlers on `broker` (before it starts)."""
 
     on = partial(subscriber, broker, service=service, retry=retry, fetch_timeout_s=fetch_timeout_s)
 
@@ -69,11 +73,31 @@ def subscribe(
             pool, consumer_name(service, "gate_evaluated"), event, lambda c: steps.gate_evaluated(c, event)
         )
 
+    @dead_letter_subscriber(broker, service=service, retry=retry, fetch_timeout_s=fetch_timeout_s)
+    async def dead_letter(letter: DeadLetter) -> None:
+        """Fail the run of a parked event, unless it has ended; anything else is only logged."""
+        parked = logic.parked_event(letter)
+        if parked is None:
+            log.warning("dead letter from %s on %s holds no event; skipped", letter.service, letter.subject)
+            return
+        await _once(
+            pool,
+            consumer_name(service, "dead_letter"),
+            parked,
+            lambda c: steps.dead_letter(c, letter, parked),
+            what=f"dead letter from {letter.service} of {parked.type}",
+        )
+
 
 async def _once(
-    pool: Pool, consumer: str, event: Envelope[Any], work: Callable[[Connection], Awaitable[steps.Events]]
+    pool: Pool,
+    consumer: str,
+    event: Envelope[Any],
+    work: Callable[[Connection], Awaitable[steps.Events]],
+    *,
+    what: str | None = None,
 ) -> None:
-    """process_once, plus the one log line per handled event."""
+    """process_once, plus the one log line per handled event (`what` it was, default its type)."""
     queued: list[str] = []
 
     async def run(conn: Any) -> steps.Events:
@@ -81,10 +105,11 @@ async def _once(
         queued[:] = [e.type for e in events]
         return events
 
+    label = what or event.type
     if await process_once(pool, consumer, event, run):
-        log.info("%s run=%s -> %s", event.type, event.correlation_id, ", ".join(queued) or "nothing yet")
+        log.info("%s run=%s -> %s", label, event.correlation_id, ", ".join(queued) or "nothing yet")
     else:
-        log.info("%s run=%s -> duplicate %s skipped", event.type, event.correlation_id, event.event_id)
+        log.info("%s run=%s -> duplicate %s skipped", label, event.correlation_id, event.event_id)
 
 
 def create_app(settings: Settings | None = None) -> FastStream:

@@ -1,5 +1,5 @@
 """All of the predictor's SQL (001_core: candidates, gate_results, winner_cache,
-measured_history; 005_predictor: benches).
+measured_history, and the status of runs; 005_predictor and 006_dead_letters: benches).
 
 Functions take an open connection and run inside the caller's transaction (the
 inbox transaction of `specbus.process_once`). The predictor works across tenants, as
@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import GateOutcome, Measurement, RankedCandidate
-from specops_schemas.catalog import Family, Fingerprint
+from specops_schemas.catalog import Family, Fingerprint, RunStatus
 from specops_schemas.events import BenchPlan, CandidateFailure, RunCompleted
 from specops_services.predictor.cache import CACHE_TTL, KEY_COLUMNS
 from specops_services.predictor.logic import Bench
@@ -126,7 +126,7 @@ async def lock_bench(conn: Connection, bench_id: str) -> Bench | None:
     rows = await _rows(
         conn,
         """SELECT bench_id, run_id, tenant_id, request, plan, baseline, results, failures,
-                  finalized_at IS NOT NULL AS finalized
+                  finalized_at IS NOT NULL OR failed_at IS NOT NULL AS finalized
            FROM benches WHERE bench_id = %s FOR UPDATE""",
         (bench_id,),
     )
@@ -206,6 +206,20 @@ async def gate_outcomes(conn: Connection, bench_id: str) -> dict[str, GateOutcom
 
 async def mark_finalized(conn: Connection, bench_id: str) -> None:
     await conn.execute("UPDATE benches SET finalized_at = now() WHERE bench_id = %s", (bench_id,))
+
+
+async def mark_failed(conn: Connection, bench_id: str) -> None:
+    """The bench's run was failed before the bench could answer it (a dead letter of its flow)."""
+    await conn.execute("UPDATE benches SET failed_at = now() WHERE bench_id = %s", (bench_id,))
+
+
+# --- dead letters ------------------------------------------------------------------------------
+
+
+async def run_status(conn: Connection, run_id: str, tenant_id: str) -> RunStatus | None:
+    """The status of the tenant's run as the gateway's projector left it; None if it has no such run."""
+    rows = await _rows(conn, "SELECT status FROM runs WHERE id = %s AND tenant_id = %s", (run_id, tenant_id))
+    return RunStatus(rows[0]["status"]) if rows else None
 
 
 # --- what an answer teaches ---------------------------------------------------------------------

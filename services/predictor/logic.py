@@ -8,10 +8,13 @@ Per run (all events carry correlation_id = run id):
   planning fails.
 - `bench.completed` and `gate.evaluated`, in any order -> `run.completed(measured=True)`
   once the bench is completed and every measured candidate has a final verdict.
+- a dead letter (`spec.dlq.<service>`) holding one of the run's events ->
+  `run.failed(dead_letter)`, unless the run has ended: nothing would carry it on.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +22,8 @@ from typing import Any, TypeVar
 
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import CandidateResult, GateOutcome, Measurement, RankedCandidate
-from specops_schemas.catalog import ErrorStage, GateMethod
+from specops_schemas.catalog import ErrorStage, GateMethod, RunStatus
+from specops_schemas.dlq import DeadLetter
 from specops_schemas.envelope import Envelope, EventPayload, new_event
 from specops_schemas.events import (
     BenchPlan,
@@ -29,7 +33,9 @@ from specops_schemas.events import (
     RunFailed,
     RunRequested,
     RunRunning,
+    parse_event,
 )
+from specops_schemas.subjects import ID_PATTERN
 from specops_services.predictor.hardware import resolve_profile
 from specops_services.predictor.model import HistoryRow
 from specops_services.predictor.plan import HostInfo, Plan, error_stage, plan_run
@@ -49,6 +55,11 @@ GPU_NAMES: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 P = TypeVar("P", bound=EventPayload)
+
+_ID = re.compile(ID_PATTERN)
+# A dead letter's error text goes into the run's failure message; a traceback-sized one
+# would drown the rest of it.
+DEAD_LETTER_ERROR_CHARS = 500
 
 
 def profile_of_gpu_name(name: str) -> str | None:
@@ -166,6 +177,7 @@ class Bench:
     results: list[Measurement] | None = None  # None until bench.completed
     failures: list[CandidateFailure] = field(default_factory=list)
     finalized: bool = False
+    """The run is answered: measured and finalized, or failed (a dead letter of its flow)."""
 
     @property
     def completed(self) -> bool:
@@ -224,6 +236,63 @@ def _completed(run_id: str, decision: Decision) -> RunCompleted:
         winner=decision.winner,
         candidates=decision.candidates,
         pareto_front=decision.pareto_front,
+    )
+
+
+# --- dead letters ---------------------------------------------------------------------------
+
+# The run's own end: a dead letter of one does not re-decide the run, it only says that
+# a service could not take the news.
+_RUN_ENDS = frozenset({RunCompleted.event_type, RunFailed.event_type})
+
+
+def parked_event(letter: DeadLetter) -> Envelope[Any] | None:
+    """The event a dead letter keeps; None when its body is not one (malformed, another letter)."""
+    try:
+        return parse_event(letter.data)
+    except ValueError:
+        return None
+
+
+def parked_run(parked: Envelope[Any]) -> str | None:
+    """The run a parked event would leave unfinished (its correlation id); None if it can name none.
+
+    Runs and tenants have ids of the subject grammar; another value names no run (and
+    would fail the `spec_id` domain check of a query).
+    """
+    if parked.type in _RUN_ENDS or not all(map(_ID.fullmatch, (parked.correlation_id, parked.tenant_id))):
+        return None
+    return parked.correlation_id
+
+
+def can_fail(status: RunStatus | None, bench: Bench | None) -> bool:
+    """Whether a run may still be failed: it exists and neither its row nor its bench says it ended.
+
+    `status` is the run's row as the gateway projects it (None: no such run of the
+    tenant, e.g. a tune session's bench); a finalized bench is a run this predictor
+    answered already, whose answer may not be projected yet.
+    """
+    if status is None or status in (RunStatus.COMPLETED, RunStatus.FAILED):
+        return False
+    return bench is None or not bench.finalized
+
+
+def dead_letter_failed(letter: DeadLetter, parked: Envelope[Any]) -> Envelope[RunFailed]:
+    """`run.failed(dead_letter)` for the run of a parked event, caused by that event.
+
+    Its id is derived from the run, so however many of a run's events are parked (and
+    however often their letters arrive), the run is failed by one event.
+    """
+    error = letter.error.strip() or "no error text"
+    if len(error) > DEAD_LETTER_ERROR_CHARS:
+        error = error[: DEAD_LETTER_ERROR_CHARS - 3] + "..."
+    message = (
+        f"{letter.service} gave up on {parked.type} ({letter.subject}) after {letter.deliveries} "
+        f"deliveries and parked it on the dead-letter queue: {error}"
+    )
+    payload = RunFailed(run_id=parked.correlation_id, error_stage=ErrorStage.DEAD_LETTER, message=message)
+    return _derived(
+        parked.follow(payload, producer=PRODUCER), f"{parked.correlation_id}/run.failed/dead_letter"
     )
 
 

@@ -3,8 +3,8 @@ write (db), and return the events to queue in the outbox with it.
 
 Each step runs under `specbus.process_once`, so a redelivered event changes nothing
 and a crash before commit leaves no trace; a bench's steps lock the bench row first
-(`db.lock_bench`), so bench.completed and the gate verdicts, handled in any order and
-on any replica, answer the run exactly once.
+(`db.lock_bench`), so bench.completed, the gate verdicts and a dead letter of the run,
+handled in any order and on any replica, answer the run exactly once.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from specbus import outbox
 from specops.db import Pool
 from specops_schemas.candidates import GateOutcome
+from specops_schemas.dlq import DeadLetter
 from specops_schemas.envelope import Envelope
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
 from specops_services.predictor import cache, db, logic
@@ -130,6 +131,25 @@ async def gate_evaluated(conn: db.Connection, event: Envelope[GateEvaluated]) ->
         conn, bench_id=bench.bench_id, run_id=bench.run_id, candidate_id=verdict.candidate_id, outcome=outcome
     )
     return await _answer_if_ready(conn, bench, event)
+
+
+async def dead_letter(conn: db.Connection, letter: DeadLetter, parked: Envelope[Any]) -> Events:
+    """Fail the run a parked event leaves unfinished, unless it ended (or is answered) already."""
+    run_id = logic.parked_run(parked)
+    if run_id is None:
+        log.info("dead letter of %s %s belongs to no run; skipped", parked.type, parked.event_id)
+        return []
+    # Locked first, as the answering steps do: whichever commits second sees the other.
+    bench = await db.lock_bench(conn, logic.bench_id_for(run_id))
+    status = await db.run_status(conn, run_id, parked.tenant_id)
+    if not logic.can_fail(status, bench):
+        state = "answered" if bench is not None and bench.finalized else status or "unknown"
+        log.info("dead letter of %s: run %s is %s; nothing to fail", parked.type, run_id, state)
+        return []
+    if bench is not None:
+        # Failed now, so a bench.completed or verdict arriving later does not answer it too.
+        await db.mark_failed(conn, bench.bench_id)
+    return [logic.dead_letter_failed(letter, parked)]
 
 
 async def _answer_if_ready(conn: db.Connection, bench: logic.Bench, trigger: Envelope[Any]) -> Events:

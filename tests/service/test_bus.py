@@ -1,4 +1,5 @@
-"""The bus against a real nats-server and PostgreSQL: dedup, inbox, retries, DLQ, outbox, reconnect."""
+"""The bus against a real nats-server and PostgreSQL: dedup, inbox, retries, DLQ (and its
+consumers), outbox, reconnect."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from specbus import (
     OutboxRelay,
     RetryPolicy,
     consumer_name,
+    dead_letter_subscriber,
     envelope_headers,
     make_broker,
     outbox,
@@ -332,3 +334,37 @@ async def test_one_handler_takes_several_event_types_and_config_changes_reach_th
     assert handled == ["run.queued", "run.running"]
     assert info.config.ack_wait == 7.0
     assert sorted(info.config.filter_subjects or []) == ["spec.run.*.queued", "spec.run.*.running"]
+
+
+async def test_a_dead_letter_handler_gets_every_services_letters_and_its_own_once(
+    nats_url: str, js: JetStreamContext
+) -> None:
+    failing, service = _service(), _service()
+    parking = make_broker(nats_url, service=failing)
+    broker = make_broker(nats_url, service=service)
+    letters: list[DeadLetter] = []
+
+    @subscriber(parking, service=failing, events=RunQueued, retry=FAST, fetch_timeout_s=FETCH_S)
+    async def on_queued(event: Envelope[RunQueued]) -> None:
+        raise RuntimeError("boom")
+
+    @dead_letter_subscriber(broker, service=service, retry=FAST, fetch_timeout_s=FETCH_S)
+    async def on_letter(letter: DeadLetter) -> None:
+        letters.append(letter)
+
+    doomed = _run_queued()
+    async with _running(parking), _running(broker):
+        await publish(js, doomed)
+        await _wait_for(lambda: len(letters) == 1)
+        # Not a dead letter on a dead-letter subject: this handler parks it as malformed,
+        # then gets that letter of its own once, as any other.
+        await publish_raw(js, dlq_subject("elsewhere"), b"{not a letter", {MSG_ID: f"junk-{service}"})
+        await _wait_for(lambda: len(letters) == 2)
+        await asyncio.sleep(1.0)  # and nothing more
+
+    first, own = letters
+    assert (first.service, first.error) == (failing, "RuntimeError: boom")
+    assert parse_event(first.data).event_id == doomed.event_id
+    assert (own.service, own.subject, own.data) == (service, dlq_subject("elsewhere"), b"{not a letter")
+    assert own.error.startswith("malformed dead letter")
+    assert await _stored(js, dlq_subject(service)) == 1

@@ -1,36 +1,49 @@
 """The predictor service on a real nats-server and PostgreSQL; the benchmark-runner and the
-quality gate are played by the test, which publishes their events as they would."""
+quality gate are played by the test, which publishes their events as they would (or, for
+the dead letters, by a benchmark-runner whose every attempt fails, and the gateway shows
+the run)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 from fixtures import bus
+from fixtures.gateway import RUNS, run_body, running_gateway
 from nats.js import JetStreamContext
 from psycopg.types.json import Jsonb
 
 from specbus import RetryPolicy, SpecBroker, consumer_name, publish
 from specbus.publish import MSG_ID, envelope_headers, publish_raw
+from specops.client import parse_sse
 from specops.db import Pool
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import BASELINE_ID, Measurement
 from specops_schemas.catalog import ErrorStage, GateMethod
+from specops_schemas.dlq import DeadLetter
 from specops_schemas.envelope import Envelope, new_event
 from specops_schemas.events import (
     BenchCompleted,
+    BenchPlan,
     BenchRequested,
     GateEvaluated,
+    RunQueued,
     RunRequested,
+    parse_event,
 )
+from specops_schemas.subjects import STREAM, dlq_subject
+from specops_services.benchmark_runner.app import subscribe as subscribe_runner
+from specops_services.benchmark_runner.measure import BenchOutcome, RepCallback, RepRow
+from specops_services.benchmark_runner.runner import BenchmarkRunnerSettings, BenchRunner
 from specops_services.predictor.app import subscribe
 from specops_services.predictor.plan import HostInfo
 from specops_services.predictor.steps import Planner
@@ -289,6 +302,93 @@ async def test_a_redelivered_request_is_planned_once(db: str, nats_url: str, js:
         assert await bus.count(js, f"spec.run.{run_id}.predicted") == 1
         assert await bus.count(js, f"spec.run.{run_id}.running") == 2
     assert bus.sql(db, "SELECT count(*) FROM benches WHERE run_id = %s", (run_id,)) == [(1,)]
+
+
+class _BrokenRunner(BenchRunner):
+    """A benchmark-runner on which every attempt fails, as with a bug or a dependency gone for good."""
+
+    def measure(self, plan: BenchPlan, on_rep: RepCallback, done: Iterable[RepRow] = ()) -> BenchOutcome:
+        raise RuntimeError("boom")
+
+
+def _broken_runner(db: str, nats_url: str) -> AbstractAsyncContextManager[str]:
+    def register(broker: SpecBroker, pool: Pool, service: str) -> None:
+        runner = _BrokenRunner(BenchmarkRunnerSettings())
+        subscribe_runner(broker, pool, runner, service=service, retry=FAST, fetch_timeout_s=0.5)
+
+    return bus.serving(db, nats_url, "br", register)
+
+
+def _letter(parked: bytes) -> bytes:
+    """A dead letter of the quality gate's, keeping `parked` as the body it gave up on."""
+    letter = DeadLetter(
+        service="quality_gate",
+        subject="spec.bench.b-1.completed",
+        data=base64.b64encode(parked),
+        deliveries=5,
+        error="ValueError: x",
+    )
+    return letter.model_dump_json().encode()
+
+
+async def test_a_parked_bench_fails_its_run_once_and_the_gateway_shows_it(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    body = run_body(model_ref=SMOLLM, gpu="cpu", engine="speccore")
+    async with (
+        running_gateway(db, nats_url) as gw,
+        _predictor(db, nats_url) as predictor,
+        _broken_runner(db, nats_url) as runner,
+    ):
+        created = await gw.create(body=body)
+        assert created.status_code == 202, created.text
+        run_id = created.json()["id"]
+        failed = await gw.wait_status(run_id, "failed")
+        # The stream of a failed run ends at its run.failed (ASGITransport returns then).
+        stream = await gw.client.get(f"{RUNS}/{run_id}/events", headers=gw.auth())
+        sse = list(parse_sse(stream.text.splitlines()))
+
+        dlq = dlq_subject(runner)
+        parked = await js.get_last_msg(STREAM, dlq)
+        letter = DeadLetter.model_validate_json(parked.data)
+        durable = consumer_name(predictor, "dead_letter")
+        # The same dead letter delivered again (re-published past the broker's dedup window).
+        headers = {MSG_ID: f"again-{parked.seq}"}
+        await bus.acked(js, durable, await publish_raw(js, dlq, parked.data, headers))
+        # Letters the predictor only logs: another of the run's events parked (the run has
+        # failed already), a letter whose body is no event, one of no run.
+        predicted = (await bus.events(js, f"spec.run.{run_id}.predicted"))[0]
+        foreign = new_event(
+            RunQueued(run_id="no-such-run"),
+            tenant_id=TENANT,
+            correlation_id="no-such-run",
+            producer="gateway",
+        )
+        for i, data in enumerate([predicted.to_json_bytes(), b"{not json", foreign.to_json_bytes()]):
+            ack = await publish_raw(js, dlq_subject("quality_gate"), _letter(data), {MSG_ID: f"other-{i}"})
+        await bus.acked(js, durable, ack)
+        await asyncio.sleep(0.6)  # time for the relay to publish anything those queued
+
+        [run_failed] = await bus.events(js, "spec.run.*.failed")
+        assert await bus.count(js, dlq_subject(predictor)) == 0
+
+    bench = letter.subject.split(".")[2]
+    assert (letter.service, letter.subject, letter.deliveries) == (runner, f"spec.bench.{bench}.requested", 3)
+    assert letter.error == "RuntimeError: boom"
+    assert parse_event(letter.data).correlation_id == run_id
+
+    assert run_failed.correlation_id == run_id and run_failed.tenant_id == TENANT
+    assert run_failed.causation_id == parse_event(letter.data).event_id
+    assert run_failed.payload.error_stage == ErrorStage.DEAD_LETTER
+    error = failed["error"]
+    assert error == {"error_stage": "dead_letter", "message": run_failed.payload.message}
+    assert runner in error["message"] and "bench.requested" in error["message"]
+    assert "RuntimeError: boom" in error["message"]
+    assert [m.event for m in sse][-1] == "run.failed"
+    assert [m.event for m in sse].count("run.failed") == 1
+    # Failed, so the bench cannot be answered later as well.
+    answered = "SELECT finalized_at IS NULL, failed_at IS NOT NULL FROM benches WHERE run_id = %s"
+    assert bus.sql(db, answered, (run_id,)) == [(True, True)]
 
 
 _SERVE = (

@@ -1,13 +1,19 @@
-"""The predictor service's glue without servers: host detection, readiness, the cache key."""
+"""The predictor service's glue without servers: host detection, readiness, the cache key,
+dead letters."""
 
 from __future__ import annotations
+
+import base64
+from typing import Any
 
 import pytest
 
 from specops_schemas.api import RunCreateRequest, Target
 from specops_schemas.candidates import GateOutcome, Measurement
-from specops_schemas.catalog import GateMethod
-from specops_schemas.events import BenchPlan
+from specops_schemas.catalog import ErrorStage, GateMethod, RunStatus
+from specops_schemas.dlq import DeadLetter
+from specops_schemas.envelope import Envelope, new_event
+from specops_schemas.events import BenchPlan, RunFailed, RunRunning
 from specops_services.predictor import cache, host, logic
 from specops_services.predictor.hardware import UnknownHardware
 from specops_services.predictor.settings import PredictorSettings
@@ -102,3 +108,72 @@ def test_pending_verdicts_are_final_only_under_the_pending_method(method: GateMe
     assert logic.is_ready(
         logic.Bench("b1", "r1", "acme", request, plan, baseline=_measured("baseline"), results=[]), {}
     )
+
+
+def _parked(payload: Any, run_id: str = "r1") -> Envelope[Any]:
+    return new_event(payload, tenant_id="acme", correlation_id=run_id, producer="benchmark-runner")
+
+
+def _letter_of(data: bytes, error: str = "RuntimeError: boom") -> DeadLetter:
+    return DeadLetter(
+        service="benchmark_runner",
+        subject="spec.bench.b1.requested",
+        data=base64.b64encode(data),
+        deliveries=5,
+        error=error,
+    )
+
+
+def test_a_dead_letter_names_the_run_its_event_would_leave_unfinished() -> None:
+    running = _parked(RunRunning(run_id="r1", stage="measuring"))
+    assert logic.parked_event(_letter_of(running.to_json_bytes())) == running
+    assert logic.parked_event(_letter_of(b"{not json")) is None
+    # What the predictor's own dead-letter handler gave up on: a letter inside a letter.
+    nested = _letter_of(_letter_of(running.to_json_bytes()).model_dump_json().encode())
+    assert logic.parked_event(nested) is None
+
+    assert logic.parked_run(running) == "r1"
+    assert logic.parked_run(_parked(RunRunning(run_id="r1", stage="measuring"), run_id="not an id")) is None
+    assert logic.parked_run(running.model_copy(update={"tenant_id": "not a tenant"})) is None
+    # A run's own end, parked by a service that could not take it, does not re-decide the run.
+    ended = _parked(RunFailed(run_id="r1", error_stage=ErrorStage.BENCHMARK, message="no tokens"))
+    assert logic.parked_run(ended) is None
+
+
+def test_only_a_run_that_has_not_ended_can_be_failed_by_a_dead_letter() -> None:
+    plan = BenchPlan(
+        run_id="r1",
+        target=Target(model_ref="smollm2-135m-instruct", gpu="cpu", engine="speccore"),
+        fingerprint="chat",
+        mode="interactive",
+        quality_gate=GateMethod.TOPK5,
+        candidates=[{"candidate_id": "a", "family": "ngram", "k": 2}],
+        reps=1,
+        n_prompts=1,
+        max_new_tokens=1,
+    )
+    request = RunCreateRequest.model_validate({"target": plan.target, "workload": {"fingerprint": "chat"}})
+    open_bench = logic.Bench("b1", "r1", "acme", request, plan)
+    answered = logic.Bench("b1", "r1", "acme", request, plan, finalized=True)
+    assert logic.can_fail(RunStatus.RUNNING, open_bench)
+    assert logic.can_fail(RunStatus.QUEUED, None)
+    assert not logic.can_fail(RunStatus.RUNNING, answered)  # answered, not projected yet
+    assert not logic.can_fail(RunStatus.COMPLETED, open_bench)
+    assert not logic.can_fail(RunStatus.FAILED, None)
+    assert not logic.can_fail(None, None)  # no such run of the tenant
+
+
+def test_every_dead_letter_of_a_run_fails_it_with_one_event() -> None:
+    measuring = _parked(RunRunning(run_id="r1", stage="measuring"))
+    gating = _parked(RunRunning(run_id="r1", stage="gating"))
+    first = logic.dead_letter_failed(_letter_of(measuring.to_json_bytes()), measuring)
+    second = logic.dead_letter_failed(_letter_of(gating.to_json_bytes(), "x" * 10_000), gating)
+    assert first.event_id == second.event_id
+    assert (first.correlation_id, first.tenant_id, first.causation_id) == ("r1", "acme", measuring.event_id)
+    failed = first.payload
+    assert (failed.run_id, failed.error_stage) == ("r1", ErrorStage.DEAD_LETTER)
+    assert "benchmark_runner" in failed.message and "run.running" in failed.message
+    assert failed.message.endswith("RuntimeError: boom")
+    assert len(second.payload.message) < 1000 and second.payload.message.endswith("...")
+    other_run = _parked(RunRunning(run_id="r2", stage="measuring"), run_id="r2")
+    assert logic.dead_letter_failed(_letter_of(b"{}"), other_run).event_id != first.event_id
