@@ -82,8 +82,8 @@ def _measured(cid: str) -> Measurement:
     )
 
 
-@pytest.mark.parametrize("method", [GateMethod.TOPK5, GateMethod.PENDING])
-def test_pending_verdicts_are_final_only_under_the_pending_method(method: GateMethod) -> None:
+def _plan(method: GateMethod) -> tuple[BenchPlan, RunCreateRequest]:
+    """Run r1's bench plan of one ngram candidate on smollm2 (cpu), and its request."""
     plan = BenchPlan(
         run_id="r1",
         target=Target(model_ref="smollm2-135m-instruct", gpu="cpu", engine="speccore"),
@@ -95,7 +95,12 @@ def test_pending_verdicts_are_final_only_under_the_pending_method(method: GateMe
         n_prompts=1,
         max_new_tokens=1,
     )
-    request = RunCreateRequest.model_validate({"target": plan.target, "workload": {"fingerprint": "chat"}})
+    return plan, RunCreateRequest.model_validate({"target": plan.target, "workload": {"fingerprint": "chat"}})
+
+
+@pytest.mark.parametrize("method", [GateMethod.TOPK5, GateMethod.PENDING])
+def test_pending_verdicts_are_final_only_under_the_pending_method(method: GateMethod) -> None:
+    plan, request = _plan(method)
     planned = logic.Bench("b1", "r1", "acme", request, plan)
     done = logic.Bench(
         "b1", "r1", "acme", request, plan, baseline=_measured("baseline"), results=[_measured("a")]
@@ -141,18 +146,7 @@ def test_a_dead_letter_names_the_run_its_event_would_leave_unfinished() -> None:
 
 
 def test_only_a_run_that_has_not_ended_can_be_failed_by_a_dead_letter() -> None:
-    plan = BenchPlan(
-        run_id="r1",
-        target=Target(model_ref="smollm2-135m-instruct", gpu="cpu", engine="speccore"),
-        fingerprint="chat",
-        mode="interactive",
-        quality_gate=GateMethod.TOPK5,
-        candidates=[{"candidate_id": "a", "family": "ngram", "k": 2}],
-        reps=1,
-        n_prompts=1,
-        max_new_tokens=1,
-    )
-    request = RunCreateRequest.model_validate({"target": plan.target, "workload": {"fingerprint": "chat"}})
+    plan, request = _plan(GateMethod.TOPK5)
     open_bench = logic.Bench("b1", "r1", "acme", request, plan)
     answered = logic.Bench("b1", "r1", "acme", request, plan, finalized=True)
     assert logic.can_fail(RunStatus.RUNNING, open_bench)
