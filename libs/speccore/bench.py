@@ -24,7 +24,7 @@ from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.hf_baselines import HF_METHODS, HFGenerator
 from speccore.metrics import GenerationMetrics
-from speccore.models import LoadedModel
+from speccore.models import LoadedModel, load_model
 from speccore.prompts import load_prompts
 from speccore.proposers import DEFAULT_K
 from speccore.proposers.base import ProposerConfig
@@ -76,12 +76,23 @@ def _hf_runner(hf: HFGenerator, spec: BenchSpec) -> Runner:
     return run
 
 
+def stock_twin(target: LoadedModel) -> LoadedModel:
+    """The target as Hugging Face users run it: on CPU a second copy with the stock
+    kernels (speccore's own copy runs row-invariant ones), elsewhere the same model."""
+    if target.device.type != "cpu":
+        return target
+    dtype = str(target.dtype).removeprefix("torch.")
+    return load_model(target.ref, device="cpu", dtype=dtype, row_invariant=False)
+
+
 def build_runners(target: LoadedModel, spec: BenchSpec, exclude_ids: frozenset[str]) -> dict[str, Runner]:
     runners: dict[str, Runner] = {}
+    stock: LoadedModel | None = None
     for method in spec.methods:
         k = spec.k or DEFAULT_K.get(method, 5)
         if method in HF_METHODS:
-            runners[method] = _hf_runner(HFGenerator(method, target, k, spec.draft), spec)
+            stock = stock or stock_twin(target)
+            runners[method] = _hf_runner(HFGenerator(method, stock, k, spec.draft), spec)
             continue
         datastore = spec.datastore
         if method == "rest" and datastore is None:

@@ -13,41 +13,44 @@ from __future__ import annotations
 
 import torch
 
-# Attention reads keys over a width rounded up to whole blocks, so a query sees
-# the same columns whether it comes alone or in a draft block (the row-invariant
-# CPU kernels of cpu_kernels.py rely on it): masked columns add exact zeros, but
-# where a reduction's last partial block ends changes its summation order.
-KV_BLOCK = 512
+# Attention reads keys over a width rounded up to whole blocks, and the
+# row-invariant CPU attention (cpu_kernels.py) sums values one block at a time, so
+# a query gives the same bits whether a draft block made the cache a block wider
+# or not: masked columns add exact zeros.
+KV_BLOCK = 64
 
 
 class StaticKVCache:
     def __init__(self, batch: int, capacity: int, device: torch.device, dtype: torch.dtype) -> None:
         self.batch = batch
-        self.capacity = capacity
+        self.capacity = -(-capacity // KV_BLOCK) * KV_BLOCK
         self.device = device
         self.dtype = dtype
         self.lengths = torch.zeros(batch, dtype=torch.long)  # committed tokens per row (host tensor)
         self._keys: list[torch.Tensor] = []  # per layer [batch, kv_heads, capacity, head_dim]
         self._values: list[torch.Tensor] = []
-        self._write: tuple[torch.Tensor, torch.Tensor] | None = None  # ([batch, q] row ids, [batch, q] slots)
+        # one row: its slots; else ([batch, q] row ids, [batch, q] slots)
+        self._write: slice | tuple[torch.Tensor, torch.Tensor] | None = None
         self._width = 0
 
     def begin_block(self, q: int) -> int:
         """Prepare to write a block of q tokens after each row's committed length.
 
         Returns the key/value width the attention will see: max length + q rounded
-        up to whole KV_BLOCKs (at most the capacity), so a query's attention runs
-        over the same columns whatever the block size, and gives the same bits.
+        up to whole KV_BLOCKs (the capacity is rounded up alike).
         """
         needed = int(self.lengths.max()) + q
         if needed > self.capacity:
             raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({needed})")
-        width = min(-(-needed // KV_BLOCK) * KV_BLOCK, self.capacity)
-        slots = (self.lengths[:, None] + torch.arange(q)[None, :]).to(self.device)
-        rows = torch.arange(self.batch, device=self.device)[:, None].expand_as(slots)
-        self._write = (rows, slots)
-        self._width = width
-        return width
+        self._width = -(-needed // KV_BLOCK) * KV_BLOCK
+        if self.batch == 1:
+            start = int(self.lengths[0])
+            self._write = slice(start, start + q)
+        else:
+            slots = (self.lengths[:, None] + torch.arange(q)[None, :]).to(self.device)
+            rows = torch.arange(self.batch, device=self.device)[:, None].expand_as(slots)
+            self._write = (rows, slots)
+        return self._width
 
     # Called by every attention layer of the model, in layer order.
     def update(
@@ -59,11 +62,15 @@ class StaticKVCache:
             shape = (self.batch, key.shape[1], self.capacity, key.shape[3])
             self._keys.append(torch.zeros(shape, device=self.device, dtype=key.dtype))
             self._values.append(torch.zeros(shape, device=self.device, dtype=value.dtype))
-        rows, slots = self._write
         k_buf, v_buf = self._keys[layer_idx], self._values[layer_idx]
-        # key: [batch, kv_heads, q, head_dim] -> indexed view [batch, q, kv_heads, head_dim]
-        k_buf[rows, :, slots] = key.transpose(1, 2)
-        v_buf[rows, :, slots] = value.transpose(1, 2)
+        if isinstance(self._write, slice):  # one row: a plain slice copy
+            k_buf[:, :, self._write] = key
+            v_buf[:, :, self._write] = value
+        else:
+            rows, slots = self._write
+            # key: [batch, kv_heads, q, head_dim] -> indexed view [batch, q, kv_heads, head_dim]
+            k_buf[rows, :, slots] = key.transpose(1, 2)
+            v_buf[rows, :, slots] = value.transpose(1, 2)
         return k_buf[:, :, : self._width], v_buf[:, :, : self._width]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

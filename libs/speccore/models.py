@@ -131,8 +131,15 @@ class LoadedModel:
         return list(self.tokenizer(rendered, add_special_tokens=False).input_ids)
 
 
-def load_model(ref: str, *, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """Load ``ref`` for inference; any user mistake raises SpecError."""
+def load_model(
+    ref: str, *, device: str = "auto", dtype: str = "auto", row_invariant: bool = True
+) -> LoadedModel:
+    """Load ``ref`` for inference; any user mistake raises SpecError.
+
+    On CPU the model runs speccore's row-invariant kernels (cpu_kernels.py) unless
+    ``row_invariant`` is False: then it keeps the stock PyTorch kernels Hugging Face
+    users run (the bench's ``hf*`` baselines).
+    """
     dev = _device(device)
     torch_dtype = _dtype(dtype, dev)
     source = resolve_alias(ref)
@@ -159,7 +166,7 @@ def load_model(ref: str, *, device: str = "auto", dtype: str = "auto") -> Loaded
             raise SpecError(f"cannot load model '{ref}' from {source}: {_first_line(err)}") from err
     model.eval().requires_grad_(False)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    if dev.type == "cpu":
+    if dev.type == "cpu" and row_invariant:
         cpu_kernels.install(model, torch_dtype)
     return LoadedModel(ref, source, model, tokenizer, dev, torch_dtype, weight_bytes)
 

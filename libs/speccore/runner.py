@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from speccore import cpu_kernels
 from speccore.kv_cache import StaticKVCache
 from speccore.tree import ancestor_mask, depths
 
@@ -37,6 +38,10 @@ class ModelRunner:
         self.sliding_window: int | None = (
             config.sliding_window if "sliding_attention" in layer_types else None
         )
+        # The row-invariant CPU attention takes its mask folded once per forward, not per layer.
+        self.fold_groups: int | None = None
+        if config._attn_implementation == cpu_kernels.ATTENTION_NAME:
+            self.fold_groups = config.num_attention_heads // config.num_key_value_heads
 
     def new_cache(self, batch: int, capacity: int) -> StaticKVCache:
         return StaticKVCache(batch, capacity, self.device, self.dtype)
@@ -62,12 +67,12 @@ class ModelRunner:
         block_cols = lengths[:, None] + torch.arange(q)  # [batch, q]
         mask = (torch.arange(width)[None, :] < lengths[:, None])[:, None, :].repeat(1, q, 1)
         mask.scatter_(2, block_cols[:, None, :].expand(batch, q, q), anc)  # [batch, q, width]
-        full = mask[:, None].to(self.device)
+        full = self._mask(mask)
         attn: torch.Tensor | dict[str, torch.Tensor] = full
         if self.sliding_window is not None:
             kv_pos = torch.arange(width).repeat(batch, 1).scatter_(1, block_cols, positions)
             near = (positions[:, :, None] - kv_pos[:, None, :]) < self.sliding_window
-            attn = {"full_attention": full, "sliding_attention": (mask & near)[:, None].to(self.device)}
+            attn = {"full_attention": full, "sliding_attention": self._mask(mask & near)}
         out = self.backbone(
             input_ids=tokens.to(self.device),
             attention_mask=attn,
@@ -76,6 +81,14 @@ class ModelRunner:
             use_cache=True,
         )
         return out.last_hidden_state
+
+    def _mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """[batch, q, width] bool -> what the model's attention takes: [batch, 1, q, width] bool,
+        or the row-invariant attention's folded bias."""
+        mask = mask[:, None].to(self.device)
+        if self.fold_groups is None:
+            return mask
+        return cpu_kernels.fold_mask(mask, self.fold_groups)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speccore.kv_cache import StaticKVCache
+from speccore.kv_cache import KV_BLOCK, StaticKVCache
 from speccore.runner import ModelRunner
 from speccore.tree import block_parents
 
@@ -142,8 +142,9 @@ def test_right_padded_rows_of_different_lengths(runner, reference, prompts) -> N
 
 
 def test_a_block_past_capacity_is_refused() -> None:
-    cache = StaticKVCache(2, 8, torch.device("cpu"), torch.float32)
-    cache.commit(torch.tensor([3, 6]))
-    assert cache.begin_block(2) == 8
+    cache = StaticKVCache(2, 100, torch.device("cpu"), torch.float32)
+    assert cache.capacity == 2 * KV_BLOCK  # rounded up to whole blocks
+    cache.commit(torch.tensor([3, 120]))
+    assert cache.begin_block(8) == 128
     with pytest.raises(RuntimeError, match="capacity"):
-        cache.begin_block(3)
+        cache.begin_block(9)
