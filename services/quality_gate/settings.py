@@ -17,7 +17,7 @@ class Thresholds:
     """Pass bounds of seed 000's table, one per measured method (field name = method)."""
 
     exact: float = 1.0  # min token agreement with the target's greedy output; lossless means all
-    topk5: float = 0.95  # min share of emitted tokens inside the target's top 5
+    topk5: float = 0.95  # min top-5 agreement (greedy: share of tokens inside the target's top 5)
     logit_kl: float = 1e-3  # max mean KL(target || spec) per emitted token, nats
     mmlu_slice: float = 0.0  # max MMLU accuracy drop (baseline - candidate) on the slice
     # Max schema violations per 1k generated tokens *above the target's own rate*: a
