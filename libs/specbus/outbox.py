@@ -5,6 +5,8 @@ its commit and its publish would lose the event, and a publish before the commit
 announce state that was rolled back. `add` writes the event in the caller's transaction;
 `OutboxRelay` publishes committed rows with `Nats-Msg-Id = event_id` and marks them, so a
 re-send after a crash between publish and mark is dropped by the broker's dedup window.
+Published rows are deleted once they are older than `retention_s` (far beyond that
+window): the `SPEC` stream keeps the events, the table only keeps what is in flight.
 """
 
 from __future__ import annotations
@@ -44,6 +46,10 @@ _PENDING = """
     FOR UPDATE SKIP LOCKED
 """
 _MARK = "UPDATE outbox SET published_at = now() WHERE id = ANY(%s)"
+_PURGE = "DELETE FROM outbox WHERE published_at < now() - make_interval(secs => %s)"
+# A published row is kept a day, far beyond the broker's dedup window (DUPLICATE_WINDOW_S).
+RETENTION_S = 86_400.0
+PURGE_EVERY_S = 3_600.0
 
 
 async def add(conn: AsyncConnection[Any], envelope: Envelope[Any]) -> None:
@@ -70,6 +76,8 @@ class OutboxRelay:
         max_backoff_s: float = 10.0,
         publish_timeout_s: float = PUBLISH_TIMEOUT_S,
         listen_conninfo: str | None = None,
+        retention_s: float = RETENTION_S,
+        purge_every_s: float = PURGE_EVERY_S,
     ) -> None:
         if batch_size < 1 or poll_interval_s <= 0:
             raise ValueError("batch_size must be >= 1 and poll_interval_s > 0")
@@ -79,6 +87,8 @@ class OutboxRelay:
         self.poll_interval_s = poll_interval_s
         self.max_backoff_s = max_backoff_s
         self.publish_timeout_s = publish_timeout_s
+        self.retention_s = retention_s
+        self.purge_every_s = purge_every_s
         # LISTEN needs a connection of its own, outside the pool.
         self.listen_conninfo = listen_conninfo or (pool.conninfo if isinstance(pool.conninfo, str) else None)
         self._listener: AsyncConnection[Any] | None = None
@@ -123,14 +133,29 @@ class OutboxRelay:
             raise failure
         return len(published)
 
+    async def purge_published(self) -> int:
+        """Delete rows published more than `retention_s` ago; returns how many."""
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(_PURGE, (self.retention_s,))
+            return cursor.rowcount
+
     async def run(self) -> None:
-        """Publish forever: drain, then sleep until NOTIFY or the poll interval. Cancel to stop."""
+        """Publish forever: drain, then sleep until NOTIFY or the poll interval. Cancel to stop.
+
+        Old published rows are purged at start and every `purge_every_s` after."""
         failures = 0
+        loop = asyncio.get_running_loop()
+        next_purge = loop.time()
         try:
             while True:
                 try:
                     while await self.publish_pending() == self.batch_size:
                         pass
+                    if loop.time() >= next_purge:
+                        purged = await self.purge_published()
+                        next_purge = loop.time() + self.purge_every_s
+                        if purged:
+                            log.info("outbox relay: purged %d published rows", purged)
                 except Exception as exc:
                     # Whatever broke (NATS, Postgres, a bad row), the relay must outlive it.
                     failures += 1

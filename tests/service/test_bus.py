@@ -275,6 +275,33 @@ async def test_outbox_resend_after_a_crash_before_marking_is_deduplicated(
     assert await _count(pool, pending, event.event_id) == 0
 
 
+async def test_the_relay_purges_rows_published_before_the_retention(
+    js: JetStreamContext, pool: AsyncConnectionPool[Any]
+) -> None:
+    old, recent, unpublished = _run_queued(), _run_queued(), _run_queued()
+    async with pool.connection() as conn, conn.transaction():
+        for event in (old, recent):
+            await outbox.add(conn, event)
+    relay = OutboxRelay(pool, js, retention_s=3_600.0, poll_interval_s=0.1, purge_every_s=0.1)
+    while await relay.publish_pending():
+        pass
+    async with pool.connection() as conn, conn.transaction():
+        await outbox.add(conn, unpublished)
+        await conn.execute(
+            "UPDATE outbox SET published_at = now() - interval '2 hours' WHERE id = %s", (old.event_id,)
+        )
+        await conn.execute(
+            "UPDATE outbox SET created_at = now() - interval '2 days' WHERE id = %s", (unpublished.event_id,)
+        )
+    assert await relay.purge_published() == 1
+    kept = "SELECT count(*) FROM outbox WHERE id = %s"
+    assert await _count(pool, kept, old.event_id) == 0
+    assert await _count(pool, kept, recent.event_id) == 1
+    # Never published: kept whatever its age.
+    assert await _count(pool, kept, unpublished.event_id) == 1
+    assert await _stored(js, old.subject) == 1  # the stream still has the purged row's event
+
+
 async def test_a_consumer_keeps_consuming_after_nats_restarts(
     nats_server: NatsServer, nats_url: str, nc: Client, js: JetStreamContext
 ) -> None:
