@@ -1,0 +1,1 @@
+"""Training learned drafts (Medusa, EAGLE, distilled draft models) for a target model."""
