@@ -122,13 +122,18 @@ class LoadedModel:
         """Token ids of ``text``: as one user turn of the chat template, or plain."""
         if not chat:
             return list(self.tokenizer(text).input_ids)
-        if not self.tokenizer.chat_template:
-            raise SpecError(f"model '{self.ref}' has no chat template; send plain prompts (chat off)")
-        rendered = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-        )
-        # The template already writes the special tokens (bos and turn markers).
-        return list(self.tokenizer(rendered, add_special_tokens=False).input_ids)
+        return chat_prompt_ids(self.tokenizer, text, self.ref)
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str, model: str) -> list[int]:
+    """Token ids of ``text`` as one user turn of ``model``'s chat template, ready for the reply."""
+    if not tokenizer.chat_template:
+        raise SpecError(f"model '{model}' has no chat template; send plain prompts (chat off)")
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+    # The template already writes the special tokens (bos and turn markers).
+    return list(tokenizer(rendered, add_special_tokens=False).input_ids)
 
 
 def load_model(

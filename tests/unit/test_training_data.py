@@ -6,16 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from speccore.errors import SpecError
-from speccore.models import LoadedModel, resolve_alias
+from speccore.models import chat_prompt_ids, resolve_alias
 from speccore.training.data import (
     Example,
     check_disjoint,
     convert_sharegpt,
-    encode_chat_prompt,
     is_heldout,
     read_examples,
     self_distill,
@@ -133,19 +131,12 @@ def test_tokenized_example_masks_exactly_the_completion_and_eos(tokenizer):
     rendered = tokenizer.decode(tok.input_ids[:n_prompt])
     assert rendered.startswith("<|im_start|>system\n")
     assert rendered.endswith(f"<|im_start|>user\n{ex.prompt}<|im_end|>\n<|im_start|>assistant\n")
-    assert tok.input_ids[:n_prompt] == encode_chat_prompt(tokenizer, ex.prompt)
-
-
-def test_chat_prompt_ids_match_the_engine_encoding(tokenizer):
-    # The real LoadedModel.encode_prompt reads only the tokenizer, so no weights are needed.
-    loaded = LoadedModel("smollm2-135m-instruct", "", None, tokenizer, torch.device("cpu"), torch.float32, 0)
-    text = "Write a haiku about\ttabs   and spaces."
-    assert encode_chat_prompt(tokenizer, text) == loaded.encode_prompt(text, chat=True)
+    assert tok.input_ids[:n_prompt] == chat_prompt_ids(tokenizer, ex.prompt, "smollm2")
 
 
 def test_tokenization_truncates_the_completion_and_plain_mode_skips_the_template(tokenizer):
     ex = Example("Count to ten.", "one two three four five six seven eight nine ten")
-    n_prompt = len(encode_chat_prompt(tokenizer, ex.prompt))
+    n_prompt = len(chat_prompt_ids(tokenizer, ex.prompt, "smollm2"))
     cut = tokenize_example(tokenizer, ex, max_len=n_prompt + 3)
     assert cut is not None
     assert len(cut.input_ids) == n_prompt + 3
@@ -237,7 +228,7 @@ def test_self_distillation_replaces_completions_with_the_targets_output(tokenize
         Example("Third?", "old", "c"),
     ]
     out = list(self_distill(source, tokenizer, regenerate))
-    assert seen == [encode_chat_prompt(tokenizer, ex.prompt) for ex in source]
+    assert seen == [chat_prompt_ids(tokenizer, ex.prompt, "smollm2") for ex in source]
     # The second reply was empty (only eos): nothing to learn from, so it is dropped.
     assert out == [
         Example("First?", f"{len(seen[0])} tokens in", "a"),

@@ -25,6 +25,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from speccore.errors import SpecError
+from speccore.models import chat_prompt_ids
 from speccore.prompts import Turn, sharegpt_conversations
 
 # prompt token ids (chat-rendered) -> the target's own output token ids; in practice
@@ -108,20 +109,6 @@ def convert_sharegpt(
     return write_examples(out, sharegpt_examples(limit, seed, exclude_ids=exclude_ids))
 
 
-def encode_chat_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of ``text`` as one user turn of the chat template, ready for the reply.
-
-    The same ids as ``LoadedModel.encode_prompt(text, chat=True)``, without the weights.
-    """
-    if not tokenizer.chat_template:
-        raise SpecError("the target's tokenizer has no chat template; tokenize with chat off")
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-    )
-    # The template already writes the special tokens (bos and turn markers).
-    return list(tokenizer(rendered, add_special_tokens=False).input_ids)
-
-
 def tokenize_example(
     tokenizer: PreTrainedTokenizerBase, example: Example, max_len: int, *, chat: bool = True
 ) -> TokenizedExample | None:
@@ -134,9 +121,10 @@ def tokenize_example(
         raise SpecError(f"max_len must be at least 2, got {max_len}")
     if tokenizer.eos_token_id is None:
         raise SpecError("the target's tokenizer has no eos token to end completions with")
-    prompt = (
-        encode_chat_prompt(tokenizer, example.prompt) if chat else list(tokenizer(example.prompt).input_ids)
-    )
+    if chat:
+        prompt = chat_prompt_ids(tokenizer, example.prompt, "the target")
+    else:
+        prompt = list(tokenizer(example.prompt).input_ids)
     completion = [*tokenizer(example.completion, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
     room = max_len - len(prompt)
     if room <= 0:
@@ -184,7 +172,7 @@ def self_distill(
     target says, not what another model said. Empty replies are dropped.
     """
     for ex in examples:
-        output = regenerate(encode_chat_prompt(tokenizer, ex.prompt))
+        output = regenerate(chat_prompt_ids(tokenizer, ex.prompt, "the target"))
         text = str(tokenizer.decode(output, skip_special_tokens=True)).strip()
         if text:
             yield Example(prompt=ex.prompt, completion=text, id=ex.id)
