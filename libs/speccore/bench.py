@@ -2,7 +2,9 @@
 
 Every method sees the same prompts in the same repetition, in a rotating order,
 so machine noise hits all of them alike; speedups are ratios to ``none`` measured
-inside each repetition, then the median across repetitions.
+inside each repetition, then the median across repetitions. The Hugging Face
+baselines (``hf*``) run ``generate`` on a stock copy of the model, as its users
+run it; on CPU speccore's own copy runs the row-invariant kernels.
 """
 
 from __future__ import annotations
