@@ -17,17 +17,7 @@ from faststream.nats import NatsBroker
 from specbus.consumer import RetryPolicy, subscriber
 from specops.db import Pool, tenant_transaction
 from specops_schemas.envelope import Envelope
-from specops_schemas.events import (
-    BenchCompleted,
-    BenchRepMeasured,
-    BenchRequested,
-    GateEvaluated,
-    RunCompleted,
-    RunFailed,
-    RunPredicted,
-    RunQueued,
-    RunRunning,
-)
+from specops_schemas.events import EVENT_TYPES, RunRequested
 from specops_services.gateway import db, logic
 
 log = logging.getLogger(__name__)
@@ -35,17 +25,7 @@ log = logging.getLogger(__name__)
 SERVICE = "gateway"
 CONSUMER = "projector"
 # Every event of the T1 flow but `run.requested`, which the gateway itself publishes.
-PROJECTED = (
-    RunQueued,
-    RunRunning,
-    RunPredicted,
-    BenchRequested,
-    BenchRepMeasured,
-    BenchCompleted,
-    GateEvaluated,
-    RunCompleted,
-    RunFailed,
-)
+PROJECTED = tuple(t for t in EVENT_TYPES.values() if t is not RunRequested)
 
 
 async def project(pool: Pool, event: Envelope[Any]) -> bool:
