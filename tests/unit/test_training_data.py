@@ -213,21 +213,23 @@ def test_self_distillation_replaces_completions_with_the_targets_output(tokenize
     # A stand-in for Engine.generate (tested elsewhere): the reply names the prompt length.
     seen: list[list[int]] = []
 
-    def regenerate(prompt_ids: list[int]) -> list[int]:
-        seen.append(prompt_ids)
-        if len(seen) == 2:
-            return [tokenizer.eos_token_id]
-        return [
-            *tokenizer(f"{len(prompt_ids)} tokens in", add_special_tokens=False).input_ids,
-            tokenizer.eos_token_id,
-        ]
+    def regenerate(batch: list[list[int]]) -> list[list[int]]:
+        out = []
+        for prompt_ids in batch:
+            seen.append(prompt_ids)
+            if len(seen) == 2:
+                out.append([tokenizer.eos_token_id])
+                continue
+            text = f"{len(prompt_ids)} tokens in"
+            out.append([*tokenizer(text, add_special_tokens=False).input_ids, tokenizer.eos_token_id])
+        return out
 
     source = [
         Example("First?", "old one", "a"),
         Example("Second?", "old two", "b"),
         Example("Third?", "old", "c"),
     ]
-    out = list(self_distill(source, tokenizer, regenerate))
+    out = list(self_distill(source, tokenizer, regenerate, batch_size=2))
     assert seen == [chat_prompt_ids(tokenizer, ex.prompt, "smollm2") for ex in source]
     # The second reply was empty (only eos): nothing to learn from, so it is dropped.
     assert out == [

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import json
 import os
 import re
@@ -28,9 +29,9 @@ from speccore.errors import SpecError
 from speccore.models import chat_prompt_ids
 from speccore.prompts import Turn, sharegpt_conversations
 
-# prompt token ids (chat-rendered) -> the target's own output token ids; in practice
-# one speccore Engine.generate call. Special tokens in the output (EOS) are dropped.
-Regenerate = Callable[[list[int]], list[int]]
+# a batch of prompt token ids (chat-rendered) -> the target's own output token ids for
+# each; in practice one speccore Engine.generate call. Special tokens (EOS) are dropped.
+Regenerate = Callable[[list[list[int]]], list[list[int]]]
 
 _FIELDS = ("prompt", "completion")
 # ShareGPT splits long chats into parts "<conv>_<k>"; a later part's first turn lacks context.
@@ -164,18 +165,26 @@ def check_disjoint(train: Path, heldout: Path) -> None:
 
 
 def self_distill(
-    examples: Iterable[Example], tokenizer: PreTrainedTokenizerBase, regenerate: Regenerate
+    examples: Iterable[Example],
+    tokenizer: PreTrainedTokenizerBase,
+    regenerate: Regenerate,
+    batch_size: int = 16,
 ) -> Iterator[Example]:
     """Replace each completion with the target's own reply to the (chat-rendered) prompt.
 
     EAGLE and SpecForge train on the target's outputs so the draft learns what the
-    target says, not what another model said. Empty replies are dropped.
+    target says, not what another model said. Prompts go to ``regenerate`` in
+    batches of ``batch_size``; empty replies are dropped.
     """
-    for ex in examples:
-        output = regenerate(chat_prompt_ids(tokenizer, ex.prompt, "the target"))
-        text = str(tokenizer.decode(output, skip_special_tokens=True)).strip()
-        if text:
-            yield Example(prompt=ex.prompt, completion=text, id=ex.id)
+    if batch_size <= 0:
+        raise SpecError(f"batch_size must be positive, got {batch_size}")
+    it = iter(examples)
+    while batch := list(itertools.islice(it, batch_size)):
+        outputs = regenerate([chat_prompt_ids(tokenizer, ex.prompt, "the target") for ex in batch])
+        for ex, output in zip(batch, outputs, strict=True):
+            text = str(tokenizer.decode(output, skip_special_tokens=True)).strip()
+            if text:
+                yield Example(prompt=ex.prompt, completion=text, id=ex.id)
 
 
 def _lines(path: Path) -> Iterator[tuple[str, bytes]]:

@@ -1,0 +1,1 @@
+"""Learned drafts that read the target's hidden states: Medusa heads and EAGLE heads."""

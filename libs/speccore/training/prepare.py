@@ -1,0 +1,74 @@
+"""Training data for a target: ShareGPT first exchanges, split, optionally self-distilled.
+
+The held-out side is chosen by :func:`speccore.training.data.is_heldout`, so it
+never overlaps training whatever the limit or seed. Self-distillation regenerates
+every completion with the target (greedy, batched through the speccore engine), so
+heads learn what this target says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from speccore.engine import Engine, Request
+from speccore.errors import SpecError
+from speccore.models import LoadedModel, chat_prompt_ids
+from speccore.training.data import Example, Regenerate, is_heldout, self_distill, sharegpt_examples, write_examples
+
+
+@dataclass(frozen=True, slots=True)
+class DataPlan:
+    limit: int  # ShareGPT exchanges to take before the split
+    heldout_fraction: float = 0.05
+    seed: int = 0
+    distill: bool = False
+    max_new_tokens: int = 128
+    max_prompt_tokens: int = 256  # longer prompts are skipped: they cost prefill, teach little
+    batch_size: int = 16
+
+
+def engine_regenerate(target: LoadedModel, max_new_tokens: int) -> Regenerate:
+    """The target's own greedy replies, a padded batch per call."""
+    engine = Engine(target, "none")
+
+    def regenerate(batch: list[list[int]]) -> list[list[int]]:
+        requests = [Request(prompt_ids=ids, max_new_tokens=max_new_tokens) for ids in batch]
+        return [g.token_ids for g in engine.generate(requests)]
+
+    return regenerate
+
+
+def prepare(target: LoadedModel, plan: DataPlan, train_out: Path, heldout_out: Path) -> tuple[int, int]:
+    """Write the train and held-out JSONL files; returns their example counts."""
+    if plan.limit <= 0:
+        raise SpecError(f"limit must be positive, got {plan.limit}")
+    examples = [
+        ex
+        for ex in sharegpt_examples(plan.limit, plan.seed)
+        if len(chat_prompt_ids(target.tokenizer, ex.prompt, target.ref)) <= plan.max_prompt_tokens
+    ]
+    train = [ex for ex in examples if not is_heldout(ex.prompt, plan.heldout_fraction)]
+    heldout = [ex for ex in examples if is_heldout(ex.prompt, plan.heldout_fraction)]
+    counts = []
+    for rows, out, label in ((heldout, heldout_out, "held-out"), (train, train_out, "train")):
+        counts.append(write_examples(out, _maybe_distill(target, plan, rows, label)))
+    return counts[1], counts[0]
+
+
+def _maybe_distill(target: LoadedModel, plan: DataPlan, rows: list[Example], label: str) -> Iterable[Example]:
+    if not plan.distill:
+        return rows
+    regenerate = engine_regenerate(target, plan.max_new_tokens)
+    bar = tqdm(total=len(rows), desc=f"self-distilling {label}", unit="ex")
+    return _counted(self_distill(rows, target.tokenizer, regenerate, plan.batch_size), bar)
+
+
+def _counted(examples: Iterator[Example], bar: tqdm) -> Iterator[Example]:
+    with bar:
+        for ex in examples:
+            bar.update(1)
+            yield ex
