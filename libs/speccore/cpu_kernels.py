@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from speccore.kv_cache import KV_BLOCK
@@ -152,12 +152,15 @@ def install(model: nn.Module, dtype: torch.dtype) -> bool:
 
     Returns False (and changes nothing) where oneDNN cannot run ``dtype``. A head
     tied to the input embeddings gets its own packed copy; the embedding table
-    stays as it is. Single rows go unpadded for the weight shapes where this CPU's
-    oneDNN gives them the bits of a block anyway (checked once per shape).
+    stays as it is. The output embedding keeps its plain ``weight`` beside the packed
+    copy (the same tensor as the embedding table when tied). Single rows go unpadded
+    for the weight shapes where this CPU's oneDNN gives them the bits of a block
+    anyway (checked once per shape).
     """
     if not available(dtype):
         return False
     min_rows: dict[tuple[int, int, bool], int] = {}
+    output = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == dtype:
@@ -166,6 +169,9 @@ def install(model: nn.Module, dtype: torch.dtype) -> bool:
                 if shape not in min_rows:
                     min_rows[shape] = 1 if packed.single_row_is_invariant() else MIN_LINEAR_ROWS
                 packed.min_rows = min_rows[shape]
+                if child is output:
+                    # Learned drafts score tokens with the output embedding's rows.
+                    packed.weight = child.weight
                 setattr(parent, name, packed)
     model.set_attn_implementation(ATTENTION_NAME)  # type: ignore[operator]
     return True

@@ -27,6 +27,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--heldout-out", required=True, type=Path, help="held-out JSONL")
     data.set_defaults(handler=run_data)
 
+    tr = actions.add_parser("train", help="train a Medusa or EAGLE head for a target")
+    tr.add_argument("--target", required=True, help="alias, local dir, .gguf file or Hugging Face id")
+    tr.add_argument("--family", required=True, choices=("medusa", "eagle", "eagle3"))
+    tr.add_argument("--data", required=True, type=Path, help='JSONL of {"prompt", "completion"} lines')
+    tr.add_argument("--heldout", type=Path, help="held-out JSONL (default: 5%% of --data by prompt hash)")
+    tr.add_argument("--epochs", type=int, default=2)
+    tr.add_argument("--budget-minutes", type=float, help="stop with a checkpoint after this much training")
+    tr.add_argument("--lr", type=float, default=1e-3)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head scores")
+    tr.add_argument("--num-heads", type=int, default=4, help="medusa heads")
+    tr.add_argument("--max-len", type=int, default=512, help="tokens per training sequence")
+    tr.add_argument("--batch-tokens", type=int, default=4096, help="tokens per training batch")
+    tr.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
+    tr.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    tr.add_argument("--threads", type=int, help="CPU threads for PyTorch")
+    tr.add_argument("--quiet", action="store_true", help="no progress bars")
+    tr.add_argument("--out", required=True, type=Path, help="directory for the head (and its checkpoint)")
+    tr.set_defaults(handler=run_train)
+
 
 def _threads(n: int | None) -> None:
     if n:
@@ -50,6 +70,49 @@ def run_data(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
     )
     n_train, n_heldout = prepare(target, plan, args.out, args.heldout_out)
-    print(f"wrote {n_train} training examples to {args.out}, {n_heldout} held-out to {args.heldout_out}",
-          file=sys.stderr)
+    print(
+        f"wrote {n_train} training examples to {args.out}, {n_heldout} held-out to {args.heldout_out}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    import json
+
+    from speccore.models import load_model
+    from speccore.training.run import HeadPlan, train_head
+
+    _threads(args.threads)
+    plan = HeadPlan(  # checks the family and its flag before the model loads
+        family=args.family,
+        epochs=args.epochs,
+        lr=args.lr,
+        seed=args.seed,
+        budget_minutes=args.budget_minutes,
+        max_len=args.max_len,
+        batch_tokens=args.batch_tokens,
+        draft_vocab=args.draft_vocab,
+        num_heads=args.num_heads,
+        checkpoint_every=args.checkpoint_every,
+        extra={"command": " ".join(["specops", *sys.argv[1:]])},
+    )
+    target = load_model(args.target, device=args.device)
+
+    def report(r) -> None:  # noqa: ANN001 - EpochReport
+        measured = ", ".join(f"{k} {v:.3f}" for k, v in r.heldout.items())
+        print(
+            f"epoch {r.epoch}: loss {r.train_loss:.4f}, {r.tokens_seen} tokens; held-out: {measured}",
+            file=sys.stderr,
+        )
+
+    result = train_head(target, plan, args.data, args.heldout, args.out, report, progress=not args.quiet)
+    summary = {
+        "out": str(args.out),
+        "steps": result.steps,
+        "stopped_by": result.stopped_by,
+        "resumed_from_step": result.resumed_from_step,
+        "heldout": result.reports[-1].heldout if result.reports else {},
+    }
+    print(json.dumps(summary))
     return 0

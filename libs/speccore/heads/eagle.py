@@ -57,7 +57,8 @@ class EagleHead(nn.Module):
         self.layer = LlamaModel(layer_config(config))
         self.register_buffer("draft_ids", torch.arange(config.draft_vocab_size, dtype=torch.long))
         # EAGLE-3 trains its own output layer over the draft vocabulary.
-        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False) if config.family == "eagle3" else None
+        eagle3 = config.family == "eagle3"
+        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False) if eagle3 else None
 
     def target_feature(self, feature: torch.Tensor) -> torch.Tensor:
         """A feature taken from the target ([..., taps*hidden] for EAGLE-3) -> [..., hidden]."""

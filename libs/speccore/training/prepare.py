@@ -17,7 +17,14 @@ from tqdm import tqdm
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.models import LoadedModel, chat_prompt_ids
-from speccore.training.data import Example, Regenerate, is_heldout, self_distill, sharegpt_examples, write_examples
+from speccore.training.data import (
+    Example,
+    Regenerate,
+    is_heldout,
+    self_distill,
+    sharegpt_examples,
+    write_examples,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,239 @@
+"""One head-training run, end to end: data, features, training, artifact.
+
+``train_head`` is what ``specops heads train`` and the future head-trainer
+service call. It writes the head into ``out`` (``head.safetensors`` and
+``config.json`` with provenance) and keeps ``out/checkpoint.pt`` while the run is
+unfinished, so the same call after a kill, or with a larger budget, continues it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from speccore.errors import SpecError
+from speccore.heads.artifact import HeadConfig, save_head
+from speccore.heads.eagle import EagleHead
+from speccore.heads.medusa import MedusaHeads
+from speccore.models import LoadedModel
+from speccore.training.data import (
+    TokenizedExample,
+    check_disjoint,
+    is_heldout,
+    read_examples,
+    tokenize_example,
+)
+from speccore.training.eagle import EagleObjective
+from speccore.training.features import Sequences, draft_vocabulary, extract, target_fingerprint
+from speccore.training.medusa import MedusaObjective
+from speccore.training.trainer import CHECKPOINT, EpochReport, Objective, TrainOptions, TrainResult, train
+
+EAGLE3_FLAG = "ENABLE_L4_EAGLE3_TRAINING"
+HEAD_FAMILIES = ("medusa", "eagle", "eagle3")
+HELDOUT_FRACTION = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class HeadPlan:
+    family: str
+    epochs: int = 2
+    lr: float = 1e-3
+    seed: int = 0
+    budget_minutes: float | None = None
+    max_len: int = 512  # tokens per training sequence (prompt + completion)
+    batch_tokens: int = 4096
+    draft_vocab: int = 8192
+    num_heads: int = 4  # medusa
+    feature_layers: tuple[int, ...] | None = None  # eagle3; default: low, middle, high
+    ttt_steps: int = 3  # eagle3 training-time test depth
+    checkpoint_every: int = 25
+    extra: dict[str, str] = field(default_factory=dict)  # provenance to record as given (command line)
+
+    def __post_init__(self) -> None:
+        if self.family not in HEAD_FAMILIES:
+            raise SpecError(f"unknown head family '{self.family}'; choose one of {', '.join(HEAD_FAMILIES)}")
+        if self.family == "eagle3" and os.environ.get(EAGLE3_FLAG, "").lower() not in (
+            "1",
+            "true",
+            "yes",
+            "on",
+        ):
+            raise SpecError(f"EAGLE-3 training is behind a feature flag: set {EAGLE3_FLAG}=1 to use it")
+        if self.budget_minutes is not None and self.budget_minutes <= 0:
+            raise SpecError(f"--budget-minutes must be positive, got {self.budget_minutes}")
+        if self.num_heads <= 0 or self.ttt_steps <= 0:
+            raise SpecError("num_heads and ttt_steps must be positive")
+
+
+def default_feature_layers(n_layers: int) -> tuple[int, ...]:
+    """EAGLE-3's low, middle and high taps (as SpecForge picks them): 1, n/2-1, n-4."""
+    return (1, n_layers // 2 - 1, n_layers - 4)
+
+
+def train_head(
+    target: LoadedModel,
+    plan: HeadPlan,
+    data: Path,
+    heldout: Path | None,
+    out: Path,
+    on_epoch: Callable[[EpochReport], None] | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    started = time.time()
+    train_ex, held_ex = _examples(target, plan, data, heldout)
+    text_config = target.model.config.get_text_config()
+    vocab_size = int(target.model.get_output_embeddings().weight.shape[0])
+    draft_ids = draft_vocabulary(train_ex, plan.draft_vocab, vocab_size, target.eos_token_ids)
+    layers = _layers(plan, int(text_config.num_hidden_layers))
+    train_seq = extract(target, train_ex, layers, progress=progress)
+    held_seq = extract(target, held_ex, layers, progress=progress)
+    config = _head_config(plan, text_config, vocab_size, layers)
+    torch.manual_seed(plan.seed)  # initial weights
+    module, objective = _objective(target, plan, config, draft_ids, train_seq, held_seq, vocab_size)
+    opts = TrainOptions(
+        epochs=plan.epochs,
+        lr=plan.lr,
+        seed=plan.seed,
+        budget_s=plan.budget_minutes * 60 if plan.budget_minutes else None,
+        checkpoint_every=plan.checkpoint_every,
+    )
+    fingerprint = target_fingerprint(target)
+    data_digest = _file_digest(data)
+    run_key = hashlib.sha256(
+        repr((asdict(plan) | {"budget_minutes": None, "extra": None}, fingerprint, data_digest)).encode()
+    ).hexdigest()
+    result = train(objective, opts, out, run_key, on_epoch, progress)
+    config.provenance = {
+        "target": target.ref,
+        "target_weights": fingerprint,
+        "data": {
+            "path": str(data),
+            "sha256": data_digest,
+            "examples": len(train_seq),
+            "completion_tokens": train_seq.completion_tokens,
+        },
+        "heldout": {
+            "path": str(heldout) if heldout else f"{HELDOUT_FRACTION:g} of data by prompt hash",
+            "examples": len(held_seq),
+        },
+        "plan": {k: v for k, v in asdict(plan).items() if k != "extra"} | {"feature_layers": list(layers)},
+        "steps": result.steps,
+        "tokens_seen": result.tokens_seen,
+        "stopped_by": result.stopped_by,
+        "train_seconds": round(result.elapsed_s, 1),
+        "wall_seconds": round(time.time() - started, 1),
+        "hardware": hardware(target),
+        "curve": [asdict(r) for r in result.reports],
+        "heldout_acceptance": result.reports[-1].heldout if result.reports else {},
+        **plan.extra,
+    }
+    save_head(out, config, module)
+    if result.stopped_by == "epochs":
+        (out / CHECKPOINT).unlink(missing_ok=True)
+    return result
+
+
+def hardware(target: LoadedModel) -> str:
+    if target.device.type == "cuda":
+        return f"{torch.cuda.get_device_name(target.device)} (cuda)"
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{name}, {torch.get_num_threads()} threads (cpu)"
+
+
+def _examples(
+    target: LoadedModel, plan: HeadPlan, data: Path, heldout: Path | None
+) -> tuple[list[TokenizedExample], list[TokenizedExample]]:
+    if heldout is not None:
+        check_disjoint(data, heldout)
+        train_rows, held_rows = list(read_examples(data)), list(read_examples(heldout))
+    else:
+        rows = list(read_examples(data))
+        train_rows = [ex for ex in rows if not is_heldout(ex.prompt, HELDOUT_FRACTION)]
+        held_rows = [ex for ex in rows if is_heldout(ex.prompt, HELDOUT_FRACTION)]
+    if not train_rows:
+        raise SpecError(f"{data}: no training examples (every prompt falls in the held-out split)")
+    train_ex = [t for ex in train_rows if (t := tokenize_example(target.tokenizer, ex, plan.max_len))]
+    held_ex = [t for ex in held_rows if (t := tokenize_example(target.tokenizer, ex, plan.max_len))]
+    if not train_ex:
+        raise SpecError(f"{data}: no example leaves room for a completion within {plan.max_len} tokens")
+    return train_ex, held_ex
+
+
+def _layers(plan: HeadPlan, n_layers: int) -> tuple[int, ...]:
+    if plan.family != "eagle3":
+        return ()
+    return tuple(plan.feature_layers) if plan.feature_layers else default_feature_layers(n_layers)
+
+
+def _head_config(plan: HeadPlan, text_config: object, vocab_size: int, layers: tuple[int, ...]) -> HeadConfig:
+    get = text_config.__getattribute__
+    hidden = int(get("hidden_size"))
+    heads = int(get("num_attention_heads"))
+    return HeadConfig(
+        family=plan.family,
+        hidden_size=hidden,
+        vocab_size=vocab_size,
+        draft_vocab_size=plan.draft_vocab,
+        num_heads=plan.num_heads,
+        num_attention_heads=heads,
+        num_key_value_heads=int(getattr(text_config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(text_config, "head_dim", None) or hidden // heads),
+        intermediate_size=int(get("intermediate_size")),
+        rms_norm_eps=float(getattr(text_config, "rms_norm_eps", 1e-6)),
+        feature_layers=list(layers),
+    )
+
+
+def _objective(
+    target: LoadedModel,
+    plan: HeadPlan,
+    config: HeadConfig,
+    draft_ids: torch.Tensor,
+    train_seq: Sequences,
+    held_seq: Sequences,
+    vocab_size: int,
+) -> tuple[torch.nn.Module, Objective]:
+    out_weight = target.model.get_output_embeddings().weight.detach().float()[draft_ids]
+    if plan.family == "medusa":
+        medusa = MedusaHeads(config)
+        medusa.draft_ids.copy_(draft_ids)
+        return medusa, MedusaObjective(medusa, out_weight, train_seq, held_seq, vocab_size, plan.batch_tokens)
+    eagle = EagleHead(config)
+    eagle.draft_ids.copy_(draft_ids)
+    eagle3 = plan.family == "eagle3"
+    if eagle.lm_head is not None:
+        with torch.no_grad():
+            eagle.lm_head.weight.copy_(out_weight)  # start from the target's own output rows
+    objective = EagleObjective(
+        eagle,
+        target.model.get_input_embeddings(),
+        None if eagle3 else out_weight,
+        train_seq,
+        held_seq,
+        vocab_size,
+        train_steps=plan.ttt_steps if eagle3 else 1,
+        batch_tokens=plan.batch_tokens,
+    )
+    return eagle, objective
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fp:
+        while block := fp.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
