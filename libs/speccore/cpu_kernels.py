@@ -153,15 +153,24 @@ def install(model: nn.Module, dtype: torch.dtype) -> bool:
     Returns False (and changes nothing) where oneDNN cannot run ``dtype``. A head
     tied to the input embeddings gets its own packed copy; the embedding table
     stays as it is. The output embedding keeps its plain ``weight`` beside the packed
-    copy (the same tensor as the embedding table when tied). Single rows go unpadded
-    for the weight shapes where this CPU's oneDNN gives them the bits of a block
-    anyway (checked once per shape).
+    copy (the same tensor as the embedding table when tied).
     """
     if not available(dtype):
         return False
+    pack_linears(model, dtype, model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None)
+    model.set_attn_implementation(ATTENTION_NAME)  # type: ignore[operator]
+    return True
+
+
+def pack_linears(module: nn.Module, dtype: torch.dtype, output: nn.Module | None = None) -> None:
+    """Replace every ``nn.Linear`` of ``dtype`` under ``module`` by a PackedLinear.
+
+    Single rows go unpadded for the weight shapes where this CPU's oneDNN gives them
+    the bits of a block anyway (checked once per shape). ``output`` (the output
+    embedding) keeps its plain weight.
+    """
     min_rows: dict[tuple[int, int, bool], int] = {}
-    output = model.get_output_embeddings() if isinstance(model, PreTrainedModel) else None
-    for parent in list(model.modules()):
+    for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == dtype:
                 packed = PackedLinear(child)
@@ -173,5 +182,3 @@ def install(model: nn.Module, dtype: torch.dtype) -> bool:
                     # Learned drafts score tokens with the output embedding's rows.
                     packed.weight = child.weight
                 setattr(parent, name, packed)
-    model.set_attn_implementation(ATTENTION_NAME)  # type: ignore[operator]
-    return True

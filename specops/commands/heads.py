@@ -27,17 +27,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--heldout-out", required=True, type=Path, help="held-out JSONL")
     data.set_defaults(handler=run_data)
 
-    tr = actions.add_parser("train", help="train a Medusa or EAGLE head for a target")
+    tr = actions.add_parser("train", help="train a Medusa or EAGLE head, or a distilled draft model")
     tr.add_argument("--target", required=True, help="alias, local dir, .gguf file or Hugging Face id")
-    tr.add_argument("--family", required=True, choices=("medusa", "eagle", "eagle3"))
+    tr.add_argument("--family", required=True, choices=("medusa", "eagle", "eagle3", "draft"))
     tr.add_argument("--data", required=True, type=Path, help='JSONL of {"prompt", "completion"} lines')
     tr.add_argument("--heldout", type=Path, help="held-out JSONL (default: 5%% of --data by prompt hash)")
     tr.add_argument("--epochs", type=int, default=2)
     tr.add_argument("--budget-minutes", type=float, help="stop with a checkpoint after this much training")
-    tr.add_argument("--lr", type=float, default=1e-3)
+    tr.add_argument("--lr", type=float, help="peak learning rate (default: the family's)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head scores")
     tr.add_argument("--num-heads", type=int, default=4, help="medusa heads")
+    tr.add_argument("--draft-layers", type=int, default=6, help="draft: the target's first N layers")
     tr.add_argument("--max-len", type=int, default=512, help="tokens per training sequence")
     tr.add_argument("--batch-tokens", type=int, default=4096, help="tokens per training batch")
     tr.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
@@ -82,6 +83,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     from speccore.models import load_model
     from speccore.training.run import HeadPlan, train_head
+    from speccore.training.trainer import EpochReport
 
     _threads(args.threads)
     plan = HeadPlan(  # checks the family and its flag before the model loads
@@ -94,17 +96,17 @@ def run_train(args: argparse.Namespace) -> int:
         batch_tokens=args.batch_tokens,
         draft_vocab=args.draft_vocab,
         num_heads=args.num_heads,
+        draft_layers=args.draft_layers,
         checkpoint_every=args.checkpoint_every,
         extra={"command": " ".join(["specops", *sys.argv[1:]])},
     )
-    target = load_model(args.target, device=args.device)
+    # A distilled draft trains copies of the target's layers: they need the stock kernels.
+    target = load_model(args.target, device=args.device, row_invariant=args.family != "draft")
 
-    def report(r) -> None:  # noqa: ANN001 - EpochReport
+    def report(r: EpochReport) -> None:
         measured = ", ".join(f"{k} {v:.3f}" for k, v in r.heldout.items())
-        print(
-            f"epoch {r.epoch}: loss {r.train_loss:.4f}, {r.tokens_seen} tokens; held-out: {measured}",
-            file=sys.stderr,
-        )
+        loss = "untrained" if r.train_loss is None else f"loss {r.train_loss:.4f}"
+        print(f"epoch {r.epoch}: {loss}, {r.tokens_seen} tokens; held-out: {measured}", file=sys.stderr)
 
     result = train_head(target, plan, args.data, args.heldout, args.out, report, progress=not args.quiet)
     summary = {

@@ -25,9 +25,10 @@ MODEL = "smollm2-135m-instruct"
 
 def tiny_eagle(family: str = "eagle") -> EagleHead:
     torch.manual_seed(0)
+    taps = [1, 2] if family == "eagle3" else []
     config = HeadConfig(
         family=family, hidden_size=32, vocab_size=50, draft_vocab_size=50, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, intermediate_size=64, feature_layers=[1, 2] if family == "eagle3" else [],
+        num_key_value_heads=2, head_dim=8, intermediate_size=64, feature_layers=taps,
     )  # fmt: skip
     return EagleHead(config).eval()
 
@@ -105,8 +106,8 @@ def test_training_killed_midway_resumes_to_the_same_head(data, tmp_path):
     assert whole["resumed_from_step"] is None and whole["stopped_by"] == "epochs"
     config = json.loads((tmp_path / "whole" / "config.json").read_text())
     curve = config["provenance"]["curve"]
-    assert [r["epoch"] for r in curve] == [1, 2, 3]
-    assert curve[-1]["train_loss"] < curve[0]["train_loss"]  # it learns something
+    assert [r["epoch"] for r in curve] == [0, 1, 2, 3]  # 0: measured before training
+    assert curve[-1]["train_loss"] < curve[1]["train_loss"]  # it learns something
     assert "chain_mean_acceptance_length" in curve[-1]["heldout"]
     assert not (tmp_path / "whole" / "checkpoint.pt").exists()
 

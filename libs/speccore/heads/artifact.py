@@ -21,12 +21,12 @@ from speccore.errors import SpecError
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "head.safetensors"
 FORMAT = "specops-head/1"
-FAMILIES = ("medusa", "eagle", "eagle3")
+FAMILIES = ("medusa", "eagle", "eagle3", "draft")
 
 
 @dataclass(slots=True)
 class HeadConfig:
-    family: str  # medusa, eagle (EAGLE-1 layer, decoded with EAGLE-2 trees) or eagle3
+    family: str  # medusa, eagle (EAGLE-1 layer, decoded with EAGLE-2 trees), eagle3 or draft
     hidden_size: int  # the target's
     vocab_size: int  # the target's
     draft_vocab_size: int  # tokens the head scores (the most frequent in its training data)
@@ -40,6 +40,8 @@ class HeadConfig:
     intermediate_size: int = 0
     rms_norm_eps: float = 1e-5
     feature_layers: list[int] = field(default_factory=list)  # eagle3: target layers fused
+    # draft: the target's first num_layers decoder layers, distilled (its embeddings shared)
+    num_layers: int = 0
     provenance: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ import torch
 
 from speccore.errors import SpecError
 from speccore.heads.artifact import HeadConfig, save_head
+from speccore.heads.distilled import draft_with, initial_layers
 from speccore.heads.eagle import EagleHead
 from speccore.heads.medusa import MedusaHeads
 from speccore.models import LoadedModel
@@ -30,27 +31,31 @@ from speccore.training.data import (
     read_examples,
     tokenize_example,
 )
+from speccore.training.draft import DraftObjective
 from speccore.training.eagle import EagleObjective
 from speccore.training.features import Sequences, draft_vocabulary, extract, target_fingerprint
 from speccore.training.medusa import MedusaObjective
 from speccore.training.trainer import CHECKPOINT, EpochReport, Objective, TrainOptions, TrainResult, train
 
 EAGLE3_FLAG = "ENABLE_L4_EAGLE3_TRAINING"
-HEAD_FAMILIES = ("medusa", "eagle", "eagle3")
+HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "draft")
 HELDOUT_FRACTION = 0.05
+# New heads learn fast; a distilled draft starts from trained layers and must not forget them.
+DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4, "eagle3": 5e-4, "draft": 5e-5}
 
 
 @dataclass(frozen=True, slots=True)
 class HeadPlan:
     family: str
     epochs: int = 2
-    lr: float = 1e-3
+    lr: float | None = None  # None: the family's default (DEFAULT_LR)
     seed: int = 0
     budget_minutes: float | None = None
     max_len: int = 512  # tokens per training sequence (prompt + completion)
     batch_tokens: int = 4096
     draft_vocab: int = 8192
     num_heads: int = 4  # medusa
+    draft_layers: int = 6  # draft: the target's first layers, distilled
     feature_layers: tuple[int, ...] | None = None  # eagle3; default: low, middle, high
     ttt_steps: int = 3  # eagle3 training-time test depth
     checkpoint_every: int = 25
@@ -68,8 +73,8 @@ class HeadPlan:
             raise SpecError(f"EAGLE-3 training is behind a feature flag: set {EAGLE3_FLAG}=1 to use it")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise SpecError(f"--budget-minutes must be positive, got {self.budget_minutes}")
-        if self.num_heads <= 0 or self.ttt_steps <= 0:
-            raise SpecError("num_heads and ttt_steps must be positive")
+        if self.num_heads <= 0 or self.ttt_steps <= 0 or self.draft_layers <= 0:
+            raise SpecError("num_heads, ttt_steps and draft_layers must be positive")
 
 
 def default_feature_layers(n_layers: int) -> tuple[int, ...]:
@@ -99,7 +104,7 @@ def train_head(
     module, objective = _objective(target, plan, config, draft_ids, train_seq, held_seq, vocab_size)
     opts = TrainOptions(
         epochs=plan.epochs,
-        lr=plan.lr,
+        lr=plan.lr or DEFAULT_LR[plan.family],
         seed=plan.seed,
         budget_s=plan.budget_minutes * 60 if plan.budget_minutes else None,
         checkpoint_every=plan.checkpoint_every,
@@ -195,6 +200,7 @@ def _head_config(plan: HeadPlan, text_config: object, vocab_size: int, layers: t
         intermediate_size=int(get("intermediate_size")),
         rms_norm_eps=float(getattr(text_config, "rms_norm_eps", 1e-6)),
         feature_layers=list(layers),
+        num_layers=plan.draft_layers if plan.family == "draft" else 0,
     )
 
 
@@ -208,6 +214,12 @@ def _objective(
     vocab_size: int,
 ) -> tuple[torch.nn.Module, Objective]:
     out_weight = target.model.get_output_embeddings().weight.detach().float()[draft_ids]
+    if plan.family == "draft":
+        part = initial_layers(target.model, plan.draft_layers)
+        draft = draft_with(target.model, part)
+        return part, DraftObjective(
+            part, draft, out_weight, train_seq, held_seq, vocab_size, draft_ids, plan.batch_tokens
+        )
     if plan.family == "medusa":
         medusa = MedusaHeads(config)
         medusa.draft_ids.copy_(draft_ids)

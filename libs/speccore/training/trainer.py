@@ -61,10 +61,10 @@ class TrainOptions:
 
 @dataclass(slots=True)
 class EpochReport:
-    epoch: int  # 1-based
+    epoch: int  # 1-based; 0 measures the module before training
     steps: int  # optimizer steps so far
     tokens_seen: int  # training tokens so far
-    train_loss: float  # mean over the epoch's batches
+    train_loss: float | None  # mean over the epoch's batches (None before training)
     heldout: dict[str, float]
     elapsed_s: float
 
@@ -116,6 +116,11 @@ def train(
     total = per_epoch * opts.epochs
     bar = tqdm(total=total, initial=state.steps, desc="training", unit="step", disable=not progress)
     stopped_by = "epochs"
+    if resumed is None:  # the curve starts at the untrained module
+        module.eval()
+        state.reports.append(EpochReport(0, 0, 0, None, objective.evaluate(), 0.0))
+        if on_epoch is not None:
+            on_epoch(state.reports[0])
     module.train()
     with bar:
         while state.epoch < opts.epochs:
