@@ -48,6 +48,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--out", required=True, type=Path, help="directory for the head (and its checkpoint)")
     tr.set_defaults(handler=run_train)
 
+    ex = actions.add_parser("export", help="write an EAGLE-3 head as a speculators checkpoint for vLLM")
+    ex.add_argument("--head", required=True, type=Path, help="directory written by `heads train`")
+    ex.add_argument("--target", required=True, help="the verifier (its embeddings go into the checkpoint)")
+    ex.add_argument("--verifier-name", help="name or path vLLM loads the verifier by (default: --target)")
+    ex.add_argument("--out", required=True, type=Path)
+    ex.set_defaults(handler=run_export)
+
 
 def _threads(n: int | None) -> None:
     if n:
@@ -117,4 +124,18 @@ def run_train(args: argparse.Namespace) -> int:
         "heldout": result.reports[-1].heldout if result.reports else {},
     }
     print(json.dumps(summary))
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from speccore.heads.speculators import export_speculators
+    from speccore.models import load_model
+
+    target = load_model(args.target, device="cpu")
+    embeddings = target.model.get_input_embeddings().weight
+    architectures = list(target.model.config.architectures or [type(target.model).__name__])
+    out = export_speculators(
+        args.head, args.out, args.verifier_name or args.target, embeddings, architectures
+    )
+    print(f"wrote a speculators EAGLE-3 checkpoint to {out}", file=sys.stderr)
     return 0

@@ -7,9 +7,13 @@
 - EAGLE-2 (arXiv 2406.16858) is a decoding change only: a dynamic tree grown by
   draft confidence (``speccore.proposers.eagle``).
 - EAGLE-3 (arXiv 2503.01840): the feature fuses low, middle and high layers of the
-  target (``feature_layers``), the head has its own output layer over a reduced
-  draft vocabulary, and training unrolls the head on its own outputs
-  (training-time test, ``speccore.training.eagle``).
+  target (``feature_layers``, fused by ``fuse``), the head has its own output layer
+  over a reduced draft vocabulary, and training unrolls the head on its own outputs
+  (training-time test, ``speccore.training.eagle``). Its layer is the one vLLM and
+  the speculators format use: attention reads [norm(embedding); norm(feature)]
+  (2 x hidden), the residual stream starts at the feature, and the feature handed to
+  the next draft step is the layer's output before the final norm — so a trained
+  head exports as a speculators checkpoint (``speccore.heads.speculators``).
 
 The layer is a Llama decoder layer whatever the target's architecture; it keeps its
 own key/value cache at the target's positions, so it runs through the same
@@ -18,9 +22,12 @@ own key/value cache at the target's positions, so it runs through the same
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm
 
 from speccore.heads.artifact import HeadConfig
 
@@ -45,25 +52,63 @@ def layer_config(config: HeadConfig) -> LlamaConfig:
     return llama
 
 
+class Eagle3DecoderLayer(LlamaDecoderLayer):
+    """A decoder layer whose input is [embedding; feature] (2 x hidden): attention reads
+    both, normed apart; the residual stream starts at the feature."""
+
+    def __init__(self, config: LlamaConfig, layer_idx: int = 0) -> None:
+        super().__init__(config, layer_idx)
+        h, attn = config.hidden_size, self.self_attn
+        bias = config.attention_bias
+        attn.q_proj = nn.Linear(2 * h, attn.q_proj.out_features, bias=bias)
+        attn.k_proj = nn.Linear(2 * h, attn.k_proj.out_features, bias=bias)
+        attn.v_proj = nn.Linear(2 * h, attn.v_proj.out_features, bias=bias)
+        self.hidden_norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        embeds, feature = hidden_states.chunk(2, dim=-1)
+        normed = torch.cat([self.input_layernorm(embeds), self.hidden_norm(feature)], dim=-1)
+        attn_out, _ = self.self_attn(normed, *args, **kwargs)
+        hidden = feature + attn_out
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
 class EagleHead(nn.Module):
     def __init__(self, config: HeadConfig) -> None:
         super().__init__()
         self.config = config
         h = config.hidden_size
-        n_taps = len(config.feature_layers)
-        # EAGLE-3 fuses the tapped target layers into one feature; EAGLE-1 reads the last hidden state.
-        self.fuse = nn.Linear(n_taps * h, h, bias=False) if n_taps else None
-        self.fc = nn.Linear(2 * h, h, bias=False)
+        self.eagle3 = config.family == "eagle3"
         self.layer = LlamaModel(layer_config(config))
+        if self.eagle3:
+            # fuse: the tapped target layers -> one feature; the layer reads [embedding; feature].
+            self.fuse: nn.Linear | None = nn.Linear(len(config.feature_layers) * h, h, bias=False)
+            self.fc: nn.Linear | None = None
+            self.layer.layers[0] = Eagle3DecoderLayer(self.layer.config)
+            # The output before the norm feeds the next step; the norm only precedes the logits.
+            self.norm: nn.Module = self.layer.norm
+            self.layer.norm = nn.Identity()
+            self.lm_head: nn.Linear | None = nn.Linear(h, config.draft_vocab_size, bias=False)
+        else:
+            self.fuse, self.lm_head = None, None
+            self.fc = nn.Linear(2 * h, h, bias=False)  # EAGLE-1: [embedding; feature] -> hidden
+            self.norm = nn.Identity()  # the layer's own final norm already ran
         self.register_buffer("draft_ids", torch.arange(config.draft_vocab_size, dtype=torch.long))
-        # EAGLE-3 trains its own output layer over the draft vocabulary.
-        eagle3 = config.family == "eagle3"
-        self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False) if eagle3 else None
 
     def target_feature(self, feature: torch.Tensor) -> torch.Tensor:
         """A feature taken from the target ([..., taps*hidden] for EAGLE-3) -> [..., hidden]."""
         return self.fuse(feature) if self.fuse is not None else feature
 
     def inputs(self, token_embeds: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
-        """The layer's input at a position: [token embedding; feature] -> [..., hidden]."""
-        return self.fc(torch.cat([token_embeds, feature], dim=-1))
+        """The layer's input at a position from a token embedding and a feature."""
+        pair = torch.cat([token_embeds, feature], dim=-1)
+        return self.fc(pair) if self.fc is not None else pair
+
+    def draft_logits(self, out: torch.Tensor, out_weight: torch.Tensor | None) -> torch.Tensor:
+        """[..., draft vocab] logits of layer outputs; EAGLE-1 scores with ``out_weight``
+        (the target's output rows of the draft vocabulary), EAGLE-3 with its own head."""
+        if self.lm_head is not None:
+            return self.lm_head(self.norm(out))
+        if out_weight is None:
+            raise ValueError("an EAGLE-1 head scores tokens with the target's output rows")
+        return torch.nn.functional.linear(out, out_weight)

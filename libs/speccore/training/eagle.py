@@ -102,10 +102,7 @@ class EagleObjective:
         return sequence_batches(lengths, self.batch_tokens, gen)
 
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
-        if self.out_weight is not None:
-            return F.linear(out, self.out_weight)
-        assert self.module.lm_head is not None
-        return self.module.lm_head(out)
+        return self.module.draft_logits(out, self.out_weight)
 
     def _inputs(
         self, data: Sequences, i: int
