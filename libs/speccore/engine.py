@@ -14,6 +14,7 @@ import torch
 
 from speccore import proposers
 from speccore.errors import SpecError
+from speccore.features import LayerTap
 from speccore.kv_cache import StaticKVCache
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel
@@ -92,6 +93,9 @@ class Engine:
         self.lossy_accept_threshold = lossy_accept_threshold
         self.runner = ModelRunner(target.model)
         self.proposer = build_proposer(method, target, config or ProposerConfig())
+        self.tap: LayerTap | None = None
+        if self.proposer is not None and self.proposer.needs_hidden_states and self.proposer.feature_layers:
+            self.tap = LayerTap(target.model, self.proposer.feature_layers)
 
     @torch.inference_mode()
     def generate(
@@ -117,9 +121,9 @@ class Engine:
             on_tokens=on_tokens,
             on_logits=on_logits,
         )
-        self._prefill(run)
+        features = self._prefill(run)
         if self.proposer is not None:
-            self.proposer.start(seqs)
+            self.proposer.start(seqs, features)
         while not all(s.finished for s in seqs):
             self._step(run)
 
@@ -156,13 +160,31 @@ class Engine:
             seqs.append(Sequence(list(r.prompt_ids), r.max_new_tokens, r.sampling, gen))
         return seqs
 
-    def _prefill(self, run: _Run) -> None:
-        """Commit every prompt token but the last, which is the first step's pending token."""
+    def _prefill(self, run: _Run) -> torch.Tensor | None:
+        """Commit every prompt token but the last, which is the first step's pending token.
+
+        Returns the proposer's features of the committed tokens ([batch, n-1, F]) if it reads any.
+        """
         tokens, counts = pad_rows([s.prompt_ids[:-1] for s in run.seqs])
         if int(counts.max()) == 0:
-            return
-        self.runner.forward(run.cache, tokens)
+            return None
+        _, features = self._forward(run.cache, tokens)
         run.cache.commit(counts)
+        return features
+
+    def _forward(
+        self, cache: StaticKVCache, tokens: torch.Tensor, parents: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target's final hidden states [batch, q, hidden], and the features the
+        proposer reads ([batch, q, F], see Proposer.feature_layers) or None."""
+        if self.proposer is None or not self.proposer.needs_hidden_states:
+            return self.runner.forward(cache, tokens, parents), None
+        if self.tap is None:
+            hidden = self.runner.forward(cache, tokens, parents)
+            return hidden, hidden
+        with self.tap.capture():
+            hidden = self.runner.forward(cache, tokens, parents)
+        return hidden, self.tap.features()
 
     def _step(self, run: _Run) -> None:
         seqs, cache, metrics, sampling = run.seqs, run.cache, run.metrics, run.sampling
@@ -177,7 +199,7 @@ class Engine:
         tokens = torch.cat([pending, tree.tokens], dim=1)  # [batch, q]
         parents = block_parents(tree.parents)
         acceptable = torch.cat([torch.zeros(batch, 1, dtype=torch.bool), tree.acceptable], dim=1)
-        hidden = self.runner.forward(cache, tokens, parents if tree.size else None)
+        hidden, features = self._forward(cache, tokens, parents if tree.size else None)
         logits = self.runner.logits(hidden).cpu()  # [batch, q, vocab]
         verdict = verify_block(
             logits,
@@ -220,7 +242,7 @@ class Engine:
                 logits,
                 verdict.accepted_nodes,
                 verdict.next_tokens,
-                hidden if self.proposer.needs_hidden_states else None,
+                features,
             )
             self.proposer.observe(seqs, outcome)
             observe_time = time.perf_counter() - t2

@@ -9,6 +9,7 @@ logic (which assumes one shared cache length) is bypassed.
 from __future__ import annotations
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from speccore import cpu_kernels
@@ -30,7 +31,8 @@ class ModelRunner:
         config = model.config
         self.model = model
         self.backbone = model.base_model
-        self.head = model.get_output_embeddings()
+        # None for a bare decoder (an EAGLE head's layer): such a model only gives hidden states.
+        self.head: nn.Module | None = model.get_output_embeddings()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.softcap: float | None = getattr(config, "final_logit_softcapping", None)
@@ -48,15 +50,23 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(
-        self, cache: StaticKVCache, tokens: torch.Tensor, block_parents: torch.Tensor | None = None
+        self,
+        cache: StaticKVCache,
+        tokens: torch.Tensor | None,
+        block_parents: torch.Tensor | None = None,
+        embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states after the final norm, [batch, q, hidden].
 
-        tokens: [batch, q]; block_parents: [batch, q] block-relative parents (root
-        -1), or None for a chain. Writes the block's keys/values after each row's
-        committed length without committing them.
+        tokens: [batch, q], or None with embeds: [batch, q, hidden] input embeddings
+        instead; block_parents: [batch, q] block-relative parents (-1 for a root), or
+        None for a chain. Writes the block's keys/values after each row's committed
+        length without committing them.
         """
-        batch, q = tokens.shape
+        inputs = tokens if tokens is not None else embeds
+        if inputs is None or (tokens is not None and embeds is not None):
+            raise ValueError("give either tokens or embeds")
+        batch, q = inputs.shape[:2]
         if block_parents is None:
             anc = torch.tril(torch.ones(q, q, dtype=torch.bool)).expand(batch, q, q)
         else:
@@ -74,7 +84,8 @@ class ModelRunner:
             near = (positions[:, :, None] - kv_pos[:, None, :]) < self.sliding_window
             attn = {"full_attention": full, "sliding_attention": self._mask(mask & near)}
         out = self.backbone(
-            input_ids=tokens.to(self.device),
+            input_ids=tokens.to(self.device) if tokens is not None else None,
+            inputs_embeds=embeds.to(self.device) if embeds is not None else None,
             attention_mask=attn,
             position_ids=positions.to(self.device),
             past_key_values=cache,
@@ -93,6 +104,8 @@ class ModelRunner:
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab] float32 logits, with the model's soft-capping."""
+        if self.head is None:
+            raise RuntimeError("this model has no output embedding")
         logits = self.head(hidden).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap

@@ -22,12 +22,17 @@ def block_parents(parents: torch.Tensor) -> torch.Tensor:
 
 
 def ancestor_mask(block_par: torch.Tensor) -> torch.Tensor:
-    """[batch, q, q] bool: node i may attend to node j (j is i or an ancestor of i)."""
+    """[batch, q, q] bool: node i may attend to node j (j is i or an ancestor of i).
+
+    Parents precede their children; any node may be a root (parent -1), so a block
+    may hold several trees (an EAGLE draft level has no parent inside its block).
+    """
     batch, q = block_par.shape
     mask = torch.eye(q, dtype=torch.bool).expand(batch, q, q).clone()
     rows = torch.arange(batch)
     for i in range(1, q):
-        mask[rows, i] |= mask[rows, block_par[:, i]]
+        parent = block_par[:, i]
+        mask[rows, i] |= mask[rows, parent.clamp(min=0)] & (parent >= 0)[:, None]
     return mask
 
 

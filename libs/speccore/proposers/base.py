@@ -91,7 +91,7 @@ class StepOutcome:
     logits: torch.Tensor  # [batch, q, vocab] target logits at every block node
     accepted_nodes: list[list[int]]  # per row: block indices of the accepted path, root first
     next_tokens: list[int]  # per row: the token sampled after the accepted path (new pending token)
-    hidden: torch.Tensor | None = None  # [batch, q, hidden] when the proposer asked for hidden states
+    hidden: torch.Tensor | None = None  # [batch, q, F] target features at every block node, when asked
 
 
 @dataclass(slots=True)
@@ -106,6 +106,11 @@ class ProposerConfig:
     lookahead_window: int = 5
     lookahead_ngram: int = 4
     lookahead_guesses: int = 5
+    head: str | None = None  # directory of a trained head (medusa, eagle)
+    tree_topk: int = 4  # eagle: children per expanded node, and nodes expanded per level
+    tree_depth: int = 5  # eagle: levels of the draft tree
+    tree_tokens: int = 16  # medusa and eagle: draft nodes per step
+    medusa_choices: tuple[tuple[int, ...], ...] | None = None  # medusa tree; None: heads.trees default
 
     def __post_init__(self) -> None:
         if self.k <= 0:
@@ -114,6 +119,10 @@ class ProposerConfig:
             raise SpecError(f"k={self.k} is too large; speccore drafts at most {MAX_K} tokens per step")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise SpecError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+        if min(self.tree_topk, self.tree_depth, self.tree_tokens) <= 0:
+            raise SpecError("tree_topk, tree_depth and tree_tokens must be positive")
+        if self.tree_tokens > MAX_K:
+            raise SpecError(f"tree_tokens={self.tree_tokens} is too large; at most {MAX_K} nodes a step")
 
 
 MAX_K = 64
@@ -122,9 +131,18 @@ MAX_K = 64
 class Proposer(ABC):
     family: ClassVar[str]
     needs_hidden_states: ClassVar[bool] = False
+    # With needs_hidden_states, the target features the engine hands over: () for the
+    # final hidden state, else the outputs of these decoder layers, concatenated in order.
+    feature_layers: tuple[int, ...] = ()
 
-    def start(self, seqs: list[Sequence]) -> None:  # noqa: B027 - optional hook
-        """Called once after the prompts are prefilled."""
+    def start(  # noqa: B027 - optional hook
+        self, seqs: list[Sequence], features: torch.Tensor | None = None
+    ) -> None:
+        """Called once after the prompts are prefilled.
+
+        features: [batch, n-1, F] target features of each row's prompt[:-1] (right-padded),
+        or None when the proposer does not need hidden states or nothing was prefilled.
+        """
 
     @abstractmethod
     def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:

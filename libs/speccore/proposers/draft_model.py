@@ -74,7 +74,7 @@ class DraftModelProposer(Proposer):
         self.runner = ModelRunner(model)
         self.cache: StaticKVCache | None = None
 
-    def start(self, seqs: list[Sequence]) -> None:
+    def start(self, seqs: list[Sequence], features: torch.Tensor | None = None) -> None:
         capacity = max(len(s.prompt_ids) + s.max_new_tokens for s in seqs) + 2 * self.k + 8
         self.cache = self.runner.new_cache(len(seqs), capacity)
 

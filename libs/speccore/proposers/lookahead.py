@@ -180,7 +180,7 @@ class LookaheadProposer(Proposer):
             )
         self._rows: list[_Row | None] = []
 
-    def start(self, seqs: list[Sequence]) -> None:
+    def start(self, seqs: list[Sequence], features: torch.Tensor | None = None) -> None:
         self._rows = [self._new_row(seq) for seq in seqs]
 
     def _new_row(self, seq: Sequence) -> _Row:
