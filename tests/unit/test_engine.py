@@ -12,6 +12,7 @@ from itertools import pairwise
 
 import pytest
 import torch
+from heads import save_random_head
 from transformers import GenerationConfig
 
 from speccore.engine import Engine, Request
@@ -232,6 +233,19 @@ def test_unknown_method_is_refused_with_the_known_ones(smollm) -> None:
     with pytest.raises(SpecError, match="ngram") as err:
         Engine(smollm, "medusa-9000")
     assert "none" in str(err.value)
+
+
+@pytest.mark.parametrize("method", ["medusa", "eagle"])
+def test_learned_drafts_need_a_head(smollm, method) -> None:
+    with pytest.raises(SpecError, match=f"the {method} family needs --head DIR"):
+        Engine(smollm, method)
+
+
+def test_eagle3_feature_layer_out_of_range_is_refused(smollm, tmp_path) -> None:
+    last = smollm.model.config.num_hidden_layers - 1  # its output is the final hidden state
+    head = save_random_head(smollm, "eagle3", tmp_path / "eagle3", torch.arange(64), feature_layers=[2, last])
+    with pytest.raises(SpecError, match=f"feature layer {last} is out of range"):
+        Engine(smollm, "eagle", ProposerConfig(head=str(head)))
 
 
 @pytest.mark.parametrize("k", [0, -1, MAX_K + 1])

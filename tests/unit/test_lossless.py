@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from heads import chain_outputs, fit_eagle_head, frequent_ids, save_random_head
 from stats import chi_square_pvalue
 
 import speccore.verify
@@ -19,6 +20,7 @@ from speccore.datastore import build_datastore
 from speccore.engine import Engine, Request
 from speccore.prompts import humaneval_prompts, sharegpt_conversations, sharegpt_prompts
 from speccore.proposers.base import ProposerConfig
+from speccore.proposers.eagle import EagleProposer
 from speccore.runner import ModelRunner
 from speccore.sampling import SamplingParams, probs_from_logits
 
@@ -29,6 +31,9 @@ ALPHA = 1e-3  # the stated bound: a lossless method fails by chance at most 0.1%
 SAMPLES = 300
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95)
 PATTERN = "apple banana cherry grape apple banana cherry grape apple banana cherry grape apple"
+# Learned heads, by test label: (method, head family). Their weights are random: a head's
+# quality changes how much is accepted, never what is emitted.
+HEADS = {"medusa": ("medusa", "medusa"), "eagle": ("eagle", "eagle"), "eagle3": ("eagle", "eagle3")}
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +61,22 @@ def _configs(datastore: str) -> dict[str, ProposerConfig]:
         "rest": ProposerConfig(k=6, datastore=datastore),
         "draft_model": ProposerConfig(k=4, draft="self:12"),
         "lookahead": ProposerConfig(k=4),
+    }
+
+
+@pytest.fixture(scope="module")
+def head_configs(smollm, tmp_path_factory) -> dict[str, ProposerConfig]:
+    root = tmp_path_factory.mktemp("heads")
+    ids = frequent_ids(smollm)
+    # Small trees: on CPU a verify pass costs about rows x tree nodes.
+    return {
+        label: ProposerConfig(
+            head=str(save_random_head(smollm, family, root / label, ids)),
+            tree_topk=3,
+            tree_depth=3,
+            tree_tokens=6,
+        )
+        for label, (_, family) in HEADS.items()
     }
 
 
@@ -90,6 +111,65 @@ def test_greedy_output_is_identical_to_plain_decoding(
     # The method really speculated: otherwise identity would prove nothing.
     probe = engine.generate([Request(greedy_prompts[-1], GREEDY_NEW_TOKENS)])[0].metrics
     assert probe.drafted_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def few_prompts(greedy_prompts):
+    """Two ShareGPT and two HumanEval prompts: fewer rows than the chain methods' test."""
+    return greedy_prompts[:2] + greedy_prompts[20:22]
+
+
+@pytest.fixture(scope="module")
+def few_reference(smollm, few_prompts):
+    return _greedy(Engine(smollm, "none"), few_prompts, batch=len(few_prompts))
+
+
+@pytest.mark.parametrize("label", list(HEADS))
+def test_greedy_output_with_heads_is_identical_to_plain_decoding(
+    smollm, few_prompts, few_reference, head_configs, label
+):
+    engine = Engine(smollm, HEADS[label][0], head_configs[label])
+    gens = engine.generate([Request(p, GREEDY_NEW_TOKENS) for p in few_prompts])
+    assert [g.token_ids for g in gens] == few_reference
+    assert all(g.metrics.drafted_tokens > 0 for g in gens)
+
+
+def test_accepted_medusa_tree_paths_keep_greedy_identity(smollm, tmp_path):
+    """An untrained Medusa head repeats the target's own prediction at every depth; where
+    the target repeats one token, whole tree paths are accepted (and compacted in the cache)."""
+    vocab = smollm.model.get_output_embeddings().weight.shape[0]
+    head = save_random_head(smollm, "medusa", tmp_path / "medusa", torch.arange(vocab), noise=0.0)
+    prompt = smollm.encode_prompt(" ".join(["ha"] * 24), chat=False)
+    reference = Engine(smollm, "none").generate([Request(prompt, GREEDY_NEW_TOKENS)])[0]
+    gen = Engine(smollm, "medusa", ProposerConfig(head=str(head))).generate(
+        [Request(prompt, GREEDY_NEW_TOKENS)]
+    )[0]
+    assert gen.token_ids == reference.token_ids
+    assert gen.metrics.mean_acceptance_length > 2
+
+
+def test_accepted_eagle_tree_paths_keep_greedy_identity(smollm, sampling_prompt, tmp_path, monkeypatch):
+    """An EAGLE head fitted to the target's own reply drafts it back through several tree
+    levels; every tree grows from the output a chain run of the head gives at that point."""
+    reference = Engine(smollm, "none").generate([Request(sampling_prompt, GREEDY_NEW_TOKENS)])[0]
+    sequence = sampling_prompt + reference.token_ids
+    head = fit_eagle_head(smollm, sequence, frequent_ids(smollm), tmp_path / "eagle")
+    roots: list[tuple[int, torch.Tensor]] = []  # (entries committed, output the tree grows from)
+    grow = EagleProposer._grow
+
+    def recording_grow(self, root_out, depth):
+        roots.append((int(self.cache.lengths[0]), root_out[0].clone()))
+        return grow(self, root_out, depth)
+
+    monkeypatch.setattr(EagleProposer, "_grow", recording_grow)
+    engine = Engine(smollm, "eagle", ProposerConfig(head=str(head)))
+    gen = engine.generate([Request(sampling_prompt, GREEDY_NEW_TOKENS)])[0]
+    assert gen.token_ids == reference.token_ids
+    assert gen.metrics.mean_acceptance_length > 2.5
+    expected = chain_outputs(smollm, engine.proposer.head, sequence)
+    assert [n for n, _ in roots] == sorted({n for n, _ in roots}) and len(roots) > 3
+    for n, out in roots:
+        torch.testing.assert_close(out, expected[n - 1], atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.parametrize("method", ["ngram", "rest", "draft_model", "lookahead"])
@@ -140,10 +220,10 @@ def sampling_prompt(smollm):
     return smollm.encode_prompt(PATTERN, chat=False)
 
 
-@pytest.mark.parametrize("method", ["none", "ngram", "rest", "draft_model", "lookahead"])
-def test_sampled_output_follows_target_distribution(smollm, sampling_prompt, datastore, method):
-    cfg = _configs(datastore).get(method)
-    engine = Engine(smollm, method, cfg)
+@pytest.mark.parametrize("method", ["none", "ngram", "rest", "draft_model", "lookahead", "medusa", "eagle"])
+def test_sampled_output_follows_target_distribution(smollm, sampling_prompt, datastore, head_configs, method):
+    cfg = {**_configs(datastore), **head_configs}.get(method)
+    engine = Engine(smollm, HEADS.get(method, (method,))[0], cfg)
     samples = _pair_samples(engine, sampling_prompt)
     assert _fit_pvalue(smollm, sampling_prompt, samples) > ALPHA / 2
 

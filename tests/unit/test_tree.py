@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
+from speccore.errors import SpecError
+from speccore.heads.trees import DEFAULT_MEDUSA_CHOICES, medusa_tree, tree_parents
 from speccore.tree import ancestor_mask, block_parents, chain_parents, children_lists, depths
 
 #         0  (pending token, the root)
@@ -78,3 +81,30 @@ def test_ancestor_mask_matches_walking_up_the_parents_on_random_trees() -> None:
 
 def test_children_lists_in_node_order() -> None:
     assert children_lists(BLOCK_PARENTS) == [[1, 2], [3, 4], [6], [5], [], [], []]
+
+
+def test_ancestor_mask_of_a_block_with_several_roots() -> None:
+    # An EAGLE draft level: nodes 0-2 have no parent in the block; 3, 4 hang below 1, 5 below 3.
+    par = torch.tensor([[-1, -1, -1, 1, 1, 3], [-1, 0, -1, 2, -1, 4]])
+    mask = ancestor_mask(par)
+    assert torch.equal(mask[0], _mask_of([{0}, {1}, {2}, {1, 3}, {1, 4}, {1, 3, 5}]))
+    assert torch.equal(mask[1], _mask_of([{0}, {0, 1}, {2}, {2, 3}, {4}, {4, 5}]))
+    assert depths(mask).tolist() == [[0, 0, 0, 1, 1, 2], [0, 1, 0, 1, 0, 1]]
+
+
+def test_medusa_default_tree_is_a_tree_at_every_size() -> None:
+    parents = tree_parents(list(DEFAULT_MEDUSA_CHOICES))
+    for i, choice in enumerate(DEFAULT_MEDUSA_CHOICES):
+        assert parents[i] == (DEFAULT_MEDUSA_CHOICES.index(choice[:-1]) if len(choice) > 1 else -1)
+    two_heads = medusa_tree(DEFAULT_MEDUSA_CHOICES, num_heads=2, size=8)
+    assert len(two_heads) == 8 and max(len(c) for c in two_heads) == 2
+    tree_parents(two_heads)
+
+
+@pytest.mark.parametrize(
+    ("choices", "message"),
+    [([(0, 0), (0,)], "before its parent"), ([(0,), (0,)], "listed twice"), ([(0,), (-1,)], "rank >= 0")],
+)
+def test_a_choice_list_that_is_not_a_tree_is_refused(choices, message) -> None:
+    with pytest.raises(SpecError, match=message):
+        tree_parents(choices)

@@ -4,7 +4,7 @@ from importlib import import_module
 
 from speccore.proposers.base import REGISTRY, DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
 
-FAMILIES = ("ngram", "rest", "draft_model", "lookahead")
+FAMILIES = ("ngram", "rest", "draft_model", "lookahead", "medusa", "eagle")
 
 # Draft depth per family when the user gives no --k (HF baselines use the same table).
 DEFAULT_K = {
