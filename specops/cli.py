@@ -10,7 +10,7 @@ from typing import NoReturn
 
 from speccore.errors import SpecError
 
-METHODS = ("none", "ngram", "rest", "draft_model", "lookahead")
+METHODS = ("none", "ngram", "rest", "draft_model", "lookahead", "medusa", "eagle")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,6 +38,7 @@ def _draft_args(p: argparse.ArgumentParser) -> None:
         "--draft", help="draft model for draft_model/hf_assisted, or self:N (target's first N layers)"
     )
     p.add_argument("--datastore", help="REST datastore built with `specops datastore build`")
+    p.add_argument("--head", help="trained head directory for medusa/eagle (`specops heads train`)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -66,7 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="interleaved benchmark of methods on a prompt set")
     _model_args(bench)
-    bench.add_argument("--workload", required=True, choices=("chat", "code"))
+    bench.add_argument(
+        "--workload", required=True, choices=("chat", "code"), help="prompt set (with --prompts: the label)"
+    )
+    bench.add_argument(
+        "--prompts", type=Path, help='JSONL of {"prompt", "completion"} lines: their prompts, as chat'
+    )
     bench.add_argument("--methods", default="none,ngram", help="comma-separated; none is always included")
     _draft_args(bench)
     _sampling_args(bench)
@@ -137,6 +143,7 @@ def _generate(args: argparse.Namespace) -> int:
         k=args.k if args.k is not None else DEFAULT_K.get(args.method, 5),
         draft=args.draft,
         datastore=args.datastore,
+        head=args.head,
     )
     target = _load(args)
     engine = Engine(target, args.method, cfg)
@@ -208,6 +215,8 @@ def _bench(args: argparse.Namespace) -> int:
         args.k,
         args.draft,
         args.datastore,
+        args.head,
+        str(args.prompts) if args.prompts else None,
     )
     target = _load(args)
     result = run_bench(target, spec, log=lambda msg: print(msg, file=sys.stderr))

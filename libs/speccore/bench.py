@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from itertools import islice
 from pathlib import Path
 
 import torch
@@ -27,10 +28,11 @@ from speccore.errors import SpecError
 from speccore.hf_baselines import HF_METHODS, HFGenerator
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel, load_model
-from speccore.prompts import load_prompts
+from speccore.prompts import Prompt, load_prompts
 from speccore.proposers import DEFAULT_K
 from speccore.proposers.base import ProposerConfig
 from speccore.sampling import SamplingParams
+from speccore.training.data import read_examples
 
 
 @dataclass(slots=True)
@@ -46,6 +48,8 @@ class BenchSpec:
     k: int | None = None
     draft: str | None = None
     datastore: str | None = None
+    head: str | None = None
+    prompts: str | None = None  # JSONL of {"prompt", "completion"} lines used instead of the workload's
 
     def __post_init__(self) -> None:
         if "none" not in self.methods:
@@ -99,13 +103,29 @@ def build_runners(target: LoadedModel, spec: BenchSpec, exclude_ids: frozenset[s
         datastore = spec.datastore
         if method == "rest" and datastore is None:
             datastore = str(default_datastore(target, spec.workload, exclude_ids))
-        cfg = ProposerConfig(k=k, draft=spec.draft, datastore=datastore)
+        cfg = ProposerConfig(k=k, draft=spec.draft, datastore=datastore, head=spec.head)
         runners[method] = _engine_runner(Engine(target, method, cfg), spec)
     return runners
 
 
+def file_prompts(path: Path, n: int) -> list[Prompt]:
+    """The first ``n`` prompts of a JSONL file of examples (the heads' data format), as chat
+    prompts; each keeps the example's id, or gets ``<file name>:<index>``."""
+    prompts = [
+        Prompt(ex.id or f"{path.name}:{i}", ex.prompt, chat=True, source="file")
+        for i, ex in islice(enumerate(read_examples(path)), n)
+    ]
+    if len(prompts) < n:
+        raise SpecError(f"{path} holds {len(prompts)} prompts, asked for {n} (--n-prompts)")
+    return prompts
+
+
 def run_bench(target: LoadedModel, spec: BenchSpec, log: Callable[[str], None] = print) -> dict[str, object]:
-    prompts = load_prompts(spec.workload, spec.n_prompts, seed=spec.seed)
+    prompts = (
+        file_prompts(Path(spec.prompts), spec.n_prompts)
+        if spec.prompts
+        else load_prompts(spec.workload, spec.n_prompts, seed=spec.seed)
+    )
     encoded = [target.encode_prompt(p.text, p.chat) for p in prompts]
     batches = [encoded[i : i + spec.batch_size] for i in range(0, len(encoded), spec.batch_size)]
     runners = build_runners(target, spec, frozenset(p.id for p in prompts))

@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from heads import save_random_head
 
 pytestmark = pytest.mark.slow
 
@@ -62,6 +64,39 @@ def test_bench_writes_results(smollm, tmp_path):
     assert result["plain_decoding_limit"]["tokens_per_s"] > 0
 
 
+@pytest.fixture(scope="module")
+def heads(smollm, tmp_path_factory) -> dict[str, Path]:
+    """Medusa heads trained (here: saved at random) for another hidden size, another
+    vocabulary, and for the target itself."""
+    root = tmp_path_factory.mktemp("heads")
+    vocab, hidden = smollm.model.get_output_embeddings().weight.shape
+    ids = torch.arange(256)
+    return {
+        "wide": save_random_head(smollm, "medusa", root / "wide", ids, hidden_size=hidden + 64),
+        "vocab": save_random_head(smollm, "medusa", root / "vocab", ids, vocab_size=vocab + 1),
+        "medusa": save_random_head(smollm, "medusa", root / "medusa", ids),
+    }
+
+
+def test_bench_runs_a_head_on_prompts_from_a_file(smollm, heads, tmp_path):
+    prompts = tmp_path / "heldout.jsonl"
+    rows = [
+        {"prompt": "Name three fruits.", "completion": "Apple.", "id": "q1"},
+        {"prompt": "Hi!", "completion": "Hello."},
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dest = tmp_path / "bench.json"
+    out = specops(
+        "bench", "--model", MODEL, "--workload", "chat", "--prompts", str(prompts), "--methods", "medusa",
+        "--head", str(heads["medusa"]), "--n-prompts", "2", "--reps", "1", "--max-new-tokens", "8",
+        "--json", str(dest),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(dest.read_text())
+    assert result["prompt_ids"] == ["q1", "heldout.jsonl:1"]
+    assert result["methods"]["medusa"]["identical_to_baseline"] is True
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -80,6 +115,23 @@ def test_bad_input_gives_one_line_error(smollm, gemma, args, message):
     if "--prompt" not in args:
         args = [*args, "--prompt", "hello"]
     out = specops("generate", *args)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("method", "head", "message"),
+    [
+        ("medusa", "wide", "trained for hidden size"),
+        ("medusa", "vocab", "vocabulary of"),
+        ("eagle", "medusa", "holds a medusa head; method 'eagle' decodes eagle and eagle3 heads"),
+    ],
+)
+def test_head_that_does_not_fit_gives_one_line_error(heads, method, head, message):
+    args = ["--model", MODEL, "--method", method, "--prompt", "hello", "--max-new-tokens", "4"]
+    out = specops("generate", *args, "--head", str(heads[head]))
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr
