@@ -241,6 +241,13 @@ def test_learned_drafts_need_a_head(smollm, method) -> None:
         Engine(smollm, method)
 
 
+def test_head_for_another_vocabulary_is_refused(smollm, tmp_path) -> None:
+    vocab = smollm.model.get_output_embeddings().weight.shape[0]
+    head = save_random_head(smollm, "eagle", tmp_path / "eagle", torch.arange(64), vocab_size=vocab + 1)
+    with pytest.raises(SpecError, match=f"trained for a vocabulary of {vocab + 1} tokens"):
+        Engine(smollm, "eagle", ProposerConfig(head=str(head)))
+
+
 def test_eagle3_feature_layer_out_of_range_is_refused(smollm, tmp_path) -> None:
     last = smollm.model.config.num_hidden_layers - 1  # its output is the final hidden state
     head = save_random_head(smollm, "eagle3", tmp_path / "eagle3", torch.arange(64), feature_layers=[2, last])
