@@ -50,9 +50,11 @@ WARMUP_PROMPT_TOKENS = 64
 WARMUP_NEW_TOKENS = 8
 # Candidate option names accepted besides ProposerConfig's own field names.
 OPTION_ALIASES = {"min_match": "ngram_min", "max_match": "ngram_max"}
-_SET_FROM_CANDIDATE = frozenset({"k", "draft", "datastore"})
+# medusa_choices is a tree shape: candidates' trees are refused (see _engine).
+_SET_FROM_CANDIDATE = frozenset({"k", "draft", "datastore", "head", "medusa_choices"})
 # A rest candidate's draft names its datastore: "builtin:<workload>" (what the predictor
-# offers for chat and code, built here by speccore.corpora) or a datastore file.
+# offers for chat and code, built here by speccore.corpora) or a datastore file; a medusa
+# or eagle candidate's draft names its head directory.
 BUILTIN_DATASTORE = "builtin:"
 
 _R = TypeVar("_R")
@@ -413,10 +415,12 @@ def _proposer_config(candidate: Candidate) -> ProposerConfig:
             raise SpecError(f"option '{key}' must be an integer, got {value!r}")
         knobs[name] = value
     is_rest = candidate.family == Family.REST
+    is_head = str(candidate.family) in proposers.HEAD_FAMILIES
     return ProposerConfig(
         k=candidate.k,
-        draft=None if is_rest else candidate.draft,
+        draft=None if is_rest or is_head else candidate.draft,
         datastore=candidate.draft if is_rest else None,
+        head=candidate.draft if is_head else None,
         **knobs,
     )
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from speccore import proposers
 from speccore.engine import BLOCK_HEADROOM, Engine, Generation, LogitsCallback, Request
 from speccore.errors import SpecError
 from speccore.models import LoadedModel
@@ -28,7 +29,13 @@ from specops_services.quality_gate.settings import GateSample
 # Candidate.options key of speccore's lossy acceptance rule (verify.py); never set by the catalog.
 LOSSY_OPTION = "lossy_accept_threshold"
 # Candidate.options keys that map onto ProposerConfig fields (the rest are engine flags for vLLM/SGLang).
-_CONFIG_OPTIONS = frozenset(f.name for f in dataclasses.fields(ProposerConfig)) - {"k", "draft", "datastore"}
+_CONFIG_OPTIONS = frozenset(f.name for f in dataclasses.fields(ProposerConfig)) - {
+    "k",
+    "draft",
+    "datastore",
+    "head",
+    "medusa_choices",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,16 +45,19 @@ class GatePrompt:
 
 
 def build_engine(target: LoadedModel, candidate: Candidate) -> Engine:
-    """The speccore engine a candidate describes; Candidate.draft is the datastore for `rest`."""
+    """The speccore engine a candidate describes; Candidate.draft is the datastore for `rest`
+    and the head directory for `medusa` and `eagle`."""
     options = dict(candidate.options)
     lossy = options.pop(LOSSY_OPTION, None)
     if lossy is not None and (isinstance(lossy, bool) or not isinstance(lossy, int | float)):
         raise SpecError(f"option {LOSSY_OPTION} must be a number in (0, 1], got {lossy!r}")
     rest = candidate.family == "rest"
+    head = str(candidate.family) in proposers.HEAD_FAMILIES
     fields: dict[str, Any] = {
         "k": candidate.k,
-        "draft": None if rest else candidate.draft,
+        "draft": None if rest or head else candidate.draft,
         "datastore": candidate.draft if rest else None,
+        "head": candidate.draft if head else None,
     }
     for name in _CONFIG_OPTIONS & options.keys():
         value = options[name]

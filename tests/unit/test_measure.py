@@ -122,17 +122,19 @@ def test_a_finished_bench_is_summarised_without_loading_the_model() -> None:
 @pytest.mark.slow
 def test_a_candidate_that_cannot_load_fails_alone(cache) -> None:
     bogus = Candidate(candidate_id="bogus", family="draft_model", draft="/nonexistent/draft-model", k=4)
-    medusa = Candidate(candidate_id="medusa", family="medusa", draft="heads-1", k=3)
+    medusa = Candidate(candidate_id="medusa", family="medusa", draft="/nonexistent/heads-1", k=3)
+    mtp = Candidate(candidate_id="mtp", family="mtp", k=2)
     tree = Candidate(candidate_id="tree", family="ngram", k=3, tree=[2, 1])
     typo = Candidate(candidate_id="typo", family="ngram", k=3, options={"ngram_mx": 3})
-    calls, outcome = _run(_plan([bogus, NGRAM, medusa, tree, typo], n_prompts=1, new=8), cache)
+    calls, outcome = _run(_plan([bogus, NGRAM, medusa, mtp, tree, typo], n_prompts=1, new=8), cache)
     assert [c.candidate_id for c in calls] == [BASELINE_ID, "ngram-k4"]
     assert [m.candidate_id for m in outcome.results] == ["ngram-k4"]
     failures = {f.candidate_id: f for f in outcome.failures}
-    assert list(failures) == ["bogus", "medusa", "tree", "typo"]
-    assert failures["bogus"].error_stage == ErrorStage.MODEL_LOAD
+    assert list(failures) == ["bogus", "medusa", "mtp", "tree", "typo"]
+    assert {failures[c].error_stage for c in ("bogus", "medusa")} == {ErrorStage.MODEL_LOAD}
     assert "/nonexistent/draft-model" in failures["bogus"].message
-    assert {failures[c].error_stage for c in ("medusa", "tree", "typo")} == {ErrorStage.VALIDATION}
+    assert "/nonexistent/heads-1" in failures["medusa"].message
+    assert {failures[c].error_stage for c in ("mtp", "tree", "typo")} == {ErrorStage.VALIDATION}
     assert "ngram_mx" in failures["typo"].message
 
 

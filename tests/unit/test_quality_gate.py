@@ -228,8 +228,11 @@ def test_transient_and_opt_out_methods_measure_nothing(gate) -> None:
 
 @pytest.mark.slow
 def test_families_speccore_cannot_run_are_refused(gate) -> None:
-    medusa = Candidate(candidate_id="medusa", family="medusa", draft="heads:abc", k=3)
-    with pytest.raises(SpecError, match="unknown method 'medusa'"):
+    mtp = Candidate(candidate_id="mtp", family="mtp", k=2)
+    with pytest.raises(SpecError, match="unknown method 'mtp'"):
+        gate.evaluate(GateMethod.TOPK5, mtp)
+    medusa = Candidate(candidate_id="medusa", family="medusa", draft="/nonexistent/heads-1", k=3)
+    with pytest.raises(SpecError, match="no head directory at /nonexistent/heads-1"):
         gate.evaluate(GateMethod.TOPK5, medusa)
 
 

@@ -4,7 +4,9 @@ from importlib import import_module
 
 from speccore.proposers.base import REGISTRY, DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
 
-FAMILIES = ("ngram", "rest", "draft_model", "lookahead", "medusa", "eagle")
+FAMILIES = ("ngram", "rest", "draft_model", "lookahead")
+# Families that decode a trained head (--head DIR); the predictor does not plan them for speccore yet.
+HEAD_FAMILIES = ("medusa", "eagle")
 
 # Draft depth per family when the user gives no --k (HF baselines use the same table).
 DEFAULT_K = {
@@ -19,6 +21,7 @@ DEFAULT_K = {
 __all__ = [
     "DEFAULT_K",
     "FAMILIES",
+    "HEAD_FAMILIES",
     "REGISTRY",
     "DraftTree",
     "Proposer",
@@ -30,5 +33,5 @@ __all__ = [
 
 def load_all() -> None:
     """Import every family module so that each registers itself."""
-    for family in FAMILIES:
+    for family in (*FAMILIES, *HEAD_FAMILIES):
         import_module(f"speccore.proposers.{family}")
