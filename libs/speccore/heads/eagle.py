@@ -87,7 +87,7 @@ class EagleHead(nn.Module):
             self.layer.layers[0] = Eagle3DecoderLayer(self.layer.config)
             # The output before the norm feeds the next step; the norm only precedes the logits.
             self.norm: nn.Module = self.layer.norm
-            self.layer.norm = nn.Identity()
+            self.layer.norm = nn.Identity()  # type: ignore[assignment]  # norm moved to self.norm
             self.lm_head: nn.Linear | None = nn.Linear(h, config.draft_vocab_size, bias=False)
         else:
             self.fuse, self.lm_head = None, None

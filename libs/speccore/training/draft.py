@@ -83,7 +83,8 @@ class DraftObjective:
     def evaluate(self) -> dict[str, float]:
         if not len(self.heldout):
             return {}
-        runs, top1 = [], []
+        runs: list[int] = []
+        top1: list[bool] = []
         for i in range(len(self.heldout)):
             hidden, _, labels, valid = self._run(self.heldout, [i])
             correct = (F.linear(hidden[0], self.out_weight).argmax(-1) == labels[0]).tolist()

@@ -92,7 +92,7 @@ class EagleObjective:
         self.embedding = embedding
         self.out_weight = out_weight.float() if out_weight is not None else None
         self.train_set, self.heldout = train, heldout
-        self.index = draft_index(module.draft_ids, vocab_size)
+        self.index = draft_index(module.get_buffer("draft_ids"), vocab_size)
         self.train_steps, self.eval_steps = train_steps, eval_steps
         self.batch_tokens = batch_tokens
         self.eagle3 = module.config.family == "eagle3"

@@ -35,7 +35,7 @@ class MedusaObjective:
         self.module = module
         self.out_weight = out_weight.float()
         self.train_set, self.heldout = train, heldout
-        self.index = draft_index(module.draft_ids, vocab_size)
+        self.index = draft_index(module.get_buffer("draft_ids"), vocab_size)
         self.batch_tokens = batch_tokens
         self.k = module.config.num_heads
 

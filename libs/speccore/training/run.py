@@ -222,10 +222,10 @@ def _objective(
         )
     if plan.family == "medusa":
         medusa = MedusaHeads(config)
-        medusa.draft_ids.copy_(draft_ids)
+        medusa.get_buffer("draft_ids").copy_(draft_ids)
         return medusa, MedusaObjective(medusa, out_weight, train_seq, held_seq, vocab_size, plan.batch_tokens)
     eagle = EagleHead(config)
-    eagle.draft_ids.copy_(draft_ids)
+    eagle.get_buffer("draft_ids").copy_(draft_ids)
     eagle3 = plan.family == "eagle3"
     if eagle.lm_head is not None:
         with torch.no_grad():

@@ -30,7 +30,9 @@ CHECKPOINT = "checkpoint.pt"
 class Objective(Protocol):
     """What a family trains and how it scores it."""
 
-    module: nn.Module
+    @property
+    def module(self) -> nn.Module:
+        """The module being trained."""
 
     def batches(self, gen: torch.Generator) -> list[Any]:
         """One epoch's batches, in an order drawn from ``gen``."""
