@@ -18,11 +18,14 @@ from stats import chi_square_pvalue
 import speccore.verify
 from speccore.datastore import build_datastore
 from speccore.engine import Engine, Request
+from speccore.models import load_model
 from speccore.prompts import humaneval_prompts, sharegpt_conversations, sharegpt_prompts
 from speccore.proposers.base import ProposerConfig
 from speccore.proposers.eagle import EagleProposer
 from speccore.runner import ModelRunner
 from speccore.sampling import SamplingParams, probs_from_logits
+from speccore.training.data import sharegpt_examples, write_examples
+from speccore.training.run import HeadPlan, train_head
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +37,8 @@ PATTERN = "apple banana cherry grape apple banana cherry grape apple banana cher
 # Learned heads, by test label: (method, head family). Their weights are random: a head's
 # quality changes how much is accepted, never what is emitted.
 HEADS = {"medusa": ("medusa", "medusa"), "eagle": ("eagle", "eagle"), "eagle3": ("eagle", "eagle3")}
+# A draft model distilled by `specops heads train --family draft`, decoded by draft_model.
+DISTILLED = "distilled"
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +85,23 @@ def head_configs(smollm, tmp_path_factory) -> dict[str, ProposerConfig]:
     }
 
 
+@pytest.fixture(scope="module")
+def distilled(tmp_path_factory) -> ProposerConfig:
+    """The target's first 4 layers, distilled for one short epoch on real ShareGPT replies."""
+    root = tmp_path_factory.mktemp("distilled")
+    write_examples(root / "train.jsonl", sharegpt_examples(8, seed=5))
+    stock = load_model("smollm2-135m-instruct", row_invariant=False)  # trainable layers
+    plan = HeadPlan("draft", epochs=1, draft_layers=4, max_len=96, draft_vocab=512, batch_tokens=400)
+    train_head(stock, plan, root / "train.jsonl", None, root / "draft", progress=False)
+    return ProposerConfig(k=4, draft=str(root / "draft"))
+
+
+def _method_config(label: str, request: pytest.FixtureRequest) -> tuple[str, ProposerConfig]:
+    if label == DISTILLED:
+        return "draft_model", request.getfixturevalue("distilled")
+    return HEADS[label][0], request.getfixturevalue("head_configs")[label]
+
+
 def _greedy(engine: Engine, prompts: list[list[int]], batch: int) -> list[list[int]]:
     out: list[list[int]] = []
     for i in range(0, len(prompts), batch):
@@ -124,11 +146,11 @@ def few_reference(smollm, few_prompts):
     return _greedy(Engine(smollm, "none"), few_prompts, batch=len(few_prompts))
 
 
-@pytest.mark.parametrize("label", list(HEADS))
+@pytest.mark.parametrize("label", [*HEADS, DISTILLED])
 def test_greedy_output_with_heads_is_identical_to_plain_decoding(
-    smollm, few_prompts, few_reference, head_configs, label
+    smollm, few_prompts, few_reference, label, request
 ):
-    engine = Engine(smollm, HEADS[label][0], head_configs[label])
+    engine = Engine(smollm, *_method_config(label, request))
     gens = engine.generate([Request(p, GREEDY_NEW_TOKENS) for p in few_prompts])
     assert [g.token_ids for g in gens] == few_reference
     assert all(g.metrics.drafted_tokens > 0 for g in gens)
@@ -220,10 +242,14 @@ def sampling_prompt(smollm):
     return smollm.encode_prompt(PATTERN, chat=False)
 
 
-@pytest.mark.parametrize("method", ["none", "ngram", "rest", "draft_model", "lookahead", "medusa", "eagle"])
-def test_sampled_output_follows_target_distribution(smollm, sampling_prompt, datastore, head_configs, method):
-    cfg = {**_configs(datastore), **head_configs}.get(method)
-    engine = Engine(smollm, HEADS.get(method, (method,))[0], cfg)
+@pytest.mark.parametrize(
+    "method", ["none", "ngram", "rest", "draft_model", "lookahead", "medusa", "eagle", DISTILLED]
+)
+def test_sampled_output_follows_target_distribution(smollm, sampling_prompt, datastore, method, request):
+    if method in (*HEADS, DISTILLED):
+        engine = Engine(smollm, *_method_config(method, request))
+    else:
+        engine = Engine(smollm, method, _configs(datastore).get(method))
     samples = _pair_samples(engine, sampling_prompt)
     assert _fit_pvalue(smollm, sampling_prompt, samples) > ALPHA / 2
 

@@ -7,7 +7,7 @@ feeds only the tokens it has not.
 
 from __future__ import annotations
 
-import copy
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from speccore.errors import SpecError
+from speccore.heads.distilled import DistilledLayers, draft_with, is_distilled, load_distilled
 from speccore.kv_cache import StaticKVCache
 from speccore.models import LoadedModel, load_model
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, register
@@ -31,27 +32,16 @@ def truncated_copy(model: PreTrainedModel, n_layers: int) -> PreTrainedModel:
     total = model.config.num_hidden_layers
     if not 1 <= n_layers < total:
         raise SpecError(f"self:{n_layers} needs 1 <= layers < {total} (the target's depth)")
-    draft = copy.copy(model)
-    draft._modules = dict(model._modules)
     source: Any = model.base_model
-    backbone = copy.copy(source)
-    backbone._modules = dict(source._modules)
-    backbone.layers = nn.ModuleList(list(source.layers)[:n_layers])
-    config = copy.deepcopy(model.config)
-    config.num_hidden_layers = n_layers
-    if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:n_layers]
-    backbone.config = config
-    draft._modules[model.base_model_prefix] = backbone
-    draft.config = config
-    return draft
+    return draft_with(model, DistilledLayers(nn.ModuleList(list(source.layers)[:n_layers]), source.norm))
 
 
 def resolve_draft(ref: str | None, target: LoadedModel) -> tuple[PreTrainedModel, int]:
     """The draft module and the bytes of weights it adds beyond the target."""
     if not ref:
         raise SpecError(
-            "the draft_model family needs --draft MODEL (or self:N for the target's first N layers)"
+            "the draft_model family needs --draft MODEL (self:N for the target's first N layers, "
+            "or a directory written by `specops heads train --family draft`)"
         )
     if ref.startswith(SELF_PREFIX):
         try:
@@ -59,6 +49,8 @@ def resolve_draft(ref: str | None, target: LoadedModel) -> tuple[PreTrainedModel
         except ValueError:
             raise SpecError(f"bad draft '{ref}': expected self:N with N a number of layers") from None
         return truncated_copy(target.model, n_layers), 0
+    if is_distilled(Path(ref)):
+        return load_distilled(target, Path(ref))
     draft = load_model(ref, device=str(target.device), dtype=str(target.dtype).removeprefix("torch."))
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise SpecError(f"draft '{ref}' has a different tokenizer than the target; drafts must share it")
