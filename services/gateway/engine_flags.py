@@ -185,8 +185,13 @@ def _sglang_args(config: SglangConfig, candidate: Candidate) -> list[str]:
 
 
 def _speccore_args(c: Candidate, paths: Mapping[str, str]) -> list[str]:
-    if c.family in (Family.MEDUSA, Family.EAGLE, Family.MTP, Family.CASCADE):
+    if c.family in (Family.MTP, Family.CASCADE):
         raise _cannot("speccore", f"{c.family} is not implemented yet")
+    if c.family in (Family.MEDUSA, Family.EAGLE):
+        if not c.draft:
+            raise _cannot("speccore", f"{c.family} needs a trained head")
+        # The head's config fixes its shape (Medusa heads, EAGLE version); the tree is speccore's default.
+        return ["--method", str(c.family), "--head", paths.get(c.draft, c.draft)]
     args = ["--method", str(c.family), "--k", str(c.k)]
     if c.family == Family.REST and c.draft and not c.draft.startswith(BUILTIN_PREFIX):
         args += ["--datastore", paths.get(c.draft, c.draft)]

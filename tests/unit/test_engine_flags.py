@@ -135,8 +135,12 @@ def test_speccore_gets_the_candidate_itself() -> None:
         cand(Family.REST, 8, draft="store-1"), Engine.SPECCORE, draft_paths={"store-1": "/ds.npz"}
     )
     assert rest_args[-2:] == ["--datastore", "/ds.npz"]
+    _, head_args = engine_config(
+        cand(Family.EAGLE, 3, draft="head-7"), Engine.SPECCORE, draft_paths={"head-7": "/heads/h7"}
+    )
+    assert head_args == ["--method", "eagle", "--head", "/heads/h7"]
     with pytest.raises(EngineCannotRun, match="speccore"):
-        engine_config(cand(Family.EAGLE, 3, draft="h"), Engine.SPECCORE)
+        engine_config(cand(Family.MTP, 3), Engine.SPECCORE)
 
 
 def test_apply_response_round_trips() -> None:
