@@ -38,7 +38,13 @@ def _draft_args(p: argparse.ArgumentParser) -> None:
         "--draft", help="draft model for draft_model/hf_assisted, or self:N (target's first N layers)"
     )
     p.add_argument("--datastore", help="REST datastore built with `specops datastore build`")
-    p.add_argument("--head", help="trained head directory for medusa/eagle (`specops heads train`)")
+    p.add_argument(
+        "--head",
+        action="append",
+        default=[],
+        help="trained head directory for medusa/eagle (`specops heads train`); bench: repeatable, "
+        "each method takes the head it decodes",
+    )
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -114,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def _single_head(heads: list[str]) -> str | None:
+    if len(heads) > 1:
+        raise SpecError("generate takes one --head")
+    return heads[0] if heads else None
+
+
 def _load(args: argparse.Namespace):
     import torch
 
@@ -143,7 +155,7 @@ def _generate(args: argparse.Namespace) -> int:
         k=args.k if args.k is not None else DEFAULT_K.get(args.method, 5),
         draft=args.draft,
         datastore=args.datastore,
-        head=args.head,
+        head=_single_head(args.head),
     )
     target = _load(args)
     engine = Engine(target, args.method, cfg)
@@ -215,7 +227,7 @@ def _bench(args: argparse.Namespace) -> int:
         args.k,
         args.draft,
         args.datastore,
-        args.head,
+        tuple(args.head),
         str(args.prompts) if args.prompts else None,
     )
     target = _load(args)

@@ -25,6 +25,7 @@ from speccore.bandwidth import decode_limit_tokens_per_s, measure_read_bandwidth
 from speccore.corpora import default_datastore
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
+from speccore.heads.loading import head_for
 from speccore.hf_baselines import HF_METHODS, HFGenerator
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel, load_model
@@ -48,7 +49,7 @@ class BenchSpec:
     k: int | None = None
     draft: str | None = None
     datastore: str | None = None
-    head: str | None = None
+    heads: tuple[str, ...] = ()  # head directories; medusa and eagle each take the one they decode
     prompts: str | None = None  # JSONL of {"prompt", "completion"} lines used instead of the workload's
 
     def __post_init__(self) -> None:
@@ -103,7 +104,8 @@ def build_runners(target: LoadedModel, spec: BenchSpec, exclude_ids: frozenset[s
         datastore = spec.datastore
         if method == "rest" and datastore is None:
             datastore = str(default_datastore(target, spec.workload, exclude_ids))
-        cfg = ProposerConfig(k=k, draft=spec.draft, datastore=datastore, head=spec.head)
+        head = head_for(method, spec.heads)
+        cfg = ProposerConfig(k=k, draft=spec.draft, datastore=datastore, head=head)
         runners[method] = _engine_runner(Engine(target, method, cfg), spec)
     return runners
 

@@ -74,6 +74,7 @@ def heads(smollm, tmp_path_factory) -> dict[str, Path]:
     return {
         "wide": save_random_head(smollm, "medusa", root / "wide", ids, hidden_size=hidden + 64),
         "medusa": save_random_head(smollm, "medusa", root / "medusa", ids),
+        "eagle": save_random_head(smollm, "eagle", root / "eagle", ids),
     }
 
 
@@ -86,14 +87,17 @@ def test_bench_runs_a_head_on_prompts_from_a_file(smollm, heads, tmp_path):
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     dest = tmp_path / "bench.json"
     out = specops(
-        "bench", "--model", MODEL, "--workload", "chat", "--prompts", str(prompts), "--methods", "medusa",
-        "--head", str(heads["medusa"]), "--n-prompts", "2", "--reps", "1", "--max-new-tokens", "8",
-        "--json", str(dest),
+        "bench", "--model", MODEL, "--workload", "chat", "--prompts", str(prompts),
+        "--methods", "medusa,eagle", "--head", str(heads["eagle"]), "--head", str(heads["medusa"]),
+        "--n-prompts", "2", "--reps", "1", "--max-new-tokens", "8", "--json", str(dest),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads(dest.read_text())
     assert result["prompt_ids"] == ["q1", "heldout.jsonl:1"]
-    assert result["methods"]["medusa"]["identical_to_baseline"] is True
+    # Each method took the head it decodes.
+    for method in ("medusa", "eagle"):
+        assert result["methods"][method]["identical_to_baseline"] is True
+        assert result["methods"][method]["per_position_acceptance"]  # it drafted
 
 
 @pytest.mark.parametrize(

@@ -25,9 +25,23 @@ def output_weight(target: LoadedModel) -> torch.Tensor:
     return head.weight
 
 
-def open_head(ref: str | None, method: str, families: tuple[str, ...], target: LoadedModel) -> HeadConfig:
+# The head families each method decodes.
+METHOD_FAMILIES: dict[str, tuple[str, ...]] = {"medusa": ("medusa",), "eagle": ("eagle", "eagle3")}
+
+
+def head_for(method: str, heads: tuple[str, ...]) -> str | None:
+    """Of several head directories, the one ``method`` decodes (the only one, if just one
+    is given, so that a mismatch is reported by the method itself)."""
+    if len(heads) <= 1:
+        return heads[0] if heads else None
+    families = METHOD_FAMILIES.get(method, ())
+    return next((h for h in heads if read_config(Path(h)).family in families), None)
+
+
+def open_head(ref: str | None, method: str, target: LoadedModel) -> HeadConfig:
     """The config of the head directory ``ref``, refused unless ``method`` decodes its
     family and it was trained for the target's hidden size and vocabulary."""
+    families = METHOD_FAMILIES[method]
     if not ref:
         raise SpecError(f"the {method} family needs --head DIR")
     config = read_config(Path(ref))

@@ -45,7 +45,7 @@ class EagleProposer(Proposer):
     needs_hidden_states = True
 
     def __init__(self, cfg: ProposerConfig, target: LoadedModel) -> None:
-        config = open_head(cfg.head, self.family, ("eagle", "eagle3"), target)
+        config = open_head(cfg.head, self.family, target)
         self.head = load_head(str(cfg.head), EagleHead(config), target)
         self.feature_layers = tuple(config.feature_layers)
         self.draft_ids = self.head.get_buffer("draft_ids")  # [draft vocab] their token ids

@@ -26,7 +26,7 @@ class MedusaProposer(Proposer):
     needs_hidden_states = True
 
     def __init__(self, cfg: ProposerConfig, target: LoadedModel) -> None:
-        config = open_head(cfg.head, self.family, ("medusa",), target)
+        config = open_head(cfg.head, self.family, target)
         self.heads = load_head(str(cfg.head), MedusaHeads(config), target)
         self.draft_ids = self.heads.get_buffer("draft_ids")  # [draft vocab] their token ids
         self.out_weight = output_weight(target).detach()[self.draft_ids]  # [draft vocab, hidden]

@@ -1,7 +1,10 @@
 """Training Medusa heads: head k at position t learns the token at t+1+k.
 
-The loss is the Medusa-1 loss, cross-entropy per head weighted 0.8^k, over the
-draft vocabulary through the frozen target's output embedding. Held-out
+The loss is Medusa's per-head cross-entropy weighted 0.8^k, over the draft
+vocabulary through the frozen target's output embedding, taken against the
+target's own distribution for each head's token (Medusa-2's self-distillation;
+the target's features at those positions are already cached) rather than
+against the one token in the data. Held-out
 measurement: for each position where the target emits a completion token, how
 many heads in a row predict their token (top-1), plus one for the target's own
 token: the mean acceptance length of a chain draft, teacher-forced on the
@@ -43,43 +46,58 @@ class MedusaObjective:
         lengths = [len(ids) for ids in self.train_set.input_ids]
         return sequence_batches(lengths, self.batch_tokens, gen)
 
-    def _positions(self, data: Sequences, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features [N, hidden] at positions whose next token is a completion token, and
-        labels [N, K]: the token 2..K+1 places later, -100 where absent or not in the loss."""
-        feats, labels = [], []
+    def _positions(
+        self, data: Sequences, rows: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """At positions t whose next token is a completion token: features [N, hidden];
+        labels [N, K], the token 2..K+1 places later (-100 where absent, out of the loss or
+        out of the draft vocabulary); the target's features that predicted those tokens
+        [N, K, hidden]; and where a head has a token to learn at all [N, K]."""
+        feats, labels, teachers, valid = [], [], [], []
         for i in rows:
             ids, mask, hidden = data.input_ids[i], data.loss_mask[i], data.hidden[i]
             t_len = len(ids)
             pos = torch.nonzero(mask[1:]).flatten()  # t where x_{t+1} is a completion token
             lab = torch.full((len(pos), self.k), -100, dtype=torch.long)
+            ok_k = torch.zeros(len(pos), self.k, dtype=torch.bool)
+            teach = torch.zeros(len(pos), self.k, hidden.shape[-1])
             for k in range(1, self.k + 1):
                 j = pos + 1 + k
-                ok = j < t_len
                 jj = j.clamp(max=t_len - 1)
-                lab[:, k - 1] = torch.where(ok & mask[jj], self.index[ids[jj]], -100)
+                ok = (j < t_len) & mask[jj]
+                lab[:, k - 1] = torch.where(ok, self.index[ids[jj]], -100)
+                ok_k[:, k - 1] = ok
+                teach[:, k - 1] = hidden[jj - 1].float()
             feats.append(hidden[pos].float())
             labels.append(lab)
-        return torch.cat(feats), torch.cat(labels)
+            teachers.append(teach)
+            valid.append(ok_k)
+        return torch.cat(feats), torch.cat(labels), torch.cat(teachers), torch.cat(valid)
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         return F.linear(self.module(feats), self.out_weight)  # [N, K, draft vocab]
 
     def loss(self, batch: Any, gen: torch.Generator) -> tuple[torch.Tensor, int]:
-        feats, labels = self._positions(self.train_set, batch)
-        logits = self._logits(feats)
+        """Self-distillation: each head matches the target's own distribution for its
+        token (over the draft vocabulary), weighted 0.8^k."""
+        feats, labels, teachers, valid = self._positions(self.train_set, batch)
+        logp = self._logits(feats).log_softmax(-1)
+        with torch.no_grad():
+            p_target = F.linear(teachers, self.out_weight).softmax(-1)
+        per_row = -(p_target * logp).sum(-1)  # [N, K] cross-entropy against the target
         total = feats.new_zeros(())
         weight = 0.0
         for k in range(self.k):
-            if (labels[:, k] >= 0).any():
-                total = total + HEAD_DECAY**k * F.cross_entropy(logits[:, k], labels[:, k], ignore_index=-100)
+            if valid[:, k].any():
+                total = total + HEAD_DECAY**k * per_row[valid[:, k], k].mean()
                 weight += HEAD_DECAY**k
-        return total / max(weight, 1e-9), int((labels[:, 0] >= 0).sum())
+        return total / max(weight, 1e-9), int(valid[:, 0].sum())
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         if not len(self.heldout):
             return {}
-        feats, labels = self._positions(self.heldout, list(range(len(self.heldout))))
+        feats, labels, _, _ = self._positions(self.heldout, list(range(len(self.heldout))))
         correct = self._logits(feats).argmax(-1) == labels  # [N, K]; -100 never matches
         run = torch.cumprod(correct.long(), dim=1).sum(1)  # heads in a row that are right
         out = {"chain_mean_acceptance_length": 1.0 + float(run.float().mean())}
