@@ -128,11 +128,13 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    import torch
+
     from speccore.heads.speculators import export_speculators
     from speccore.models import load_model
 
     target = load_model(args.target, device="cpu")
-    embeddings = target.model.get_input_embeddings().weight
+    embeddings: torch.Tensor = target.model.get_input_embeddings().weight
     architectures = list(target.model.config.architectures or [type(target.model).__name__])
     out = export_speculators(
         args.head, args.out, args.verifier_name or args.target, embeddings, architectures
