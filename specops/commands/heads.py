@@ -134,7 +134,8 @@ def run_export(args: argparse.Namespace) -> int:
     from speccore.models import load_model
 
     target = load_model(args.target, device="cpu")
-    embeddings: torch.Tensor = target.model.get_input_embeddings().weight
+    embeddings = target.model.get_input_embeddings().weight
+    assert isinstance(embeddings, torch.Tensor)
     architectures = list(target.model.config.architectures or [type(target.model).__name__])
     out = export_speculators(
         args.head, args.out, args.verifier_name or args.target, embeddings, architectures
