@@ -29,6 +29,8 @@ demo: setup
 # several times longer).
 BENCH := OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/specops bench --model smollm2-135m-instruct \
 	--max-new-tokens 128 --threads 2
+HEADS := libs/speccore/heads/pretrained/smollm2-135m-instruct
+HELDOUT := artifacts/heads/smollm2-135m-instruct/data/heldout.jsonl
 bench: setup
 	for wl in code chat; do \
 		$(BENCH) --workload $$wl --methods none,hf,ngram,hf_prompt_lookup,rest,lookahead \
@@ -36,6 +38,9 @@ bench: setup
 		$(BENCH) --workload $$wl --methods none,draft_model,hf_assisted --draft self:12 \
 			--n-prompts 3 --reps 1 --json bench/results/smollm2-135m-instruct-$$wl-drafts-greedy-cpu2.json || exit 1; \
 	done
+	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,medusa,eagle \
+		--head $(HEADS)/medusa --head $(HEADS)/eagle --n-prompts 10 --reps 2 \
+		--json bench/results/smollm2-135m-instruct-heads-heldout-greedy-cpu2.json
 	$(PY) bench/report.py bench/results/smollm2-135m-instruct-*-cpu2.json
 
 lint: setup
