@@ -179,3 +179,16 @@ def test_eagle3_head_exports_in_the_speculators_layout(tmp_path):
     assert torch.equal(torch.arange(50) + tensors["d2t"], torch.arange(0, 100, 2))
     assert torch.equal(torch.nonzero(tensors["t2d"]).flatten(), torch.arange(0, 100, 2))
     assert torch.equal(tensors["embed_tokens.weight"], embeddings.half())
+
+
+@pytest.mark.slow
+def test_heads_data_writes_a_disjoint_split(tmp_path):
+    from speccore.training.data import check_disjoint, read_examples
+
+    train, held = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
+    code, _, err = run("heads", "data", "--target", MODEL, "--limit", "60", "--heldout-fraction", "0.2",
+                       "--out", str(train), "--heldout-out", str(held))  # fmt: skip
+    assert code == 0, err
+    n_train, n_held = len(list(read_examples(train))), len(list(read_examples(held)))
+    assert n_train > 0 and n_held > 0 and n_train + n_held <= 60
+    check_disjoint(train, held)  # raises, naming both lines, if a prompt is on both sides
