@@ -20,17 +20,21 @@ from transformers import PreTrainedModel
 from speccore.errors import SpecError
 
 
+def check_feature_layers(layers: tuple[int, ...], n_layers: int) -> None:
+    """Taps must sit below the last layer, whose output is normed into the final state."""
+    for layer in layers:
+        if not 0 <= layer < n_layers - 1:
+            raise SpecError(
+                f"feature layer {layer} is out of range: "
+                f"the target has layers 0..{n_layers - 2} below its last"
+            )
+
+
 class LayerTap:
     def __init__(self, model: PreTrainedModel, layers: tuple[int, ...]) -> None:
         decoder: Any = model.base_model
         blocks = list(decoder.layers)
-        for layer in layers:
-            # The last layer's output is normed before the head: its feature is the final state.
-            if not 0 <= layer < len(blocks) - 1:
-                raise SpecError(
-                    f"feature layer {layer} is out of range: the target has layers 0..{len(blocks) - 2} "
-                    "below its last"
-                )
+        check_feature_layers(layers, len(blocks))
         self.modules = [blocks[i] for i in layers]
         self._outputs: dict[int, torch.Tensor] = {}
 

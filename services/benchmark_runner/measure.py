@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -405,7 +405,7 @@ def _engine(target: LoadedModel, candidate: Candidate, plan: BenchPlan, prompt_i
 def _proposer_config(candidate: Candidate) -> ProposerConfig:
     """k, draft source and options of a candidate as speccore's ProposerConfig."""
     tunable = {f.name for f in dataclasses.fields(ProposerConfig)} - _SET_FROM_CANDIDATE
-    knobs: dict[str, int] = {}
+    knobs: dict[str, Any] = {}  # integers, checked below
     for key, value in candidate.options.items():
         name = OPTION_ALIASES.get(key, key)
         if name not in tunable:

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from speccore.errors import SpecError
+from speccore.features import check_feature_layers
 from speccore.models import LoadedModel, cache_root
 from speccore.training.data import TokenizedExample
 
@@ -96,12 +97,7 @@ def extract(
 ) -> Sequences:
     """Features of every example, from the cache where present (see module doc)."""
     n_layers = int(target.model.config.get_text_config().num_hidden_layers)
-    for layer in layers:
-        if not 0 <= layer < n_layers - 1:
-            raise SpecError(
-                f"feature layer {layer} is out of range: the target has layers 0..{n_layers - 2} "
-                "below its last"
-            )
+    check_feature_layers(layers, n_layers)
     root = (cache_dir or cache_root() / "features") / _target_key(target)
     out = Sequences([], [], [], [] if layers else None)
     chunks = [examples[i : i + CHUNK] for i in range(0, len(examples), CHUNK)]
