@@ -6,7 +6,8 @@ What the Medusa versions mean in specops, where the target's weights never chang
 - Medusa-1 (frozen backbone, heads trained on hard labels) is this module as is.
 - Medusa-2 trains the backbone jointly with the heads; specops keeps the recipe's
   parts that leave the target alone: self-distilled data (the target's own replies,
-  ``specops heads data --self-distill``) and the heads' loss weighting. Joint
+  ``specops heads data --self-distill``), each head trained against the target's
+  distribution for its token, and the heads' loss weighting. Joint
   backbone training is out of scope by design.
 - "Medusa-2.1" and "Medusa-3" are product names, not published methods: in specops
   they are these heads trained by T3 on self-distilled data and decoded with a
