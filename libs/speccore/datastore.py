@@ -25,10 +25,8 @@ import bisect
 import fnmatch
 import hashlib
 import json
-import os
 import re
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Iterator, Sequence
@@ -40,6 +38,7 @@ import numpy as np
 from tqdm import tqdm
 
 from speccore.errors import SpecError
+from speccore.files import atomic_write
 
 FORMAT_VERSION = 1
 SEPARATOR = -1
@@ -83,23 +82,14 @@ class Datastore:
         return cls(tokens, suffixes, vocab_hash, meta)
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(
-                    f,
-                    tokens=self.tokens,
-                    suffixes=self.suffixes,
-                    vocab_hash=np.array(self.vocab_hash),
-                    meta=np.array(json.dumps(self.meta, sort_keys=True)),
-                )
-            os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a datastore is a shared artifact
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_write(Path(path)) as tmp, tmp.open("wb") as f:
+            np.savez(
+                f,
+                tokens=self.tokens,
+                suffixes=self.suffixes,
+                vocab_hash=np.array(self.vocab_hash),
+                meta=np.array(json.dumps(self.meta, sort_keys=True)),
+            )
 
     def continuations(
         self, context: Sequence[int], max_suffix: int, min_suffix: int, max_matches: int, depth: int

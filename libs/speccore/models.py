@@ -223,7 +223,7 @@ def _config(ref: str, source: str) -> PretrainedConfig:
 def _cached_gguf(gguf: Path) -> Path:
     """The safetensors directory for ``gguf``, dequantizing it on first use."""
     models = cache_root() / "models"
-    target = models / f"{gguf.name.removesuffix('.gguf')}-{_sha256(gguf)[:16]}"
+    target = models / f"{gguf.name.removesuffix('.gguf')}-{file_sha256(gguf)[:16]}"
     if (target / "config.json").exists():
         return target
     log.info("dequantizing %s once (can take a minute); caching it in %s", gguf, target)
@@ -254,9 +254,9 @@ def _cached_gguf(gguf: Path) -> Path:
     return target
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     """Content hash of ``path``, remembered per (path, size, mtime) to skip rehashing."""
-    memo_file = cache_root() / "models" / "gguf-sha256.json"
+    memo_file = cache_root() / "models" / "sha256.json"
     stat = path.stat()
     key, stamp = str(path.resolve()), [stat.st_size, stat.st_mtime_ns]
     try:

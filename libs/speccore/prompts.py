@@ -30,7 +30,6 @@ import json
 import os
 import random
 import re
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import IO, TypedDict, TypeVar
 import platformdirs
 
 from speccore.errors import SpecError
+from speccore.files import atomic_write
 
 # The eight workload fingerprints (DESIGN.md §3). chat and code are built here; the
 # others are derived from the same sources in speccore.prompt_sets.
@@ -388,17 +388,9 @@ def _build_index() -> list[dict]:
 
 def _write_jsonl_atomic(path: Path, rows: Iterable[dict]) -> None:
     """Write via a temp file and rename, so concurrent readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fp:
-            for row in rows:
-                fp.write(json.dumps(row) + "\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as tmp, tmp.open("w", encoding="utf-8") as fp:
+        for row in rows:
+            fp.write(json.dumps(row) + "\n")
 
 
 def _sharegpt_size() -> int:

@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM, ViTConfig
 
 from speccore import cpu_kernels
 from speccore.errors import SpecError
-from speccore.models import ALIASES, LoadedModel, _sha256, cache_root, load_model, resolve_alias
+from speccore.models import ALIASES, LoadedModel, cache_root, file_sha256, load_model, resolve_alias
 
 
 @pytest.fixture(scope="session")
@@ -199,8 +199,8 @@ def test_cuda_without_cuda() -> None:
 def test_file_hash_is_remembered_but_follows_changes(tmp_path: Path) -> None:
     blob = tmp_path / "model.gguf"
     blob.write_bytes(b"a" * 1000)
-    first = _sha256(blob)
-    assert _sha256(blob) == first
+    first = file_sha256(blob)
+    assert file_sha256(blob) == first
     blob.write_bytes(b"b" * 1000)  # same size: only the mtime tells the change
     os.utime(blob, ns=(blob.stat().st_atime_ns, blob.stat().st_mtime_ns + 1_000_000))
-    assert _sha256(blob) != first
+    assert file_sha256(blob) != first

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from speccore.errors import SpecError
+from speccore.files import atomic_write
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "head.safetensors"
@@ -58,7 +59,8 @@ def save_head(out: Path, config: HeadConfig, module: nn.Module, dtype: torch.dty
         k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous().cpu()
         for k, v in module.state_dict().items()
     }
-    save_file(tensors, str(out / WEIGHTS_FILE), metadata={"format": FORMAT, "family": config.family})
+    with atomic_write(out / WEIGHTS_FILE) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, "family": config.family})
     (out / CONFIG_FILE).write_text(json.dumps({"format": FORMAT, **asdict(config)}, indent=2) + "\n")
 
 

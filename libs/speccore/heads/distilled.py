@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from speccore import cpu_kernels
 from speccore.errors import SpecError
 from speccore.heads.artifact import check_fits, load_weights, read_config
+from speccore.heads.loading import output_weight
 from speccore.models import LoadedModel
 
 
@@ -79,9 +80,7 @@ def load_distilled(target: LoadedModel, path: Path) -> tuple[PreTrainedModel, in
     if config.family != "draft":
         raise SpecError(f"{path} holds a {config.family} head, not a distilled draft model")
     text = target.model.config.get_text_config()
-    check_fits(
-        config, int(text.hidden_size), int(target.model.get_output_embeddings().weight.shape[0]), target.ref
-    )
+    check_fits(config, int(text.hidden_size), int(output_weight(target).shape[0]), target.ref)
     total = int(text.num_hidden_layers)
     if not 1 <= config.num_layers < total:
         raise SpecError(

@@ -16,9 +16,7 @@ import hashlib
 import heapq
 import itertools
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerBase
 
 from speccore.errors import SpecError
+from speccore.files import atomic_write
 from speccore.models import chat_prompt_ids
 from speccore.prompts import Turn, sharegpt_conversations
 
@@ -59,22 +58,14 @@ def read_examples(path: Path) -> Iterator[Example]:
 
 def write_examples(path: Path, examples: Iterable[Example]) -> int:
     """Write ``examples`` as JSONL (via a temp file and rename); returns how many."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     count = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fp:
-            for ex in examples:
-                row = {"prompt": ex.prompt, "completion": ex.completion}
-                if ex.id is not None:
-                    row["id"] = ex.id
-                fp.write(json.dumps(row, ensure_ascii=False) + "\n")
-                count += 1
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as tmp, tmp.open("w", encoding="utf-8") as fp:
+        for ex in examples:
+            row = {"prompt": ex.prompt, "completion": ex.completion}
+            if ex.id is not None:
+                row["id"] = ex.id
+            fp.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
     return count
 
 

@@ -55,17 +55,14 @@ class DraftObjective:
         attn = torch.zeros(len(rows), width, dtype=torch.long)
         target = torch.zeros(len(rows), width, data.hidden[rows[0]].shape[-1])
         labels = torch.full((len(rows), width), -100, dtype=torch.long)
+        valid = torch.zeros(len(rows), width, dtype=torch.bool)
         for r, i in enumerate(rows):
             n = len(data.input_ids[i])
             ids[r, :n] = data.input_ids[i]
             attn[r, :n] = 1
             target[r, :n] = data.hidden[i].float()
-            nxt = data.input_ids[i][1:]
-            labels[r, : n - 1] = torch.where(data.loss_mask[i][1:], self.index[nxt], -100)
-        valid = torch.zeros_like(labels, dtype=torch.bool)
-        for r, i in enumerate(rows):
-            n = len(data.input_ids[i])
             valid[r, : n - 1] = data.loss_mask[i][1:]
+            labels[r, : n - 1] = torch.where(valid[r, : n - 1], self.index[data.input_ids[i][1:]], -100)
         hidden = self.backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
         return hidden, target, labels, valid
 

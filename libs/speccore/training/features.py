@@ -11,8 +11,6 @@ data reuses it instead of recomputing.
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -24,7 +22,8 @@ from tqdm import tqdm
 
 from speccore.errors import SpecError
 from speccore.features import check_feature_layers
-from speccore.models import LoadedModel, cache_root
+from speccore.files import atomic_write
+from speccore.models import LoadedModel, cache_root, file_sha256
 from speccore.training.data import TokenizedExample
 
 CHUNK = 64  # sequences per cache file
@@ -49,17 +48,17 @@ class Sequences:
 
 
 def target_fingerprint(target: LoadedModel) -> str:
-    """Identifies the target's weights: a hash of its safetensors files (or its hub id)."""
+    """Identifies the target's weights: the hash of its safetensors file (of the list of
+    its files' hashes when sharded), or its hub id."""
     source = Path(target.source)
     files = sorted(source.glob("*.safetensors")) if source.is_dir() else []
     if not files:
         return f"hub:{target.source}"
-    digest = hashlib.sha256()
-    for path in files:
-        with path.open("rb") as fp:
-            while block := fp.read(1 << 22):
-                digest.update(block)
-    return f"sha256:{digest.hexdigest()}"
+    digests = [file_sha256(path) for path in files]
+    if len(digests) == 1:
+        return f"sha256:{digests[0]}"
+    listing = "".join(f"{path.name} {d}\n" for path, d in zip(files, digests, strict=True))
+    return f"sha256:{hashlib.sha256(listing.encode()).hexdigest()}"
 
 
 def draft_vocabulary(
@@ -108,14 +107,15 @@ def extract(
             tensors = _read(path)
             if tensors is None:
                 tensors = _compute(target, chunk, layers, batch_tokens)
-                _write(path, tensors)
+                with atomic_write(path) as tmp:
+                    save_file(tensors, str(tmp))
             _append(out, chunk, tensors, layers)
             bar.update(len(chunk))
     return out
 
 
 def _target_key(target: LoadedModel) -> str:
-    return hashlib.sha256(f"{target.source}|{target.weight_bytes}|{target.dtype}".encode()).hexdigest()[:16]
+    return hashlib.sha256(f"{target_fingerprint(target)}|{target.dtype}".encode()).hexdigest()[:16]
 
 
 def _chunk_key(chunk: list[TokenizedExample], layers: tuple[int, ...]) -> str:
@@ -133,18 +133,6 @@ def _read(path: Path) -> dict[str, torch.Tensor] | None:
         return load_file(str(path))
     except Exception:  # a torn or foreign file: recompute it
         return None
-
-
-def _write(path: Path, tensors: dict[str, torch.Tensor]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @torch.inference_mode()

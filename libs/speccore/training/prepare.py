@@ -8,7 +8,6 @@ heads learn what this target says.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +17,6 @@ from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.models import LoadedModel, chat_prompt_ids
 from speccore.training.data import (
-    Example,
     Regenerate,
     is_heldout,
     self_distill,
@@ -60,22 +58,27 @@ def prepare(target: LoadedModel, plan: DataPlan, train_out: Path, heldout_out: P
     ]
     train = [ex for ex in examples if not is_heldout(ex.prompt, plan.heldout_fraction)]
     heldout = [ex for ex in examples if is_heldout(ex.prompt, plan.heldout_fraction)]
+    regenerate = engine_regenerate(target, plan.max_new_tokens) if plan.distill else None
     counts = []
     for rows, out, label in ((heldout, heldout_out, "held-out"), (train, train_out, "train")):
-        counts.append(write_examples(out, _maybe_distill(target, plan, rows, label)))
+        if regenerate is None:
+            counts.append(write_examples(out, rows))
+            continue
+        with tqdm(total=len(rows), desc=f"self-distilling {label}", unit="ex") as bar:
+            counts.append(
+                write_examples(
+                    out, self_distill(rows, target.tokenizer, _ticking(regenerate, bar), plan.batch_size)
+                )
+            )
     return counts[1], counts[0]
 
 
-def _maybe_distill(target: LoadedModel, plan: DataPlan, rows: list[Example], label: str) -> Iterable[Example]:
-    if not plan.distill:
-        return rows
-    regenerate = engine_regenerate(target, plan.max_new_tokens)
-    bar = tqdm(total=len(rows), desc=f"self-distilling {label}", unit="ex")
-    return _counted(self_distill(rows, target.tokenizer, regenerate, plan.batch_size), bar)
+def _ticking(regenerate: Regenerate, bar: tqdm) -> Regenerate:
+    """``regenerate`` that moves ``bar`` by each batch (replies dropped as empty included)."""
 
+    def run(batch: list[list[int]]) -> list[list[int]]:
+        outputs = regenerate(batch)
+        bar.update(len(batch))
+        return outputs
 
-def _counted(examples: Iterator[Example], bar: tqdm) -> Iterator[Example]:
-    with bar:
-        for ex in examples:
-            bar.update(1)
-            yield ex
+    return run

@@ -22,8 +22,9 @@ from speccore.errors import SpecError
 from speccore.heads.artifact import HeadConfig, save_head
 from speccore.heads.distilled import draft_with, initial_layers
 from speccore.heads.eagle import EagleHead
+from speccore.heads.loading import output_weight
 from speccore.heads.medusa import MedusaHeads
-from speccore.models import LoadedModel
+from speccore.models import LoadedModel, file_sha256
 from speccore.training.data import (
     TokenizedExample,
     check_disjoint,
@@ -94,7 +95,7 @@ def train_head(
     started = time.time()
     train_ex, held_ex = _examples(target, plan, data, heldout)
     text_config = target.model.config.get_text_config()
-    vocab_size = int(target.model.get_output_embeddings().weight.shape[0])
+    vocab_size = int(output_weight(target).shape[0])
     draft_ids = draft_vocabulary(train_ex, plan.draft_vocab, vocab_size, target.eos_token_ids)
     layers = _layers(plan, int(text_config.num_hidden_layers))
     train_seq = extract(target, train_ex, layers, progress=progress)
@@ -110,7 +111,7 @@ def train_head(
         checkpoint_every=plan.checkpoint_every,
     )
     fingerprint = target_fingerprint(target)
-    data_digest = _file_digest(data)
+    data_digest = file_sha256(data)
     run_key = hashlib.sha256(
         repr((asdict(plan) | {"budget_minutes": None, "extra": None}, fingerprint, data_digest)).encode()
     ).hexdigest()
@@ -213,7 +214,7 @@ def _objective(
     held_seq: Sequences,
     vocab_size: int,
 ) -> tuple[torch.nn.Module, Objective]:
-    out_weight = target.model.get_output_embeddings().weight.detach().float()[draft_ids]
+    out_weight = output_weight(target).detach().float()[draft_ids]
     if plan.family == "draft":
         part = initial_layers(target.model, plan.draft_layers)
         draft = draft_with(target.model, part)
@@ -241,11 +242,3 @@ def _objective(
         batch_tokens=plan.batch_tokens,
     )
     return eagle, objective
-
-
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fp:
-        while block := fp.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()

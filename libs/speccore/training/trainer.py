@@ -10,8 +10,6 @@ checkpoint and ends with the same weights as a run that was never interrupted.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -23,6 +21,7 @@ from torch import nn
 from tqdm import tqdm
 
 from speccore.errors import SpecError
+from speccore.files import atomic_write
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -202,7 +201,6 @@ def _save(
     noise: torch.Generator,
     state: _State,
 ) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "run_key": run_key,
         "module": module.state_dict(),
@@ -210,14 +208,8 @@ def _save(
         "noise": noise.get_state(),
         "state": {**asdict(state), "reports": [asdict(r) for r in state.reports]},
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_write(path) as tmp:  # a kill mid-write leaves the previous checkpoint whole
         torch.save(payload, tmp)
-        os.replace(tmp, path)  # a kill mid-write leaves the previous checkpoint whole
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _resume(
