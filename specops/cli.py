@@ -25,6 +25,24 @@ def _positive(text: str) -> int:
     return value
 
 
+def _shape(value: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated counts like 4,2,1, got {value!r}"
+        ) from None
+    if min(shape) <= 0:
+        raise argparse.ArgumentTypeError(f"every depth needs at least one child, got {value!r}")
+    return shape
+
+
+def _tree_knobs(args: argparse.Namespace) -> dict[str, object]:
+    """The tree options given on the command line, as ProposerConfig fields."""
+    given = {"tree_shape": args.tree_shape, "tree_topk": args.tree_topk, "tree_tokens": args.tree_tokens}
+    return {name: value for name, value in given.items() if value is not None}
+
+
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="alias, local dir, .gguf file or Hugging Face id")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
@@ -42,9 +60,16 @@ def _draft_args(p: argparse.ArgumentParser) -> None:
         "--head",
         action="append",
         default=[],
-        help="trained head directory for medusa/eagle (`specops heads train`); bench: repeatable, "
-        "each method takes the head it decodes",
+        help="trained head for medusa/eagle: a directory (`specops heads train`) or builtin:<name>, "
+        "a head shipped for the model; bench: repeatable, each method takes the head it decodes",
     )
+    p.add_argument(
+        "--tree-shape",
+        type=_shape,
+        help="medusa/eagle static tree, e.g. 4,2,1: 4 children of the pending token, 2 below each, ...",
+    )
+    p.add_argument("--tree-topk", type=_positive, help="eagle: children per expanded node (default 4)")
+    p.add_argument("--tree-tokens", type=_positive, help="medusa/eagle: draft nodes per step (default 16)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -156,6 +181,7 @@ def _generate(args: argparse.Namespace) -> int:
         draft=args.draft,
         datastore=args.datastore,
         head=_single_head(args.head),
+        **_tree_knobs(args),  # type: ignore[arg-type]
     )
     target = _load(args)
     engine = Engine(target, args.method, cfg)
@@ -229,6 +255,7 @@ def _bench(args: argparse.Namespace) -> int:
         args.datastore,
         tuple(args.head),
         str(args.prompts) if args.prompts else None,
+        _tree_knobs(args),
     )
     target = _load(args)
     result = run_bench(target, spec, log=lambda msg: print(msg, file=sys.stderr))

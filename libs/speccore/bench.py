@@ -9,6 +9,7 @@ run it; on CPU speccore's own copy runs the row-invariant kernels.
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import sys
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,6 +53,7 @@ class BenchSpec:
     datastore: str | None = None
     heads: tuple[str, ...] = ()  # head directories; medusa and eagle each take the one they decode
     prompts: str | None = None  # JSONL of {"prompt", "completion"} lines used instead of the workload's
+    tree: dict[str, Any] = field(default_factory=dict)  # ProposerConfig tree fields for medusa/eagle
 
     def __post_init__(self) -> None:
         if "none" not in self.methods:
@@ -104,8 +107,8 @@ def build_runners(target: LoadedModel, spec: BenchSpec, exclude_ids: frozenset[s
         datastore = spec.datastore
         if method == "rest" and datastore is None:
             datastore = str(default_datastore(target, spec.workload, exclude_ids))
-        head = head_for(method, spec.heads)
-        cfg = ProposerConfig(k=k, draft=spec.draft, datastore=datastore, head=head)
+        head = head_for(method, spec.heads, target.ref)
+        cfg = ProposerConfig(k=k, draft=spec.draft, datastore=datastore, head=head, **spec.tree)
         runners[method] = _engine_runner(Engine(target, method, cfg), spec)
     return runners
 
@@ -215,6 +218,8 @@ def _machine() -> dict[str, object]:
         "processor": platform.processor() or platform.machine(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        # Idle OpenMP threads spin for a while by default, or sleep at once under PASSIVE.
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default"),
         "python": sys.version.split()[0],
         "date": time.strftime("%Y-%m-%d"),
     }

@@ -12,12 +12,18 @@ tree node's keys sit at other cache columns than in the chain it stands for, so
 its attention sums in another order: equal within rounding, not bit for bit.)
 
 - linear layers use oneDNN with the weight packed once at load time for
-  ``ROWS_HINT`` rows. Where oneDNN sends a single row down another path (a gemv:
-  ``install`` checks each weight shape once on this CPU), a single row is padded
-  to ``MIN_LINEAR_ROWS`` so every call runs the same blocked kernel. Packing also
-  makes a pass over 8-16 rows cost little more than one row (measured on 2 cores,
-  smollm2-135m, fp32: one token 40 ms, 8 tokens 46 ms; stock kernels 43 / 86 ms),
-  which is what makes verifying a draft nearly free on CPU.
+  ``ROWS_HINT`` rows. A block of fewer than ``MIN_LINEAR_ROWS`` rows is padded to
+  that many: oneDNN sends one or two rows down other paths (gemv-like kernels that
+  sum in another order) and, on the 2-core hosts measured, those are also slower
+  than a block of 4 (layers of smollm2-135m, fp32, one pass: 1 row 20.3 ms, 2 rows
+  23.0 ms, 4 rows 16.5 ms, 11 rows 21.6 ms). Packing makes a pass over 4-12 rows
+  cost about what one row costs, which is what makes verifying a draft nearly
+  free on CPU.
+- sibling projections that read the same input (``FUSED_GROUPS``: q/k/v, gate/up)
+  are packed as one matmul (``PackedGroup``); each output column is the same dot
+  product as before, so the fused result has the separate layers' bits (a test
+  checks). Hugging Face's modules still call them one by one (``PackedPart``) and
+  get slices of one computation.
 - attention runs as batched matmuls with the query heads of one key/value head
   folded into rows, padded to at least ``MIN_QUERY_ROWS`` (matmuls of fewer rows
   take other code paths). The value sum runs over fixed chunks of
@@ -43,8 +49,10 @@ from speccore.kv_cache import KV_BLOCK
 
 ATTENTION_NAME = "speccore_row_invariant"
 ROWS_HINT = 16
-MIN_LINEAR_ROWS = 2
+MIN_LINEAR_ROWS = 4
 MIN_QUERY_ROWS = 8
+# Projections that read one input and are packed into one matmul (Llama-family names).
+FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def available(dtype: torch.dtype) -> bool:
@@ -56,37 +64,81 @@ def available(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def packed_matmul(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """[n, in] rows times a packed weight -> [n, out], padded to MIN_LINEAR_ROWS rows inside."""
+    n = rows.shape[0]
+    if n < MIN_LINEAR_ROWS:
+        rows = torch.cat([rows, rows.new_zeros(MIN_LINEAR_ROWS - n, rows.shape[1])])
+    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    return out[:n] if out.shape[0] != n else out
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
+
+
 class PackedLinear(nn.Module):
     """``nn.Linear`` whose weight lives in oneDNN's blocked layout; inference only."""
 
-    def __init__(self, linear: nn.Linear, min_rows: int = MIN_LINEAR_ROWS) -> None:
+    def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), ROWS_HINT)
+        self.packed = _pack(linear.weight)
         self.bias = linear.bias
-        self.min_rows = min_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        n = rows.shape[0]
-        if n < self.min_rows:
-            rows = torch.cat([rows, rows.new_zeros(self.min_rows - n, self.in_features)])
-        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")
-        return out[:n].reshape(*x.shape[:-1], self.out_features)
+        out = packed_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
-    @torch.inference_mode()
-    def single_row_is_invariant(self) -> bool:
-        """Whether one row alone gets the bits it gets inside blocks of 2 to 3 * ROWS_HINT rows."""
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(3 * ROWS_HINT, self.in_features, generator=gen).to(self.packed.dtype)
-        alone = torch.ops.mkldnn._linear_pointwise(x[:1], self.packed, self.bias, "none", [], "")
-        return all(
-            torch.equal(
-                torch.ops.mkldnn._linear_pointwise(x[:n], self.packed, self.bias, "none", [], "")[:1], alone
-            )
-            for n in (2, 3, ROWS_HINT // 2, ROWS_HINT, ROWS_HINT + 1, 3 * ROWS_HINT)
-        )
+
+class PackedGroup(nn.Module):
+    """Linears that read the same input, packed as one matmul (weights stacked by rows)."""
+
+    def __init__(self, linears: list[nn.Linear]) -> None:
+        super().__init__()
+        self.in_features = linears[0].in_features
+        self.sizes = [lin.out_features for lin in linears]
+        self.packed = _pack(torch.cat([lin.weight.detach() for lin in linears]))
+        biases = [lin.bias for lin in linears]
+        self.bias = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
+        # The last input and its parts not yet handed out (see part()).
+        self._memo: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """[..., in] -> one [..., out_i] per member, in order."""
+        out = packed_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)
+        return [p.reshape(*x.shape[:-1], p.shape[-1]) for p in out.split(self.sizes, -1)]
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Member ``index``'s output for ``x``, computing the whole group once per input.
+
+        Hugging Face's layers call the members in turn with the same tensor object
+        (inference tensors carry no version counter, so identity is the test); the
+        parts are kept until each has been taken once.
+        """
+        memo = self._memo
+        if memo is None or memo[0] is not x or index not in memo[1]:
+            memo = (x, dict(enumerate(self(x))))
+        part = memo[1].pop(index)
+        self._memo = memo if memo[1] else None
+        return part
+
+
+class PackedPart(nn.Module):
+    """One member of a PackedGroup, standing where the original linear stood."""
+
+    def __init__(self, group: PackedGroup, index: int) -> None:
+        super().__init__()
+        self.in_features = group.in_features
+        self.out_features = group.sizes[index]
+        # A plain attribute, not a submodule: the group's weight is counted and moved once.
+        self.__dict__["group"] = group
+        self.index = index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        group: PackedGroup = self.__dict__["group"]
+        return group.part(x, self.index)
 
 
 def fold_mask(mask: torch.Tensor, groups: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -103,7 +155,7 @@ def fold_mask(mask: torch.Tensor, groups: int, dtype: torch.dtype = torch.float3
 
 
 def row_invariant_attention(
-    module: nn.Module,
+    module: nn.Module | None,
     query: torch.Tensor,  # [batch, heads, q, head_dim]
     key: torch.Tensor,  # [batch, kv_heads, width, head_dim]
     value: torch.Tensor,  # [batch, kv_heads, width, head_dim]
@@ -163,21 +215,25 @@ def install(model: nn.Module, dtype: torch.dtype) -> bool:
 
 
 def pack_linears(module: nn.Module, dtype: torch.dtype, output: nn.Module | None = None) -> None:
-    """Replace every ``nn.Linear`` of ``dtype`` under ``module`` by a PackedLinear.
-
-    Single rows go unpadded for the weight shapes where this CPU's oneDNN gives them
-    the bits of a block anyway (checked once per shape). ``output`` (the output
-    embedding) keeps its plain weight.
+    """Replace every ``nn.Linear`` of ``dtype`` under ``module`` by packed oneDNN matmuls:
+    the members of a ``FUSED_GROUPS`` group under one parent by one PackedGroup, any
+    other linear by a PackedLinear. ``output`` (the output embedding) keeps its plain
+    weight beside the packed copy.
     """
-    min_rows: dict[tuple[int, int, bool], int] = {}
     for parent in list(module.modules()):
+        children = dict(parent.named_children())
+        for names in FUSED_GROUPS:
+            members = [children.get(n) for n in names]
+            linears = [m for m in members if type(m) is nn.Linear and m.weight.dtype == dtype]
+            if len(linears) != len(names) or len({(m.in_features, m.bias is None) for m in linears}) != 1:
+                continue
+            group = PackedGroup(linears)
+            parent.add_module("_".join(n.removesuffix("_proj") for n in names), group)
+            for index, name in enumerate(names):
+                setattr(parent, name, PackedPart(group, index))
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == dtype:
                 packed = PackedLinear(child)
-                shape = (child.in_features, child.out_features, child.bias is not None)
-                if shape not in min_rows:
-                    min_rows[shape] = 1 if packed.single_row_is_invariant() else MIN_LINEAR_ROWS
-                packed.min_rows = min_rows[shape]
                 if child is output:
                     # Learned drafts score tokens with the output embedding's rows.
                     packed.weight = child.weight

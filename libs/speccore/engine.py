@@ -14,7 +14,6 @@ import torch
 
 from speccore import proposers
 from speccore.errors import SpecError
-from speccore.features import LayerTap
 from speccore.kv_cache import StaticKVCache
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel
@@ -93,9 +92,10 @@ class Engine:
         self.lossy_accept_threshold = lossy_accept_threshold
         self.runner = ModelRunner(target.model)
         self.proposer = build_proposer(method, target, config or ProposerConfig())
-        self.tap: LayerTap | None = None
-        if self.proposer is not None and self.proposer.needs_hidden_states and self.proposer.feature_layers:
-            self.tap = LayerTap(target.model, self.proposer.feature_layers)
+        self.taps: tuple[int, ...] = ()
+        if self.proposer is not None and self.proposer.needs_hidden_states:
+            self.taps = self.proposer.feature_layers
+            self.runner.check_taps(self.taps)
 
     @torch.inference_mode()
     def generate(
@@ -179,12 +179,8 @@ class Engine:
         proposer reads ([batch, q, F], see Proposer.feature_layers) or None."""
         if self.proposer is None or not self.proposer.needs_hidden_states:
             return self.runner.forward(cache, tokens, parents), None
-        if self.tap is None:
-            hidden = self.runner.forward(cache, tokens, parents)
-            return hidden, hidden
-        with self.tap.capture():
-            hidden = self.runner.forward(cache, tokens, parents)
-        return hidden, self.tap.features()
+        hidden, tapped = self.runner.forward_tapped(cache, tokens, parents, taps=self.taps)
+        return hidden, tapped if tapped is not None else hidden
 
     def _step(self, run: _Run) -> None:
         seqs, cache, metrics, sampling = run.seqs, run.cache, run.metrics, run.sampling

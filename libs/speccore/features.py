@@ -2,8 +2,9 @@
 
 Learned drafts read features of the target: by default its final hidden state
 (what ``ModelRunner.forward`` returns); EAGLE-3 reads the concatenated outputs of
-low, middle and high decoder layers instead. Hooks are attached only around the
-forwards of the engine that asked, so other users of the same model pay nothing.
+low, middle and high decoder layers instead. ``ModelRunner.forward_tapped`` hands
+them over: the lean decoder keeps them as it goes, the Hugging Face path through
+hooks attached only around that one forward, so other users of the model pay nothing.
 """
 
 from __future__ import annotations

@@ -3,16 +3,23 @@
 The block is a tree (a chain for prefill and plain decoding): each node sees the
 row's committed context plus its own ancestors, at position
 ``committed_length + depth``. Masks are built here, so the model's own mask
-logic (which assumes one shared cache length) is bypassed.
+logic (which assumes one shared cache length) is bypassed. Llama-family models on
+the row-invariant CPU kernels run through ``speccore.decoder`` (same bits, less
+overhead); every other model through its Hugging Face modules.
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
 
 from speccore import cpu_kernels
+from speccore.decoder import LeanDecoder
+from speccore.features import LayerTap, check_feature_layers
 from speccore.kv_cache import StaticKVCache
 from speccore.tree import ancestor_mask, depths
 
@@ -44,6 +51,13 @@ class ModelRunner:
         self.fold_groups: int | None = None
         if config._attn_implementation == cpu_kernels.ATTENTION_NAME:
             self.fold_groups = config.num_attention_heads // config.num_key_value_heads
+        self.lean = LeanDecoder.build(model)
+        layers: Any = self.backbone.layers
+        self.n_layers = len(layers)
+
+    def check_taps(self, taps: tuple[int, ...]) -> None:
+        """Refuse decoder-layer taps this model cannot give (see features.check_feature_layers)."""
+        check_feature_layers(taps, self.n_layers)
 
     def new_cache(self, batch: int, capacity: int) -> StaticKVCache:
         return StaticKVCache(batch, capacity, self.device, self.dtype)
@@ -63,6 +77,19 @@ class ModelRunner:
         None for a chain. Writes the block's keys/values after each row's committed
         length without committing them.
         """
+        return self.forward_tapped(cache, tokens, block_parents, embeds)[0]
+
+    @torch.inference_mode()
+    def forward_tapped(
+        self,
+        cache: StaticKVCache,
+        tokens: torch.Tensor | None,
+        block_parents: torch.Tensor | None = None,
+        embeds: torch.Tensor | None = None,
+        taps: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``forward``, and the outputs of the decoder layers ``taps`` concatenated in
+        the order asked ([batch, q, len(taps) * hidden]; None without taps)."""
         inputs = tokens if tokens is not None else embeds
         if inputs is None or (tokens is not None and embeds is not None):
             raise ValueError("give either tokens or embeds")
@@ -78,20 +105,32 @@ class ModelRunner:
         mask = (torch.arange(width)[None, :] < lengths[:, None])[:, None, :].repeat(1, q, 1)
         mask.scatter_(2, block_cols[:, None, :].expand(batch, q, q), anc)  # [batch, q, width]
         full = self._mask(mask)
+        if self.lean is not None:
+            hidden, tapped = self.lean.forward(
+                cache,
+                tokens.to(self.device) if tokens is not None else None,
+                embeds.to(self.device) if embeds is not None else None,
+                positions.to(self.device),
+                full,
+                taps,
+            )
+            return hidden, torch.cat(tapped, dim=-1) if taps else None
         attn: torch.Tensor | dict[str, torch.Tensor] = full
         if self.sliding_window is not None:
             kv_pos = torch.arange(width).repeat(batch, 1).scatter_(1, block_cols, positions)
             near = (positions[:, :, None] - kv_pos[:, None, :]) < self.sliding_window
             attn = {"full_attention": full, "sliding_attention": self._mask(mask & near)}
-        out = self.backbone(
-            input_ids=tokens.to(self.device) if tokens is not None else None,
-            inputs_embeds=embeds.to(self.device) if embeds is not None else None,
-            attention_mask=attn,
-            position_ids=positions.to(self.device),
-            past_key_values=cache,
-            use_cache=True,
-        )
-        return out.last_hidden_state
+        tap = LayerTap(self.model, taps) if taps else None
+        with tap.capture() if tap is not None else contextlib.nullcontext():
+            out = self.backbone(
+                input_ids=tokens.to(self.device) if tokens is not None else None,
+                inputs_embeds=embeds.to(self.device) if embeds is not None else None,
+                attention_mask=attn,
+                position_ids=positions.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+            )
+        return out.last_hidden_state, tap.features() if tap is not None else None
 
     def _mask(self, mask: torch.Tensor) -> torch.Tensor:
         """[batch, q, width] bool -> what the model's attention takes: [batch, 1, q, width] bool,

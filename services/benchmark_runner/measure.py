@@ -26,35 +26,29 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
-from speccore import proposers
 from speccore.corpora import default_datastore
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel, load_model
 from speccore.prompt_sets import encode_for, prompts_for_model
-from speccore.proposers.base import ProposerConfig
 from speccore.sampling import SamplingParams
 from specops_schemas.candidates import BASELINE_ID, Candidate, Measurement, Sampling
 from specops_schemas.catalog import ErrorStage, Family, Mode
 from specops_schemas.events import BenchPlan, CandidateFailure, RepMetrics
+from specops_services.speccore_candidates import speccore_candidate
 
 # Rows of one generate() call in batch mode; interactive mode is batch=1.
 BATCH_SIZE = 8
 # Warm-up: one short generation per method (allocator, kernels, proposer caches).
 WARMUP_PROMPT_TOKENS = 64
 WARMUP_NEW_TOKENS = 8
-# Candidate option names accepted besides ProposerConfig's own field names.
-OPTION_ALIASES = {"min_match": "ngram_min", "max_match": "ngram_max"}
-# medusa_choices is a tree shape: candidates' trees are refused (see _engine).
-_SET_FROM_CANDIDATE = frozenset({"k", "draft", "datastore", "head", "medusa_choices"})
 # A rest candidate's draft names its datastore: "builtin:<workload>" (what the predictor
-# offers for chat and code, built here by speccore.corpora) or a datastore file; a medusa
-# or eagle candidate's draft names its head directory.
+# offers for chat and code, built here by speccore.corpora) or a datastore file.
 BUILTIN_DATASTORE = "builtin:"
 
 _R = TypeVar("_R")
@@ -368,25 +362,15 @@ class _CandidateFailed(Exception):
 
 def _engine(target: LoadedModel, candidate: Candidate, plan: BenchPlan, prompt_ids: frozenset[str]) -> Engine:
     """The speccore engine for a candidate; _CandidateFailed says why there is none."""
-    family = str(candidate.family)
-    proposers.load_all()
-    if family not in proposers.REGISTRY:
-        runnable = ", ".join(sorted(proposers.REGISTRY))
-        raise _CandidateFailed(
-            ErrorStage.VALIDATION, f"speccore cannot run family '{family}'; it runs {runnable}"
-        )
-    if candidate.tree is not None:
-        raise _CandidateFailed(
-            ErrorStage.VALIDATION, f"speccore's {family} proposer takes no tree shape; send tree=null"
-        )
     if candidate.family == Family.DRAFT_MODEL and not candidate.draft:
         raise _CandidateFailed(
             ErrorStage.VALIDATION, "draft_model needs a draft: a model ref or self:<layers>"
         )
     try:
-        config = _proposer_config(candidate)
+        spec = speccore_candidate(candidate)
     except SpecError as err:
         raise _CandidateFailed(ErrorStage.VALIDATION, str(err)) from err
+    config = spec.config
     try:
         if candidate.family == Family.REST:
             ref = config.datastore or f"{BUILTIN_DATASTORE}{plan.fingerprint}"
@@ -394,35 +378,12 @@ def _engine(target: LoadedModel, candidate: Candidate, plan: BenchPlan, prompt_i
                 # Leave the measured prompts' conversations out of the corpus it retrieves from.
                 built = default_datastore(target, ref.removeprefix(BUILTIN_DATASTORE), prompt_ids)
                 config = dataclasses.replace(config, datastore=str(built))
-        return Engine(target, family, config)
+        return Engine(target, spec.family, config)
     except (SpecError, OSError, RuntimeError, MemoryError) as err:
         _release_memory()
         raise _CandidateFailed(
             ErrorStage.MODEL_LOAD, f"cannot load its draft source: {_describe(err)}"
         ) from err
-
-
-def _proposer_config(candidate: Candidate) -> ProposerConfig:
-    """k, draft source and options of a candidate as speccore's ProposerConfig."""
-    tunable = {f.name for f in dataclasses.fields(ProposerConfig)} - _SET_FROM_CANDIDATE
-    knobs: dict[str, Any] = {}  # integers, checked below
-    for key, value in candidate.options.items():
-        name = OPTION_ALIASES.get(key, key)
-        if name not in tunable:
-            known = ", ".join(sorted(tunable | set(OPTION_ALIASES)))
-            raise SpecError(f"unknown option '{key}'; speccore reads {known}")
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise SpecError(f"option '{key}' must be an integer, got {value!r}")
-        knobs[name] = value
-    is_rest = candidate.family == Family.REST
-    is_head = str(candidate.family) in proposers.HEAD_FAMILIES
-    return ProposerConfig(
-        k=candidate.k,
-        draft=None if is_rest or is_head else candidate.draft,
-        datastore=candidate.draft if is_rest else None,
-        head=candidate.draft if is_head else None,
-        **knobs,
-    )
 
 
 # --- helpers ----------------------------------------------------------------------------

@@ -190,8 +190,16 @@ def _speccore_args(c: Candidate, paths: Mapping[str, str]) -> list[str]:
     if c.family in (Family.MEDUSA, Family.EAGLE):
         if not c.draft:
             raise _cannot("speccore", f"{c.family} needs a trained head")
-        # The head's config fixes its shape (Medusa heads, EAGLE version); the tree is speccore's default.
-        return ["--method", str(c.family), "--head", paths.get(c.draft, c.draft)]
+        # What was measured (specops_services.speccore_candidates): the shape, or a chain of k.
+        shape = c.tree or [1] * c.k
+        return [
+            "--method",
+            str(c.family),
+            "--head",
+            paths.get(c.draft, c.draft),
+            "--tree-shape",
+            ",".join(map(str, shape)),
+        ]
     args = ["--method", str(c.family), "--k", str(c.k)]
     if c.family == Family.REST and c.draft and not c.draft.startswith(BUILTIN_PREFIX):
         args += ["--datastore", paths.get(c.draft, c.draft)]

@@ -30,8 +30,10 @@ from specops_services.predictor.targets import DatastoreRef, HeadRef, TargetInfo
 
 ENABLE_CASCADE_FLAG = "ENABLE_L4_CASCADE"
 
-# Must match speccore.proposers.FAMILIES (a unit test checks it).
-SPECCORE_FAMILIES = frozenset({Family.NGRAM, Family.REST, Family.DRAFT_MODEL, Family.LOOKAHEAD})
+# Must match speccore.proposers.FAMILIES + HEAD_FAMILIES (a unit test checks it).
+SPECCORE_FAMILIES = frozenset(
+    {Family.NGRAM, Family.REST, Family.DRAFT_MODEL, Family.LOOKAHEAD, Family.MEDUSA, Family.EAGLE}
+)
 ENGINE_FAMILIES: dict[Engine, frozenset[Family]] = {
     Engine.VLLM: frozenset({Family.NGRAM, Family.DRAFT_MODEL, Family.MEDUSA, Family.EAGLE, Family.MTP}),
     Engine.SGLANG: frozenset({Family.NGRAM, Family.DRAFT_MODEL, Family.EAGLE, Family.MTP}),
@@ -48,7 +50,8 @@ REST_K = (4, 8)
 DRAFT_K = (2, 4, 6)
 LOOKAHEAD_SHAPES = ((5, 4, 5), (10, 5, 10), (15, 5, 15))  # (window, ngram, guesses)
 EAGLE_K = (3, 5)
-TREES = ((4, 2, 1), (4, 2, 2, 1, 1))
+# (2, 1, 1): 6 nodes, what a CPU verifies at little more than one token's cost (speccore).
+TREES = ((2, 1, 1), (4, 2, 1), (4, 2, 2, 1, 1))
 MTP_K = (1, 2, 3)
 CASCADE_K = 4
 

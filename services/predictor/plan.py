@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from speccore.heads.builtin import builtin_heads
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import Candidate, RankedCandidate, Sampling
 from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, Mode
@@ -112,6 +113,24 @@ def _builtin_datastores(target: TargetInfo, fingerprint: Fingerprint) -> list[Da
     ]
 
 
+def _builtin_heads(target: TargetInfo) -> list[HeadRef]:
+    """The trained heads speccore ships for an offline alias (speccore.heads.builtin); their
+    held-out chain acceptance is the predictor's acceptance for them."""
+    return [
+        HeadRef(
+            head_id=head.head_id,
+            family=Family.MEDUSA if head.family == "medusa" else Family.EAGLE,
+            target_ref=target.ref,
+            num_heads=head.num_heads,
+            # An EAGLE-1 layer decoded with EAGLE-2's dynamic tree, or an EAGLE-3 head.
+            eagle_version=3 if head.family == "eagle3" else 2,
+            acceptance=head.acceptance,
+            path=str(head.path),
+        )
+        for head in builtin_heads(target.ref)
+    ]
+
+
 def _why_not_measurable(request: RunCreateRequest, target: TargetInfo, host: HostInfo) -> str | None:
     engine = request.target.engine
     profile = resolve_profile(request.target.gpu)
@@ -182,6 +201,7 @@ def plan_run(
     stores = list(available_datastores)
     if request.target.engine == Engine.SPECCORE and info.local:
         stores += _builtin_datastores(info, fingerprint)
+        heads += _builtin_heads(info)
     catalog = build_catalog(
         dep,
         fingerprint,

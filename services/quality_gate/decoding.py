@@ -7,35 +7,24 @@ so every candidate of a plan is compared with the same baseline, computed once.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from speccore import proposers
 from speccore.engine import BLOCK_HEADROOM, Engine, Generation, LogitsCallback, Request
 from speccore.errors import SpecError
 from speccore.models import LoadedModel
 from speccore.prompts import load_prompts
-from speccore.proposers.base import ProposerConfig
 from speccore.runner import ModelRunner, pad_rows
 from speccore.sampling import SamplingParams
 from speccore.structured import StructuredTask, structured_tasks
 from specops_schemas.candidates import Candidate
 from specops_services.quality_gate.settings import GateSample
+from specops_services.speccore_candidates import speccore_candidate
 
 # Candidate.options key of speccore's lossy acceptance rule (verify.py); never set by the catalog.
 LOSSY_OPTION = "lossy_accept_threshold"
-# Candidate.options keys that map onto ProposerConfig fields (the rest are engine flags for vLLM/SGLang).
-_CONFIG_OPTIONS = frozenset(f.name for f in dataclasses.fields(ProposerConfig)) - {
-    "k",
-    "draft",
-    "datastore",
-    "head",
-    "medusa_choices",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,34 +34,15 @@ class GatePrompt:
 
 
 def build_engine(target: LoadedModel, candidate: Candidate) -> Engine:
-    """The speccore engine a candidate describes; Candidate.draft is the datastore for `rest`
-    and the head directory for `medusa` and `eagle`."""
+    """The speccore engine a candidate describes (specops_services.speccore_candidates),
+    with speccore's lossy acceptance rule when the candidate's options ask for it."""
     options = dict(candidate.options)
     lossy = options.pop(LOSSY_OPTION, None)
     if lossy is not None and (isinstance(lossy, bool) or not isinstance(lossy, int | float)):
         raise SpecError(f"option {LOSSY_OPTION} must be a number in (0, 1], got {lossy!r}")
-    rest = candidate.family == "rest"
-    head = str(candidate.family) in proposers.HEAD_FAMILIES
-    fields: dict[str, Any] = {
-        "k": candidate.k,
-        "draft": None if rest or head else candidate.draft,
-        "datastore": candidate.draft if rest else None,
-        "head": candidate.draft if head else None,
-    }
-    for name in _CONFIG_OPTIONS & options.keys():
-        value = options[name]
-        # Every other ProposerConfig knob is a count.
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SpecError(f"option {name} must be an integer, got {value!r}")
-        fields[name] = value
-    config = ProposerConfig(**fields)
+    spec = speccore_candidate(candidate.model_copy(update={"options": options}))
     threshold = float(lossy) if lossy is not None else None
-    return Engine(target, str(candidate.family), config, lossy_accept_threshold=threshold)
-
-
-def ignored_options(candidate: Candidate) -> list[str]:
-    """Candidate options speccore does not read (engine flags meant for vLLM or SGLang)."""
-    return sorted(set(candidate.options) - _CONFIG_OPTIONS - {LOSSY_OPTION})
+    return Engine(target, spec.family, spec.config, lossy_accept_threshold=threshold)
 
 
 class Reference:

@@ -24,10 +24,11 @@ from specops_schemas.candidates import Candidate, GateOutcome
 from specops_schemas.catalog import GateMethod
 from specops_services.quality_gate.agreement import exact, topk5
 from specops_services.quality_gate.constraints import constraint_violation
-from specops_services.quality_gate.decoding import GatePrompt, Reference, build_engine, ignored_options
+from specops_services.quality_gate.decoding import GatePrompt, Reference, build_engine
 from specops_services.quality_gate.logit_kl import logit_kl
 from specops_services.quality_gate.mmlu import mmlu_slice
 from specops_services.quality_gate.settings import GateSample, Thresholds
+from specops_services.speccore_candidates import ignored_options
 
 Method = Callable[[Reference, Engine, SamplingParams, float], GateOutcome]
 

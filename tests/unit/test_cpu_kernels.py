@@ -9,7 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speccore.cpu_kernels import fold_mask, row_invariant_attention
+from speccore.cpu_kernels import (
+    MIN_LINEAR_ROWS,
+    PackedGroup,
+    PackedLinear,
+    PackedPart,
+    fold_mask,
+    pack_linears,
+    row_invariant_attention,
+)
 from speccore.kv_cache import KV_BLOCK
 from speccore.models import LoadedModel
 from speccore.runner import ModelRunner
@@ -74,3 +82,44 @@ def test_attention_rows_do_not_depend_on_the_key_width() -> None:
             assert torch.equal(out, folded), "a pre-folded mask must give the boolean mask's bits"
             outs.append(out)
         assert all(torch.equal(o, outs[0]) for o in outs), f"{real} columns: output depends on the width"
+
+
+@torch.inference_mode()
+def test_packed_rows_do_not_depend_on_how_many_share_the_call() -> None:
+    """One row alone, padded to MIN_LINEAR_ROWS, gets the bits it gets among 2-48 rows;
+    a fused group gives each member the bits of that member packed alone."""
+    gen = torch.Generator().manual_seed(5)
+    linears = [torch.nn.Linear(576, n, bias=True) for n in (576, 192, 192)]
+    for lin in linears:
+        torch.nn.init.normal_(lin.weight, generator=gen)
+    group = PackedGroup(linears)
+    alone = [PackedLinear(lin) for lin in linears]
+    x = torch.randn(48, 576, generator=gen)
+    first = [a(x[:1]) for a in alone]
+    for n in (1, 2, 3, MIN_LINEAR_ROWS, 6, 7, 11, 16, 17, 48):
+        for member, (fused, single) in enumerate(zip(group(x[:n]), alone, strict=True)):
+            assert torch.equal(fused, single(x[:n])), f"{n} rows: fused member {member} differs"
+            assert torch.equal(fused[:1], first[member]), f"row 0 changes with {n} rows sharing the call"
+
+
+@torch.inference_mode()
+def test_hugging_face_layers_read_fused_projections_one_member_at_a_time() -> None:
+    """After packing, q/k/v and gate/up stand as parts of one matmul; a module calling
+    them one by one gets what the unfused layers give, and nothing is kept afterwards."""
+    gen = torch.Generator().manual_seed(6)
+    attn = torch.nn.Module()
+    for name, out in (("q_proj", 64), ("k_proj", 32), ("v_proj", 32), ("o_proj", 64)):
+        lin = torch.nn.Linear(64, out, bias=False)
+        torch.nn.init.normal_(lin.weight, generator=gen)
+        attn.add_module(name, lin)
+    plain = {name: PackedLinear(getattr(attn, name)) for name in ("q_proj", "k_proj", "v_proj")}
+    pack_linears(attn, torch.float32)
+    assert all(isinstance(getattr(attn, n), PackedPart) for n in ("q_proj", "k_proj", "v_proj"))
+    assert isinstance(attn.o_proj, PackedLinear)
+    x = torch.randn(3, 5, 64, generator=gen)
+    for name in ("k_proj", "q_proj", "v_proj"):  # any order
+        assert torch.equal(getattr(attn, name)(x), plain[name](x))
+    group = attn.q_proj.__dict__["group"]
+    assert group._memo is None, "parts of an input outlive their last use"
+    other = torch.randn(2, 64, generator=gen)
+    assert torch.equal(attn.v_proj(other), plain["v_proj"](other))  # a new input is recomputed

@@ -138,7 +138,12 @@ def test_speccore_gets_the_candidate_itself() -> None:
     _, head_args = engine_config(
         cand(Family.EAGLE, 3, draft="head-7"), Engine.SPECCORE, draft_paths={"head-7": "/heads/h7"}
     )
-    assert head_args == ["--method", "eagle", "--head", "/heads/h7"]
+    # A head candidate gets the tree it was measured with: a chain of k, or its shape.
+    assert head_args == ["--method", "eagle", "--head", "/heads/h7", "--tree-shape", "1,1,1"]
+    _, tree_args = engine_config(
+        cand(Family.MEDUSA, 3, draft="builtin:medusa", tree=[2, 1, 1]), Engine.SPECCORE
+    )
+    assert tree_args == ["--method", "medusa", "--head", "builtin:medusa", "--tree-shape", "2,1,1"]
     with pytest.raises(EngineCannotRun, match="speccore"):
         engine_config(cand(Family.MTP, 3), Engine.SPECCORE)
 

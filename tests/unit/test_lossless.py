@@ -77,8 +77,8 @@ def head_configs(smollm, tmp_path_factory) -> dict[str, ProposerConfig]:
     return {
         label: ProposerConfig(
             head=str(save_random_head(smollm, family, root / label, ids)),
+            k=3,
             tree_topk=3,
-            tree_depth=3,
             tree_tokens=6,
         )
         for label, (_, family) in HEADS.items()

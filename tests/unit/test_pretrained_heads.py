@@ -44,8 +44,31 @@ def test_committed_head_drafts_accepted_tokens_losslessly(smollm, method):
     ]
     requests = [Request(p, max_new_tokens=32) for p in prompts]
     reference = [g.token_ids for g in Engine(smollm, "none").generate(requests)]
-    gens = Engine(smollm, method, ProposerConfig(head=str(HEADS / method))).generate(requests)
+    # Candidates name the shipped heads builtin:<name>; speccore finds them for the target.
+    gens = Engine(smollm, method, ProposerConfig(head=f"builtin:{method}")).generate(requests)
     assert [g.token_ids for g in gens] == reference
     accepted = sum(g.metrics.accepted_tokens for g in gens)
     steps = sum(g.metrics.verify_steps for g in gens)
     assert accepted / steps > 0.2  # an untrained head gets almost nothing accepted
+
+
+def test_t1_offers_the_shipped_heads_for_their_model() -> None:
+    from specops_schemas.api import RunCreateRequest
+    from specops_services.predictor.plan import HostInfo, plan_run
+
+    request = RunCreateRequest.model_validate(
+        {
+            "target": {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"},
+            "workload": {"fingerprint": "chat"},
+        }
+    )
+    plan = plan_run(request, run_id="r", host=HostInfo(cuda=False))
+    heads = {r.candidate.draft for r in plan.ranked if r.candidate.family in ("medusa", "eagle")}
+    assert heads == {"builtin:medusa", "builtin:eagle"}
+    # The predictor starts from the head's held-out chain acceptance (0.37), not EAGLE's
+    # literature prior (0.72).
+    eagle = next(r for r in plan.ranked if r.candidate.draft == "builtin:eagle")
+    assert eagle.prediction.acceptance_rate < 0.5
+    gemma = request.target.model_copy(update={"model_ref": "gemma-3-270m"})
+    other = plan_run(request.model_copy(update={"target": gemma}), run_id="r", host=HostInfo(cuda=False))
+    assert not {r.candidate.family for r in other.ranked} & {"medusa", "eagle"}

@@ -20,11 +20,12 @@ from speccore.verify import verify_block
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import GateMethod
 from specops_services.quality_gate.constraints import violations
-from specops_services.quality_gate.decoding import LOSSY_OPTION, build_engine, ignored_options
+from specops_services.quality_gate.decoding import LOSSY_OPTION, build_engine
 from specops_services.quality_gate.logic import QualityGate, evaluate, pending, skipped
 from specops_services.quality_gate.logit_kl import kl_per_position
 from specops_services.quality_gate.mmlu import parse_answer
 from specops_services.quality_gate.settings import GateSample, Thresholds
+from specops_services.speccore_candidates import ignored_options
 
 # Tiny on purpose: 2 prompts x 24 tokens, 4 MMLU questions, 2 structured tasks.
 SAMPLE = GateSample(
@@ -229,7 +230,7 @@ def test_transient_and_opt_out_methods_measure_nothing(gate) -> None:
 @pytest.mark.slow
 def test_families_speccore_cannot_run_are_refused(gate) -> None:
     mtp = Candidate(candidate_id="mtp", family="mtp", k=2)
-    with pytest.raises(SpecError, match="unknown method 'mtp'"):
+    with pytest.raises(SpecError, match="cannot run family 'mtp'"):
         gate.evaluate(GateMethod.TOPK5, mtp)
     medusa = Candidate(candidate_id="medusa", family="medusa", draft="/nonexistent/heads-1", k=3)
     with pytest.raises(SpecError, match="no head directory at /nonexistent/heads-1"):

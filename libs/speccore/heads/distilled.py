@@ -63,7 +63,7 @@ def initial_layers(model: PreTrainedModel, n_layers: int) -> DistilledLayers:
         nn.ModuleList(copy.deepcopy(layer) for layer in list(source.layers)[:n_layers]),
         copy.deepcopy(source.norm),
     )
-    if any(isinstance(m, cpu_kernels.PackedLinear) for m in part.modules()):
+    if any(isinstance(m, (cpu_kernels.PackedLinear, cpu_kernels.PackedGroup)) for m in part.modules()):
         raise SpecError(
             "train a distilled draft from a target loaded with stock kernels (row_invariant=False)"
         )

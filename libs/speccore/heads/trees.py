@@ -8,6 +8,8 @@ so a leading slice of a tree is a tree.
 
 from __future__ import annotations
 
+import itertools
+
 from speccore.errors import SpecError
 
 Choice = tuple[int, ...]
@@ -44,3 +46,12 @@ def medusa_tree(choices: tuple[Choice, ...], num_heads: int, size: int | None = 
     """The choices no deeper than the heads reach, the first ``size`` of them if given."""
     kept = [c for c in choices if len(c) <= num_heads]
     return kept[:size] if size is not None else kept
+
+
+def shape_choices(shape: tuple[int, ...]) -> list[Choice]:
+    """The full tree of a shape, parents first: (2, 1) -> (0,), (1,), (0, 0), (1, 0)."""
+    return [
+        choice
+        for depth in range(1, len(shape) + 1)
+        for choice in itertools.product(*(range(width) for width in shape[:depth]))
+    ]

@@ -6,12 +6,14 @@ stands for the feature at j+1, whose logits give x_{j+2}. The proposer commits a
 entry for every committed target position: the prompt's at ``start``, the accepted
 path's at the next ``propose`` (queued by ``observe``).
 
-Drafting grows a tree from the last entry's output: its top ``tree_topk`` tokens
-are depth 0; each further level runs the layer on the frontier (a node reads its
-token's embedding and its parent's output), gives every frontier node ``tree_topk``
-children scored by cumulative log-probability, and keeps the ``tree_topk`` best as
-the next frontier. The ``tree_tokens`` best nodes of all levels are drafted. Drafts
-are deterministic, so the verifier's one-hot rule keeps sampling lossless.
+Drafting grows a tree of ``k`` levels from the last entry's output: its top
+``tree_topk`` tokens are depth 0; each further level runs the layer on the frontier
+(a node reads its token's embedding and its parent's output), gives every frontier
+node ``tree_topk`` children scored by cumulative log-probability, and keeps the
+``tree_topk`` best as the next frontier. The ``tree_tokens`` best nodes of all levels
+are drafted (a ``tree_shape`` sets the three at once: its depth, its widest level,
+its number of nodes; topk 1 drafts a chain). Drafts are deterministic, so the
+verifier's one-hot rule keeps sampling lossless.
 """
 
 from __future__ import annotations
@@ -22,10 +24,18 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from speccore.heads.eagle import EagleHead
-from speccore.heads.loading import load_head, open_head, output_weight
+from speccore.heads.loading import draft_scorer, load_head, on_target_kernels, open_head, output_weight
 from speccore.kv_cache import StaticKVCache
 from speccore.models import LoadedModel
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome, register
+from speccore.proposers.base import (
+    DraftTree,
+    Proposer,
+    ProposerConfig,
+    StepContext,
+    StepOutcome,
+    register,
+    shape_nodes,
+)
 from speccore.runner import ModelRunner, pad_rows
 from speccore.state import Sequence
 
@@ -46,16 +56,22 @@ class EagleProposer(Proposer):
 
     def __init__(self, cfg: ProposerConfig, target: LoadedModel) -> None:
         config = open_head(cfg.head, self.family, target)
-        self.head = load_head(str(cfg.head), EagleHead(config), target)
+        head = load_head(str(cfg.head), EagleHead(config), target)
         self.feature_layers = tuple(config.feature_layers)
-        self.draft_ids = self.head.get_buffer("draft_ids")  # [draft vocab] their token ids
+        self.draft_ids = head.get_buffer("draft_ids")  # [draft vocab] their token ids
         # EAGLE-1 scores with the target's output rows, EAGLE-3 with its own output layer.
-        rows = output_weight(target).detach()[self.draft_ids] if self.head.lm_head is None else None
-        self.out_weight = rows  # [draft vocab, hidden] or None
+        rows = output_weight(target).detach()[self.draft_ids] if head.lm_head is None else None
+        tensors = [*head.parameters(), *([rows] if rows is not None else [])]
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
+        self.head = on_target_kernels(head, target)
+        self.scorer = draft_scorer(rows, target) if rows is not None else None
         self.embed = target.model.get_input_embeddings()
         self.runner = ModelRunner(self.head.layer)
-        self.topk = min(cfg.tree_topk, config.draft_vocab_size)
-        self.depth, self.size = cfg.tree_depth, cfg.tree_tokens
+        shape = cfg.tree_shape
+        topk, self.depth, self.size = (
+            (max(shape), len(shape), shape_nodes(shape)) if shape else (cfg.tree_topk, cfg.k, cfg.tree_tokens)
+        )
+        self.topk = min(topk, config.draft_vocab_size)
         self.cache: StaticKVCache | None = None
         # Entries to commit at the next propose, per row: next tokens and [m, F] features.
         self.queued_tokens: list[list[int]] = []
@@ -171,16 +187,15 @@ class EagleProposer(Proposer):
 
     def _log_probs(self, out: torch.Tensor) -> torch.Tensor:
         """[..., hidden] layer outputs -> [..., draft vocab] float32 log-probabilities."""
-        return self.head.draft_logits(out, self.out_weight).float().log_softmax(-1)
+        logits = self.scorer(out) if self.scorer is not None else self.head.draft_logits(out, None)
+        return logits.float().log_softmax(-1)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """[...] token ids -> [..., hidden] the target's input embeddings."""
         return self.embed(tokens.to(self.draft_ids.device))
 
     def extra_memory_bytes(self) -> int:
-        tensors = [*self.head.parameters(), *([self.out_weight] if self.out_weight is not None else [])]
-        weights = sum(t.numel() * t.element_size() for t in tensors)
-        return weights + (self.cache.nbytes() if self.cache is not None else 0)
+        return self.weight_bytes + (self.cache.nbytes() if self.cache is not None else 0)
 
 
 @register("eagle")

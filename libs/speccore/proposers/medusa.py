@@ -10,12 +10,11 @@ verifier's one-hot rule keeps sampling lossless.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from speccore.errors import SpecError
-from speccore.heads.loading import load_head, open_head, output_weight
+from speccore.heads.loading import draft_scorer, load_head, on_target_kernels, open_head, output_weight
 from speccore.heads.medusa import MedusaHeads
-from speccore.heads.trees import DEFAULT_MEDUSA_CHOICES, medusa_tree, tree_parents
+from speccore.heads.trees import DEFAULT_MEDUSA_CHOICES, medusa_tree, shape_choices, tree_parents
 from speccore.models import LoadedModel
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome, register
 from speccore.state import Sequence
@@ -27,12 +26,21 @@ class MedusaProposer(Proposer):
 
     def __init__(self, cfg: ProposerConfig, target: LoadedModel) -> None:
         config = open_head(cfg.head, self.family, target)
-        self.heads = load_head(str(cfg.head), MedusaHeads(config), target)
-        self.draft_ids = self.heads.get_buffer("draft_ids")  # [draft vocab] their token ids
-        self.out_weight = output_weight(target).detach()[self.draft_ids]  # [draft vocab, hidden]
-        choices = medusa_tree(cfg.medusa_choices or DEFAULT_MEDUSA_CHOICES, config.num_heads, cfg.tree_tokens)
-        if not choices:
-            raise SpecError("the medusa tree has no node the heads can reach")
+        heads = load_head(str(cfg.head), MedusaHeads(config), target)
+        self.draft_ids = heads.get_buffer("draft_ids")  # [draft vocab] their token ids
+        rows = output_weight(target).detach()[self.draft_ids]  # [draft vocab, hidden]
+        self.weight_bytes = sum(t.numel() * t.element_size() for t in [*heads.parameters(), rows])
+        self.heads = on_target_kernels(heads, target)
+        self.scorer = draft_scorer(rows, target)
+        if cfg.tree_shape is not None:
+            if len(cfg.tree_shape) > config.num_heads:
+                raise SpecError(
+                    f"tree shape {list(cfg.tree_shape)} is {len(cfg.tree_shape)} deep; "
+                    f"the head has {config.num_heads} Medusa heads"
+                )
+            choices = shape_choices(cfg.tree_shape)
+        else:
+            choices = medusa_tree(DEFAULT_MEDUSA_CHOICES, config.num_heads, cfg.tree_tokens)
         self.parents = torch.tensor(tree_parents(choices), dtype=torch.long)  # [n]
         self.depth = torch.tensor([len(c) - 1 for c in choices])  # [n] which head
         self.rank = torch.tensor([c[-1] for c in choices])  # [n] which of its top tokens
@@ -58,7 +66,7 @@ class MedusaProposer(Proposer):
         room = torch.tensor([s.remaining - 1 if ok and not s.finished else 0 for s, ok in ready])
         if self.last is None or int(room.max()) <= 0:
             return DraftTree.empty(len(seqs))
-        logits = F.linear(self.heads(self.last), self.out_weight)  # [batch, heads, draft vocab]
+        logits = self.scorer(self.heads(self.last))  # [batch, heads, draft vocab]
         top = logits.topk(self.width, dim=-1).indices  # [batch, heads, width]
         tokens = self.draft_ids[top[:, self.depth, self.rank]].cpu()  # [batch, n]
         return DraftTree(
@@ -75,8 +83,7 @@ class MedusaProposer(Proposer):
         self.ready = [True] * len(seqs)
 
     def extra_memory_bytes(self) -> int:
-        tensors = [*self.heads.parameters(), self.out_weight]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return self.weight_bytes
 
 
 @register("medusa")

@@ -168,4 +168,5 @@ class EagleObjective:
         return {
             "chain_mean_acceptance_length": 1.0 + sum(runs) / max(len(runs), 1),
             "step1_top1": float(torch.cat(top1).mean()) if top1 else 0.0,
+            "chain_depth": steps,
         }

@@ -100,7 +100,7 @@ class MedusaObjective:
         feats, labels, _, _ = self._positions(self.heldout, list(range(len(self.heldout))))
         correct = self._logits(feats).argmax(-1) == labels  # [N, K]; -100 never matches
         run = torch.cumprod(correct.long(), dim=1).sum(1)  # heads in a row that are right
-        out = {"chain_mean_acceptance_length": 1.0 + float(run.float().mean())}
+        out = {"chain_mean_acceptance_length": 1.0 + float(run.float().mean()), "chain_depth": self.k}
         for k in range(self.k):
             out[f"head{k + 1}_top1"] = float(correct[:, k].float().mean())
         return out
