@@ -10,10 +10,12 @@ from pathlib import Path
 def table(path: Path) -> str:
     r = json.loads(path.read_text())
     spec, machine = r["spec"], r["machine"]
+    policy = machine.get("omp_wait_policy")
+    omp = f", OMP_WAIT_POLICY={policy}" if policy and policy != "default" else ""
     lines = [
         f"`{spec['workload']}`: {r['model']}, {len(r['prompt_ids'])} prompts x {spec['reps']} reps, "
         f"{spec['max_new_tokens']} new tokens, temperature {spec['sampling']['temperature']:g}, "
-        f"batch {spec['batch_size']}, {machine['threads']} threads, {machine['date']} (`{path}`)",
+        f"batch {spec['batch_size']}, {machine['threads']} threads{omp}, {machine['date']} (`{path}`)",
         "",
         "| method | tok/s (median) | speedup vs none | acceptance | mean acceptance length "
         "| identical to none |",

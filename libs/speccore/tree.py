@@ -28,6 +28,8 @@ def ancestor_mask(block_par: torch.Tensor) -> torch.Tensor:
     may hold several trees (an EAGLE draft level has no parent inside its block).
     """
     batch, q = block_par.shape
+    if torch.equal(block_par, torch.arange(-1, q - 1).expand(batch, q)):  # chains: the causal mask
+        return torch.tril(torch.ones(q, q, dtype=torch.bool)).expand(batch, q, q).clone()
     mask = torch.eye(q, dtype=torch.bool).expand(batch, q, q).clone()
     rows = torch.arange(batch)
     for i in range(1, q):

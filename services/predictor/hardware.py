@@ -3,10 +3,11 @@ alongside the target on this GPU class?").
 
 Bandwidth and FLOP/s are *sustained* estimates: the datasheet peak times 0.85 for HBM
 bandwidth and 0.6 for dense bf16 tensor throughput. The ``cpu`` numbers are measured
-on the 2-core project machines (bench/results/*-cpu2.json, speccore float32):
-~16-18 GB/s read bandwidth (DESIGN.md §10), ~60 GFLOP/s from the extra verify time per
-draft node of rest/lookahead, and ~2.5 ms of framework overhead per layer and forward
-(smollm2 decodes at 106 ms/token where its 538 MB of weights alone need ~34 ms).
+on the 2-core project machines (speccore float32, packed kernels and the lean decoder):
+~20 GB/s read bandwidth (bench/results/*-cpu2.json, 17-60 GB/s with the neighbours'
+load), ~90 GFLOP/s from the verify cost of larger blocks (12 tokens cost 1.28x one,
+16 tokens 1.44-1.49x), and ~0.2 ms of framework overhead per layer and forward
+(smollm2 takes ~33 ms a step where its 538 MB of weights alone need ~27 ms).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ PROFILES: dict[str, HardwareProfile] = {
         HardwareProfile("H200", "gpu", 141 * GB, 4.8e12 * 0.85, 989e12 * 0.6, 20e-6, 0.5e-3, 2),
         HardwareProfile("A100-80GB", "gpu", 80 * GiB, 2.039e12 * 0.85, 312e12 * 0.6, 20e-6, 0.5e-3, 2),
         HardwareProfile("L40S", "gpu", 48 * GB, 864e9 * 0.85, 362e12 * 0.6, 20e-6, 0.5e-3, 2),
-        HardwareProfile("cpu", "cpu", CPU_DEFAULT_MEMORY, 16e9, 60e9, 2.5e-3, 2e-3, 4, max_devices=1),
+        HardwareProfile("cpu", "cpu", CPU_DEFAULT_MEMORY, 20e9, 90e9, 0.2e-3, 1e-3, 4, max_devices=1),
     )
 }
 _ALIASES = {"h100": "H100-80GB", "h100-sxm": "H100-80GB", "h200-141gb": "H200", "a100": "A100-80GB"}

@@ -51,12 +51,9 @@ class DraftTree:
     def from_chains(cls, chains: list[list[int]]) -> DraftTree:
         """Right-padded chains, one per row (an empty list drafts nothing)."""
         n = max((len(c) for c in chains), default=0)
-        tokens = torch.zeros(len(chains), n, dtype=torch.long)
-        acceptable = torch.zeros(len(chains), n, dtype=torch.bool)
-        for row, chain in enumerate(chains):
-            tokens[row, : len(chain)] = torch.tensor(chain, dtype=torch.long)
-            acceptable[row, : len(chain)] = True
-        return cls(tokens, chain_parents(len(chains), n), acceptable)
+        tokens = torch.tensor([c + [0] * (n - len(c)) for c in chains], dtype=torch.long).view(len(chains), n)
+        acceptable = torch.tensor([[i < len(c) for i in range(n)] for c in chains], dtype=torch.bool)
+        return cls(tokens, chain_parents(len(chains), n), acceptable.view(len(chains), n))
 
     @classmethod
     def from_row_trees(cls, rows: list[tuple[list[int], list[int]]]) -> DraftTree:

@@ -1,24 +1,46 @@
 """Prompt lookup: draft the tokens that followed the latest earlier occurrence of
-the sequence's last n tokens (n from ngram_max down to ngram_min)."""
+the sequence's last n tokens (n from ngram_max down to ngram_min).
+
+Each sequence keeps an index from every n-gram it holds to where the latest
+occurrence ends, brought up to date with the tokens added since the last step, so a
+lookup costs a few dictionary probes whatever the length of the sequence.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+import torch
 
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, register
 from speccore.state import Sequence
 
 
-def lookup(tokens: np.ndarray, k: int, ngram_min: int, ngram_max: int) -> list[int]:
+class NgramIndex:
+    """n-grams (ngram_min <= n <= ngram_max) of a growing token list -> the position just
+    after their latest occurrence that has a token after it."""
+
+    def __init__(self, ngram_min: int, ngram_max: int) -> None:
+        self.sizes = range(ngram_min, ngram_max + 1)
+        self.after: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # n-grams ending before this position are in the index
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        """The k tokens after the latest earlier occurrence of the longest suffix n-gram."""
+        last = len(tokens) - 1  # only n-grams that end before the last token have a successor
+        for end in range(self.indexed, last):
+            for n in self.sizes:
+                if end + 1 >= n:
+                    self.after[tuple(tokens[end + 1 - n : end + 1])] = end + 1
+        self.indexed = max(self.indexed, last)
+        for n in reversed(self.sizes):
+            start = self.after.get(tuple(tokens[len(tokens) - n :])) if n <= last else None
+            if start is not None:
+                return tokens[start : start + k]
+        return []
+
+
+def lookup(tokens: list[int], k: int, ngram_min: int, ngram_max: int) -> list[int]:
     """Tokens following the most recent earlier match of the longest suffix n-gram."""
-    length = len(tokens)
-    for n in range(min(ngram_max, length - 1), ngram_min - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
-        hits = np.flatnonzero((windows == tokens[length - n :]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return tokens[start : start + k].tolist()
-    return []
+    return NgramIndex(ngram_min, ngram_max).lookup(tokens, k)
 
 
 class NgramProposer(Proposer):
@@ -28,16 +50,16 @@ class NgramProposer(Proposer):
         self.k = cfg.k
         self.ngram_min = cfg.ngram_min
         self.ngram_max = cfg.ngram_max
+        self.indexes: list[NgramIndex] = []
+
+    def start(self, seqs: list[Sequence], features: torch.Tensor | None = None) -> None:
+        self.indexes = [NgramIndex(self.ngram_min, self.ngram_max) for _ in seqs]
 
     def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
         chains: list[list[int]] = []
-        for seq in seqs:
+        for seq, index in zip(seqs, self.indexes, strict=True):
             budget = min(self.k, seq.remaining - 1)
-            if seq.finished or budget <= 0:
-                chains.append([])
-                continue
-            tokens = np.asarray(seq.token_ids, dtype=np.int64)
-            chains.append(lookup(tokens, budget, self.ngram_min, self.ngram_max))
+            chains.append(index.lookup(seq.token_ids, budget) if not seq.finished and budget > 0 else [])
         return DraftTree.from_chains(chains)
 
 
