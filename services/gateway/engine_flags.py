@@ -73,6 +73,12 @@ def _external_draft(candidate: Candidate, engine: str, paths: Mapping[str, str])
         raise _cannot(engine, f"a {candidate.family} candidate needs a draft model or head")
     if draft.startswith(SELF_PREFIX):
         raise _cannot(engine, f"'{draft}' is a layer-truncated copy of the target that only speccore builds")
+    if draft.startswith(BUILTIN_PREFIX) and draft not in paths:
+        raise _cannot(
+            engine,
+            f"'{draft}' is a head speccore ships in its own layout; train an EAGLE-3 head "
+            "(`specops heads train --family eagle3`) and `specops heads export` it for vLLM or SGLang",
+        )
     return paths.get(draft, draft)
 
 

@@ -68,6 +68,7 @@ def test_vllm_heads_and_mtp() -> None:
         (cand(Family.EAGLE, 3, draft="h", tree=[4, 2, 1]), "tree"),
         (cand(Family.DRAFT_MODEL, draft="self:12"), "only speccore"),
         (cand(Family.DRAFT_MODEL), "needs a draft"),
+        (cand(Family.EAGLE, 3, draft="builtin:eagle"), "its own layout"),
     ],
 )
 def test_vllm_refuses_what_it_cannot_run(candidate: Candidate, why: str) -> None:
@@ -124,6 +125,11 @@ def test_sglang_chains() -> None:
 def test_sglang_refuses_families_it_lacks(family: Family) -> None:
     with pytest.raises(EngineCannotRun, match="SGLang"):
         engine_config(cand(family, 3, draft="x"), Engine.SGLANG)
+
+
+def test_sglang_refuses_a_head_in_speccores_layout() -> None:
+    with pytest.raises(EngineCannotRun, match="specops heads export"):
+        engine_config(cand(Family.EAGLE, 3, draft="builtin:eagle"), Engine.SGLANG)
 
 
 def test_speccore_gets_the_candidate_itself() -> None:
