@@ -17,20 +17,21 @@ def table(path: Path) -> str:
         f"{spec['max_new_tokens']} new tokens, temperature {spec['sampling']['temperature']:g}, "
         f"batch {spec['batch_size']}, {machine['threads']} threads{omp}, {machine['date']} (`{path}`)",
         "",
-        "| method | tok/s (median) | speedup vs none | acceptance | mean acceptance length "
-        "| identical to none |",
-        "|---|---|---|---|---|---|",
+        "| method | tok/s (median) | speedup vs none | limit if drafting were free | acceptance "
+        "| mean acceptance length | identical to none |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, m in r["methods"].items():
         acc = f"{m['acceptance_rate']:.2f}" if "acceptance_rate" in m else "-"
         mal = f"{m['mean_acceptance_length']:.2f}" if "mean_acceptance_length" in m else "-"
         same = {True: "yes", False: "**no**"}.get(m.get("identical_to_baseline"), "-")
+        free = f"{m['free_drafting_limit']:.2f}x" if "free_drafting_limit" in m else "-"
         tps, speedup = m["tokens_per_s_median"], m["speedup_vs_none"]
-        lines.append(f"| {name} | {tps:.2f} | {speedup:.2f}x | {acc} | {mal} | {same} |")
+        lines.append(f"| {name} | {tps:.2f} | {speedup:.2f}x | {free} | {acc} | {mal} | {same} |")
     limit = r["plain_decoding_limit"]
     lines.append(
         f"| plain-decoding limit | {limit['tokens_per_s']:.1f} | "
-        f"{limit['tokens_per_s'] / r['methods']['none']['tokens_per_s_median']:.2f}x | "
+        f"{limit['tokens_per_s'] / r['methods']['none']['tokens_per_s_median']:.2f}x | | "
         f"weights {r['weight_bytes'] / 1e6:.0f} MB / read bandwidth "
         f"{limit['read_bandwidth_gb_s']:.1f} GB/s | | |"
     )

@@ -162,7 +162,7 @@ def run_bench(target: LoadedModel, spec: BenchSpec, log: Callable[[str], None] =
 
     bandwidth = measure_read_bandwidth()
     none_tps = [t / s for t, s in zip(tokens["none"], seconds["none"], strict=True)]
-    results: dict[str, object] = {}
+    results: dict[str, dict[str, Any]] = {}
     for method in order:
         tps = [t / s for t, s in zip(tokens[method], seconds[method], strict=True)]
         results[method] = {
@@ -173,6 +173,8 @@ def run_bench(target: LoadedModel, spec: BenchSpec, log: Callable[[str], None] =
             **_acceptance(metrics[method]),
             **({"identical_to_baseline": identical[method]} if spec.sampling.greedy else {}),
         }
+    if spec.batch_size == 1:
+        _add_free_drafting_limits(results, seconds["none"][0])
     return {
         "speccore_version": __version__,
         "machine": _machine(),
@@ -186,6 +188,20 @@ def run_bench(target: LoadedModel, spec: BenchSpec, log: Callable[[str], None] =
         },
         "methods": results,
     }
+
+
+def _add_free_drafting_limits(results: dict[str, dict[str, Any]], none_seconds: float) -> None:
+    """Per speccore method, the speedup its verify steps would give if drafting were free
+    and verifying its block cost one plain decoding step: what its acceptance alone
+    allows, prefill included. From the first repetition at batch 1, where ``none``'s
+    verify time is its decoding time: none_seconds - verify_none * (1 - steps / steps_none).
+    """
+    none = results["none"]
+    step_s = none["verify_time_s"] / none["verify_steps"]
+    for m in results.values():
+        if "verify_steps" in m:
+            saved = (none["verify_steps"] - m["verify_steps"]) * step_s
+            m["free_drafting_limit"] = none_seconds / (none_seconds - saved)
 
 
 def _acceptance(ms: list[GenerationMetrics]) -> dict[str, object]:
@@ -203,6 +219,7 @@ def _acceptance(ms: list[GenerationMetrics]) -> dict[str, object]:
                 acc[i] += v
             setattr(total, name, acc)
     return {
+        "verify_steps": total.verify_steps,
         "acceptance_rate": total.acceptance_rate,
         "mean_acceptance_length": total.mean_acceptance_length,
         "per_position_acceptance": total.per_position_acceptance,

@@ -62,6 +62,13 @@ def test_bench_writes_results(smollm, tmp_path):
     assert result["methods"]["ngram"]["identical_to_baseline"] is True
     assert result["methods"]["hf"]["identical_to_baseline"] is True
     assert result["plain_decoding_limit"]["tokens_per_s"] > 0
+    # What acceptance alone allows: none is its own limit; identical output in no more
+    # steps can only save time; HF's generate reports no steps.
+    assert result["methods"]["none"]["free_drafting_limit"] == 1.0
+    ngram = result["methods"]["ngram"]
+    assert ngram["verify_steps"] <= result["methods"]["none"]["verify_steps"]
+    assert ngram["free_drafting_limit"] >= 1.0
+    assert "free_drafting_limit" not in result["methods"]["hf"]
 
 
 @pytest.fixture(scope="module")
