@@ -194,7 +194,8 @@ def _add_free_drafting_limits(results: dict[str, dict[str, Any]], none_seconds: 
     """Per speccore method, the speedup its verify steps would give if drafting were free
     and verifying its block cost one plain decoding step: what its acceptance alone
     allows, prefill included. From the first repetition at batch 1, where ``none``'s
-    verify time is its decoding time: none_seconds - verify_none * (1 - steps / steps_none).
+    verify time is its decoding time:
+    none_seconds / (none_seconds - verify_none * (1 - steps / steps_none)).
     """
     none = results["none"]
     step_s = none["verify_time_s"] / none["verify_steps"]
