@@ -68,8 +68,9 @@ def _draft_args(p: argparse.ArgumentParser) -> None:
         type=_shape,
         help="medusa/eagle static tree, e.g. 4,2,1: 4 children of the pending token, 2 below each, ...",
     )
-    p.add_argument("--tree-topk", type=_positive, help="eagle: children per expanded node (default 4)")
-    p.add_argument("--tree-tokens", type=_positive, help="medusa/eagle: draft nodes per step (default 16)")
+    # Defaults as in speccore.proposers.base.ProposerConfig (not imported here: it loads torch).
+    p.add_argument("--tree-topk", type=_positive, help="eagle: children per expanded node (default 2)")
+    p.add_argument("--tree-tokens", type=_positive, help="medusa/eagle: draft nodes per step (default 5)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from speccore.heads.trees import shape_nodes
 from specops_schemas.api import ApplyResponse, EngineConfig, SglangConfig, SpeccoreConfig, VllmConfig
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import Engine, Family
@@ -129,20 +130,12 @@ def _vllm_args(config: VllmConfig) -> list[str]:
     return ["--speculative-config", json.dumps(body, separators=(",", ":"))]
 
 
-def _tree_nodes(tree: list[int]) -> int:
-    total, width = 0, 1
-    for children in tree:
-        width *= children
-        total += width
-    return total
-
-
 def _sglang(c: Candidate, paths: Mapping[str, str]) -> SglangConfig:
     if c.family == Family.EAGLE:
         algorithm = "EAGLE3" if _eagle_version(c) >= 3 else "EAGLE"
         steps = len(c.tree) if c.tree else c.k
         topk = max(c.tree) if c.tree else 1
-        tokens = _int_option(c, "num_draft_tokens") or ((_tree_nodes(c.tree) + 1) if c.tree else c.k + 1)
+        tokens = _int_option(c, "num_draft_tokens") or ((shape_nodes(c.tree) + 1) if c.tree else c.k + 1)
         return SglangConfig(
             engine="sglang",
             speculative_algorithm=algorithm,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from speccore.heads.trees import shape_nodes
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import Family
 from specops_services.predictor.targets import (
@@ -58,15 +59,6 @@ class DraftCost:
         return self.extra_params * dtype_bytes + self.fixed_bytes + kv
 
 
-def tree_nodes(tree: list[int] | tuple[int, ...]) -> int:
-    """Nodes of a tree where every node at depth d has tree[d] children: [4, 2] -> 4 + 8."""
-    total, width = 0, 1
-    for children in tree:
-        width *= children
-        total += width
-    return total
-
-
 def lookahead_nodes(window: int, ngram: int, guesses: int) -> int:
     """Draft nodes of speccore's lookahead block: the Jacobi window plus the guess trie."""
     return (window - 1) + (ngram - 2) * window + guesses * (ngram - 1)
@@ -94,7 +86,7 @@ def draft_cost(
     heads = heads or {}
     datastores = datastores or {}
     k = candidate.k
-    chain_or_tree = tree_nodes(candidate.tree) if candidate.tree else k
+    chain_or_tree = shape_nodes(candidate.tree) if candidate.tree else k
     depth = len(candidate.tree) if candidate.tree else k
     family = candidate.family
     if family == Family.NGRAM:

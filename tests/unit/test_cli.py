@@ -161,3 +161,14 @@ def test_missing_prompt_file():
     out = specops("generate", "--model", MODEL, "--prompt-file", "/nonexistent/prompt.txt")
     assert out.returncode == 2
     assert "cannot read prompt file" in out.stderr
+
+
+def test_tree_option_help_states_the_engine_defaults():
+    from speccore.proposers.base import ProposerConfig
+
+    out = specops("generate", "--help")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    defaults = ProposerConfig()
+    assert f"children per expanded node (default {defaults.tree_topk})" in text
+    assert f"draft nodes per step (default {defaults.tree_tokens})" in text

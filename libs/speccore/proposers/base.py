@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from speccore.errors import SpecError
+from speccore.heads.trees import shape_nodes
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
 from speccore.tree import chain_parents
@@ -135,15 +136,6 @@ class ProposerConfig:
 
 
 MAX_K = 64
-
-
-def shape_nodes(shape: tuple[int, ...]) -> int:
-    """Nodes of a tree where every node at depth d has shape[d] children: (4, 2) -> 4 + 8."""
-    total, width = 0, 1
-    for children in shape:
-        width *= children
-        total += width
-    return total
 
 
 class Proposer(ABC):

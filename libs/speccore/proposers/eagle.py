@@ -25,17 +25,10 @@ from torch.nn.utils.rnn import pad_sequence
 
 from speccore.heads.eagle import EagleHead
 from speccore.heads.loading import draft_scorer, load_head, on_target_kernels, open_head, output_weight
+from speccore.heads.trees import shape_nodes
 from speccore.kv_cache import StaticKVCache
 from speccore.models import LoadedModel
-from speccore.proposers.base import (
-    DraftTree,
-    Proposer,
-    ProposerConfig,
-    StepContext,
-    StepOutcome,
-    register,
-    shape_nodes,
-)
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome, register
 from speccore.runner import ModelRunner, pad_rows
 from speccore.state import Sequence
 
