@@ -48,7 +48,8 @@ bench: setup
 
 lint: setup
 	$(VENV)/bin/ruff check libs specops schemas services tests scripts
-	$(VENV)/bin/mypy libs/speccore libs/specbus schemas services specops/runtime specops/db
+	$(VENV)/bin/mypy libs schemas services specops/runtime
+	$(VENV)/bin/lint-imports
 
 # JSON Schema and AsyncAPI 3.0 built from the pydantic models in schemas/; commit the result.
 asyncapi: setup

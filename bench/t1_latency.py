@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from specops.client import Run, SpeculativeClient, default_url
-from specops.runtime.settings import load_settings
 from specops_schemas.catalog import Role
 from specops_schemas.events import RunPredicted
 from specops_services.gateway.tokens import issue_token
+from specplatform.settings import load_settings
 
 PREDICTED_LIMIT_S = 5.0
 CACHE_HIT_LIMIT_S = 1.0

@@ -6,11 +6,11 @@ that string back to the class, which is how consumers and `parse_event` decode.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal, Self
 
 from pydantic import Field, model_validator
 
+from specbus.envelope import Envelope, EventPayload, decode_event
 from specops_schemas.api import RunCreateRequest, Target
 from specops_schemas.base import Fraction, Id, Model
 from specops_schemas.candidates import (
@@ -23,7 +23,6 @@ from specops_schemas.candidates import (
     Sampling,
 )
 from specops_schemas.catalog import ErrorStage, Fingerprint, GateMethod, Mode
-from specops_schemas.envelope import Envelope, EventPayload
 
 
 class RunEvent(EventPayload):
@@ -244,13 +243,4 @@ def _check_ids_listed(ids: list[str], known: set[str]) -> None:
 
 def parse_event(data: bytes | str) -> Envelope[Any]:
     """Decode an event of any registered type; ValueError (incl. ValidationError) if it is not one."""
-    try:
-        raw = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"event is not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ValueError("event must be a JSON object")
-    payload_cls = EVENT_TYPES.get(str(raw.get("type")))
-    if payload_cls is None:
-        raise ValueError(f"unknown event type {raw.get('type')!r}; known: {', '.join(EVENT_TYPES)}")
-    return Envelope[payload_cls].model_validate(raw)  # type: ignore[valid-type]
+    return decode_event(data, EVENT_TYPES)

@@ -14,10 +14,10 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
-from specops_schemas import subjects
+from specbus import subjects
+from specbus.dlq import DeadLetter
+from specbus.envelope import Envelope
 from specops_schemas.api import ApplyRequest, ApplyResponse, Problem, RunCreateRequest, RunStatusResponse
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import Envelope
 from specops_schemas.events import EVENT_TYPES
 
 API_MODELS: tuple[type[BaseModel], ...] = (

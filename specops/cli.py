@@ -240,6 +240,8 @@ def _read_prompt(path: Path) -> str:
 
 def _bench(args: argparse.Namespace) -> int:
     from speccore.bench import BenchSpec, default_output, run_bench
+    from specprompts.corpora import default_datastore
+    from specprompts.sets import file_prompts, load_prompts
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     spec = BenchSpec(
@@ -258,8 +260,16 @@ def _bench(args: argparse.Namespace) -> int:
         str(args.prompts) if args.prompts else None,
         _tree_knobs(args),
     )
+    prompts = (
+        file_prompts(args.prompts, spec.n_prompts)
+        if args.prompts
+        else load_prompts(spec.workload, spec.n_prompts, seed=spec.seed)
+    )
     target = _load(args)
-    result = run_bench(target, spec, log=lambda msg: print(msg, file=sys.stderr))
+    if "rest" in spec.methods and spec.datastore is None:
+        # Built from a corpus that leaves out the measured prompts' conversations.
+        spec.datastore = str(default_datastore(target, spec.workload, frozenset(p.id for p in prompts)))
+    result = run_bench(target, spec, prompts, log=lambda msg: print(msg, file=sys.stderr))
     out = args.json or default_output(spec, args.model)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

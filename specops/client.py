@@ -47,6 +47,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import ValidationError
 
+from specbus.envelope import Envelope, EventPayload
 from specops_schemas.api import (
     API_PREFIX,
     ApplyRequest,
@@ -59,7 +60,6 @@ from specops_schemas.api import (
     Workload,
 )
 from specops_schemas.catalog import Engine, Mode, RunStatus
-from specops_schemas.envelope import Envelope, EventPayload
 from specops_schemas.events import parse_event
 
 URL_ENV = "SPECOPS_URL"
@@ -255,7 +255,7 @@ def default_url(state_dir: Path | None = None) -> str:
     explicit = os.environ.get(URL_ENV)
     if explicit:
         return explicit.rstrip("/")
-    from specops.runtime.settings import load_settings
+    from specplatform.settings import load_settings
 
     settings = load_settings(state_dir)
     # A gateway bound to every interface is reached on loopback from this machine.
@@ -266,7 +266,7 @@ def default_url(state_dir: Path | None = None) -> str:
 
 
 def token_path(state_dir: Path | None = None) -> Path:
-    from specops.runtime.settings import default_state_dir
+    from specplatform.settings import default_state_dir
 
     return (state_dir if state_dir is not None else default_state_dir()) / TOKEN_FILE
 

@@ -18,7 +18,7 @@ from speccore.heads.artifact import HeadConfig, read_config, save_head
 from speccore.heads.eagle import EagleHead
 from speccore.heads.medusa import MedusaHeads
 from speccore.models import LoadedModel
-from speccore.prompts import humaneval_pool, sharegpt_conversations
+from specprompts.sources import humaneval_pool, sharegpt_conversations
 
 DRAFT_VOCAB = 2048
 

@@ -13,7 +13,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig, StreamInfo
 from nats.js.errors import BadRequestError, NotFoundError
 
-from specops_schemas.subjects import STREAM, STREAM_SUBJECTS
+from specbus.subjects import STREAM, STREAM_SUBJECTS
 
 log = logging.getLogger(__name__)
 

@@ -28,12 +28,10 @@ from nats.js.api import ConsumerConfig
 from opentelemetry import propagate, trace
 
 from specbus.broker import SpecBroker
-from specbus.dlq import park
+from specbus.dlq import DeadLetter, park
+from specbus.envelope import Envelope, EventPayload, decode_event
 from specbus.publish import MSG_ID, publish
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import Envelope, EventPayload
-from specops_schemas.events import parse_event
-from specops_schemas.subjects import DLQ_SUBJECTS, STREAM, pattern
+from specbus.subjects import DLQ_SUBJECTS, STREAM, pattern
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("specbus")
@@ -142,10 +140,10 @@ def dead_letter_subscriber(
 
 
 def _event_decoder(accepted: tuple[type[EventPayload], ...]) -> Callable[[bytes, str], Envelope[Any]]:
+    types = {cls.event_type: cls for cls in accepted}
+
     def decode(data: bytes, subject: str) -> Envelope[Any]:
-        event = parse_event(data)
-        if not isinstance(event.payload, accepted):
-            raise ValueError(f"event type {event.type!r} is not handled here")
+        event = decode_event(data, types)
         if event.subject != subject:
             raise ValueError(f"event for {event.subject!r} was published on {subject!r}")
         return event

@@ -1,4 +1,4 @@
-"""Parking a message a service gave up on, verbatim, on `spec.dlq.<service>`."""
+"""Parking a message a service gave up on, verbatim, on `spec.dlq.<service>`, as a DeadLetter."""
 
 from __future__ import annotations
 
@@ -9,12 +9,28 @@ from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from opentelemetry import propagate
+from pydantic import Base64Bytes, Field
 
 from specbus.publish import MSG_ID, publish_raw
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.subjects import dlq_subject
+from specbus.subjects import dlq_subject
+from specbus.wire import Model, UtcDatetime, utc_now
 
 log = logging.getLogger(__name__)
+
+
+class DeadLetter(Model):
+    """A failed message kept verbatim: it may not parse, so it is not wrapped in an Envelope."""
+
+    service: str = Field(description="Service that gave up.")
+    subject: str = Field(description="Subject the message was delivered on.")
+    headers: dict[str, str] = Field(
+        default_factory=dict, description="Its NATS headers (Nats-Msg-Id included)."
+    )
+    data: Base64Bytes = Field(description="Its body, base64-encoded.")
+    deliveries: int = Field(ge=1, description="Delivery attempts made before parking.")
+    error: str = Field(description="The last error, e.g. a validation message or exception text.")
+    stream_sequence: int | None = Field(None, ge=1, description="Sequence in the SPEC stream, to replay it.")
+    parked_at: UtcDatetime = Field(default_factory=utc_now, description="When it was parked, UTC.")
 
 
 def dead_letter(service: str, msg: Msg, *, error: str, deliveries: int) -> DeadLetter:

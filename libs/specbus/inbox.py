@@ -16,7 +16,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from specbus import outbox
-from specops_schemas.envelope import Envelope
+from specbus.envelope import Envelope
 
 log = logging.getLogger(__name__)
 

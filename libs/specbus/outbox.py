@@ -25,8 +25,8 @@ from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from specbus.envelope import Envelope
 from specbus.publish import PUBLISH_TIMEOUT_S, envelope_headers, publish_raw
-from specops_schemas.envelope import Envelope
 
 log = logging.getLogger(__name__)
 

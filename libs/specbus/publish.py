@@ -11,8 +11,8 @@ from nats.js.api import PubAck
 from opentelemetry import propagate
 
 from specbus.broker import jetstream
-from specops_schemas.envelope import CLOUDEVENTS_ATTRIBUTES, CLOUDEVENTS_SPEC_VERSION, Envelope
-from specops_schemas.subjects import STREAM
+from specbus.envelope import CLOUDEVENTS_ATTRIBUTES, CLOUDEVENTS_SPEC_VERSION, Envelope
+from specbus.subjects import STREAM
 
 MSG_ID = "Nats-Msg-Id"
 PUBLISH_TIMEOUT_S = 5.0

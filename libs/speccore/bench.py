@@ -14,28 +14,24 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from speccore import __version__
 from speccore.bandwidth import decode_limit_tokens_per_s, measure_read_bandwidth
-from speccore.corpora import default_datastore
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.heads.loading import head_for
 from speccore.hf_baselines import HF_METHODS, HFGenerator
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel, load_model
-from speccore.prompts import Prompt, load_prompts
 from speccore.proposers import DEFAULT_K
 from speccore.proposers.base import ProposerConfig
 from speccore.sampling import SamplingParams
-from speccore.training.data import read_examples
 
 
 @dataclass(slots=True)
@@ -62,6 +58,14 @@ class BenchSpec:
             raise SpecError("a method is listed twice")
         if self.reps <= 0 or self.n_prompts <= 0 or self.batch_size <= 0:
             raise SpecError("--reps, --n-prompts and --batch-size must be positive")
+
+
+class BenchPrompt(Protocol):
+    """A prompt to measure on (specprompts.sources.Prompt is one)."""
+
+    id: str
+    text: str
+    chat: bool  # wrap in the model's chat template
 
 
 Runner = Callable[[list[list[int]], int], tuple[list[list[int]], list[GenerationMetrics], float]]
@@ -95,7 +99,7 @@ def stock_twin(target: LoadedModel) -> LoadedModel:
     return load_model(target.ref, device="cpu", dtype=dtype, row_invariant=False)
 
 
-def build_runners(target: LoadedModel, spec: BenchSpec, exclude_ids: frozenset[str]) -> dict[str, Runner]:
+def build_runners(target: LoadedModel, spec: BenchSpec) -> dict[str, Runner]:
     runners: dict[str, Runner] = {}
     stock: LoadedModel | None = None
     for method in spec.methods:
@@ -104,36 +108,24 @@ def build_runners(target: LoadedModel, spec: BenchSpec, exclude_ids: frozenset[s
             stock = stock or stock_twin(target)
             runners[method] = _hf_runner(HFGenerator(method, stock, k, spec.draft), spec)
             continue
-        datastore = spec.datastore
-        if method == "rest" and datastore is None:
-            datastore = str(default_datastore(target, spec.workload, exclude_ids))
         head = head_for(method, spec.heads, target.ref)
-        cfg = ProposerConfig(k=k, draft=spec.draft, datastore=datastore, head=head, **spec.tree)
+        cfg = ProposerConfig(k=k, draft=spec.draft, datastore=spec.datastore, head=head, **spec.tree)
         runners[method] = _engine_runner(Engine(target, method, cfg), spec)
     return runners
 
 
-def file_prompts(path: Path, n: int) -> list[Prompt]:
-    """The first ``n`` prompts of a JSONL file of examples (the heads' data format), as chat
-    prompts; each keeps the example's id, or gets ``<file name>:<index>``."""
-    prompts = [
-        Prompt(ex.id or f"{path.name}:{i}", ex.prompt, chat=True, source="file")
-        for i, ex in islice(enumerate(read_examples(path)), n)
-    ]
-    if len(prompts) < n:
-        raise SpecError(f"{path} holds {len(prompts)} prompts, asked for {n} (--n-prompts)")
-    return prompts
-
-
-def run_bench(target: LoadedModel, spec: BenchSpec, log: Callable[[str], None] = print) -> dict[str, object]:
-    prompts = (
-        file_prompts(Path(spec.prompts), spec.n_prompts)
-        if spec.prompts
-        else load_prompts(spec.workload, spec.n_prompts, seed=spec.seed)
-    )
+def run_bench(
+    target: LoadedModel,
+    spec: BenchSpec,
+    prompts: Sequence[BenchPrompt],
+    log: Callable[[str], None] = print,
+) -> dict[str, object]:
+    """Measure every method of `spec` on `prompts` (a rest method needs spec.datastore)."""
+    if "rest" in spec.methods and spec.datastore is None:
+        raise SpecError("the rest method needs a datastore")
     encoded = [target.encode_prompt(p.text, p.chat) for p in prompts]
     batches = [encoded[i : i + spec.batch_size] for i in range(0, len(encoded), spec.batch_size)]
-    runners = build_runners(target, spec, frozenset(p.id for p in prompts))
+    runners = build_runners(target, spec)
 
     for method, run in runners.items():  # warm-up: allocator, kernels, caches
         log(f"warm-up {method}")

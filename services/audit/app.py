@@ -26,12 +26,13 @@ from nats.js.api import ConsumerConfig
 from psycopg_pool import PoolTimeout
 
 from specbus import consumer_name, make_broker
-from specops.db import Pool, create_pool
-from specops.runtime.service import service_app
-from specops.runtime.settings import Settings, load_settings
-from specops_schemas.subjects import STREAM, STREAM_SUBJECTS
+from specbus.subjects import STREAM, STREAM_SUBJECTS
+from specops_schemas import MIGRATIONS
 from specops_services.audit import db
 from specops_services.audit.logic import entry_from_message
+from specplatform.db import Pool, create_pool
+from specplatform.service import service_app
+from specplatform.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     broker = make_broker(settings.require_nats_url(), service=SERVICE)
     pool = create_pool(dsn, min_size=1, max_size=2, name=SERVICE)
     subscribe(broker, pool)
-    return service_app(broker, pool, dsn, outbox=False)
+    return service_app(broker, pool, dsn, migrations=MIGRATIONS, outbox=False)
 
 
 def serve(settings: Settings | None = None) -> None:

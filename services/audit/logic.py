@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from specbus.subjects import DLQ, PREFIX
 from specops_schemas.events import parse_event
-from specops_schemas.subjects import DLQ, PREFIX
 
 GENESIS_HASH = bytes(32)
 _DOMAIN = b"specops-audit-row-v1"

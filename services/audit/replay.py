@@ -21,7 +21,7 @@ from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, ReplayPolicy
 from nats.js.errors import NotFoundError
 
-from specops_schemas.subjects import STREAM, STREAM_SUBJECTS
+from specbus.subjects import STREAM, STREAM_SUBJECTS
 from specops_services.audit.logic import entry_from_message
 
 CONNECT_TIMEOUT_S = 3.0

@@ -23,15 +23,17 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from specbus import RetryPolicy, consumer_name, make_broker, outbox, process_once, subscriber
+from specbus.envelope import Envelope
 from specbus.inbox import Work
-from specops.db import Pool, create_pool
-from specops.runtime.service import service_app
-from specops.runtime.settings import Settings
-from specops_schemas.envelope import Envelope
+from speccore.model_cache import ModelCache
+from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchPlan, BenchRequested, RepMetrics
 from specops_services.benchmark_runner import db, logic
-from specops_services.benchmark_runner.measure import BenchOutcome, MeasureError, ModelCache, RepRow
+from specops_services.benchmark_runner.measure import BenchOutcome, MeasureError, RepRow
 from specops_services.benchmark_runner.runner import BenchRunner, runner_settings
+from specplatform.db import Pool, create_pool
+from specplatform.service import service_app
+from specplatform.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +145,7 @@ def create_app(settings: Settings | None = None, *, models: ModelCache | None = 
     broker = make_broker(bench_settings.require_nats_url(), service=SERVICE)
     pool = create_pool(dsn, min_size=1, max_size=4, name=SERVICE)
     subscribe(broker, pool, BenchRunner(bench_settings, models))
-    return service_app(broker, pool, dsn)
+    return service_app(broker, pool, dsn, migrations=MIGRATIONS)
 
 
 def serve(settings: Settings | None = None) -> None:

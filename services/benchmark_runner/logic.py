@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import TypeVar
 
-from specops_schemas.envelope import Envelope, EventPayload
+from specbus.envelope import Envelope, EventPayload
 from specops_schemas.events import BenchCompleted, BenchRepMeasured, BenchRequested, RunFailed
 from specops_services.benchmark_runner.measure import BenchOutcome, MeasureError, RepRow
 

@@ -20,40 +20,33 @@ raises :class:`MeasureError` with the stage the run failed at.
 from __future__ import annotations
 
 import dataclasses
-import gc
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-import torch
-
-from speccore.corpora import default_datastore
+from speccore.candidates import speccore_candidate
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.metrics import GenerationMetrics
-from speccore.models import LoadedModel, load_model
-from speccore.prompt_sets import encode_for, prompts_for_model
+from speccore.model_cache import ModelCache, ModelLoadError, release_memory
+from speccore.models import LoadedModel
 from speccore.sampling import SamplingParams
 from specops_schemas.candidates import BASELINE_ID, Candidate, Measurement, Sampling
 from specops_schemas.catalog import ErrorStage, Family, Mode
 from specops_schemas.events import BenchPlan, CandidateFailure, RepMetrics
-from specops_services.speccore_candidates import speccore_candidate
+from specprompts.corpora import builtin_datastore
+from specprompts.sets import encode_for, prompts_for_model
 
 # Rows of one generate() call in batch mode; interactive mode is batch=1.
 BATCH_SIZE = 8
 # Warm-up: one short generation per method (allocator, kernels, proposer caches).
 WARMUP_PROMPT_TOKENS = 64
 WARMUP_NEW_TOKENS = 8
-# A rest candidate's draft names its datastore: "builtin:<workload>" (what the predictor
-# offers for chat and code, built here by speccore.corpora) or a datastore file.
-BUILTIN_DATASTORE = "builtin:"
 
 _R = TypeVar("_R")
 RepCallback = Callable[[str, int, RepMetrics, float | None], None]
-ModelLoader = Callable[[str, str, str], LoadedModel]
 
 
 class MeasureError(Exception):
@@ -91,43 +84,6 @@ class BenchOutcome:
     failures: list[CandidateFailure]
 
 
-def _load(model_ref: str, device: str, dtype: str) -> LoadedModel:
-    return load_model(model_ref, device=device, dtype=dtype)
-
-
-class ModelCache:
-    """Targets kept loaded between benches, least recently used dropped first. Thread-safe."""
-
-    def __init__(self, capacity: int = 1, loader: ModelLoader = _load) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity must be at least 1, got {capacity}")
-        self.capacity = capacity
-        self._loader = loader
-        self._models: dict[tuple[str, str, str], LoadedModel] = {}
-        self._lock = threading.Lock()
-
-    def get(self, model_ref: str, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-        key = (model_ref, device, dtype)
-        with self._lock:
-            model = self._models.pop(key, None)
-            if model is None:
-                self._evict(self.capacity - 1)
-                try:
-                    model = self._loader(model_ref, device, dtype)
-                except (SpecError, OSError, RuntimeError, MemoryError) as err:
-                    raise TargetLoadError(f"cannot load target '{model_ref}': {err}") from err
-            self._models[key] = model  # re-inserted last: most recently used
-            return model
-
-    def __len__(self) -> int:
-        return len(self._models)
-
-    def _evict(self, keep: int) -> None:
-        while len(self._models) > keep:
-            del self._models[next(iter(self._models))]
-            _release_memory()
-
-
 def measure(
     plan: BenchPlan,
     *,
@@ -149,7 +105,10 @@ def measure(
     methods = [BASELINE_ID, *candidates]
     pending = [r for r in range(plan.reps) if any((m, r) not in stored for m in methods)]
     if pending:
-        target = model_cache.get(plan.target.model_ref, device, dtype)
+        try:
+            target = model_cache.get(plan.target.model_ref, device, dtype)
+        except ModelLoadError as err:
+            raise TargetLoadError(str(err)) from err
         bench = _Bench(plan, target)
         engines = {BASELINE_ID: Engine(target)}
         needed = [c for c in candidates.values() if any((c.candidate_id, r) not in stored for r in pending)]
@@ -341,7 +300,7 @@ def _run_or_fail(
         if method == BASELINE_ID:
             raise MeasureError(ErrorStage.BENCHMARK, f"the baseline failed: {_describe(err)}") from err
         del engines[method]
-        _release_memory()
+        release_memory()
         failures[method] = CandidateFailure(
             candidate_id=method, error_stage=ErrorStage.BENCHMARK, message=_describe(err)
         )
@@ -373,14 +332,13 @@ def _engine(target: LoadedModel, candidate: Candidate, plan: BenchPlan, prompt_i
     config = spec.config
     try:
         if candidate.family == Family.REST:
-            ref = config.datastore or f"{BUILTIN_DATASTORE}{plan.fingerprint}"
-            if ref.startswith(BUILTIN_DATASTORE):
-                # Leave the measured prompts' conversations out of the corpus it retrieves from.
-                built = default_datastore(target, ref.removeprefix(BUILTIN_DATASTORE), prompt_ids)
+            # Leave the measured prompts' conversations out of the corpus it retrieves from.
+            built = builtin_datastore(target, config.datastore, str(plan.fingerprint), prompt_ids)
+            if built is not None:
                 config = dataclasses.replace(config, datastore=str(built))
         return Engine(target, spec.family, config)
     except (SpecError, OSError, RuntimeError, MemoryError) as err:
-        _release_memory()
+        release_memory()
         raise _CandidateFailed(
             ErrorStage.MODEL_LOAD, f"cannot load its draft source: {_describe(err)}"
         ) from err
@@ -411,9 +369,3 @@ def _sum_lists(lists: Iterable[list[int]]) -> list[int]:
 def _describe(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
-def _release_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

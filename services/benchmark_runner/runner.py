@@ -12,13 +12,14 @@ from collections.abc import Iterable
 import torch
 from pydantic import Field
 
-from specops.runtime.settings import Settings, load_settings
+from speccore.model_cache import ModelCache
 from specops_schemas.events import BenchPlan
-from specops_services.benchmark_runner.measure import BenchOutcome, ModelCache, RepCallback, RepRow, measure
+from specops_services.benchmark_runner.measure import BenchOutcome, RepCallback, RepRow, measure
+from specplatform.settings import Settings, load_settings
 
 
 class BenchmarkRunnerSettings(Settings):
-    """`SPECOPS_THREADS`, `SPECOPS_BENCH_*` (plus NATS_URL / DATABASE_URL, see specops.runtime.settings)."""
+    """`SPECOPS_THREADS`, `SPECOPS_BENCH_*` (plus NATS_URL / DATABASE_URL, see specplatform.settings)."""
 
     threads: int = Field(2, ge=1, le=1024, description="CPU threads PyTorch may use.")
     bench_device: str = Field("auto", description="Where the target runs: auto, cpu or cuda.")

@@ -13,13 +13,14 @@ from fastapi.responses import JSONResponse
 
 from specbus.broker import make_broker
 from specbus.outbox import OutboxRelay
-from specops.db import create_pool, migrate
-from specops.runtime.settings import Settings, load_settings
+from specops_schemas import MIGRATIONS
 from specops_schemas.api import Problem
 from specops_services.gateway import db, projector, routes
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import install, problem_response, responses
 from specops_services.gateway.settings import GatewaySettings
+from specplatform.db import create_pool, migrate
+from specplatform.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: GatewaySettings = app.state.settings
     dsn = settings.require_database_url()
-    await migrate(dsn)
+    await migrate(dsn, MIGRATIONS)
     pool = create_pool(dsn, max_size=settings.gateway_pool_size, name="gateway")
     await pool.open(wait=True)
     broker = make_broker(settings.require_nats_url(), service="gateway")

@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from specops.db import Pool
 from specops_schemas.catalog import Role
 from specops_services.gateway import db, logic
 from specops_services.gateway.problems import problem, unauthorized
+from specplatform.db import Pool
 
 # auto_error=False: a missing header must become our 401 problem (with its challenge),
 # not FastAPI's plain 403. The scheme still documents bearer auth in the OpenAPI.

@@ -1,7 +1,7 @@
 """All of the gateway's SQL (tables of schemas/sql/001_core.sql and 003_gateway.sql).
 
 Functions take an open connection and run inside the caller's transaction; tenant-facing
-ones expect `specops.db.tenant_transaction`, whose row-level security is the second wall
+ones expect `specplatform.db.tenant_transaction`, whose row-level security is the second wall
 behind the explicit `tenant_id` filters here.
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from specops.db import Connection, connect
+from specbus.envelope import Envelope
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import Role, RunStatus
-from specops_schemas.envelope import Envelope
 from specops_services.gateway.logic import RunState, StoredResponse
 from specops_services.predictor.cache import KEY_COLUMNS
+from specplatform.db import Connection, connect
 
 # --- tokens ------------------------------------------------------------------------------
 

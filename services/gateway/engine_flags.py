@@ -189,7 +189,7 @@ def _speccore_args(c: Candidate, paths: Mapping[str, str]) -> list[str]:
     if c.family in (Family.MEDUSA, Family.EAGLE):
         if not c.draft:
             raise _cannot("speccore", f"{c.family} needs a trained head")
-        # What was measured (specops_services.speccore_candidates): the shape, or a chain of k.
+        # What was measured (speccore.candidates): the shape, or a chain of k.
         shape = c.tree or [1] * c.k
         return [
             "--method",

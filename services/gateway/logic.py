@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Literal
 
+from specbus.envelope import Envelope
+from specbus.subjects import ID_PATTERN
 from specops_schemas.api import RunCreateRequest, RunError, RunStatusResponse
 from specops_schemas.base import UtcDatetime
 from specops_schemas.candidates import CandidateResult
 from specops_schemas.catalog import Role, RunStatus
-from specops_schemas.envelope import Envelope
 from specops_schemas.events import RunCompleted, RunFailed, RunPredicted
-from specops_schemas.subjects import ID_PATTERN
 
 # --- roles -------------------------------------------------------------------------------
 

@@ -15,10 +15,10 @@ from typing import Any
 from faststream.nats import NatsBroker
 
 from specbus.consumer import RetryPolicy, subscriber
-from specops.db import Pool, tenant_transaction
-from specops_schemas.envelope import Envelope
+from specbus.envelope import Envelope
 from specops_schemas.events import EVENT_TYPES, RunRequested
 from specops_services.gateway import db, logic
+from specplatform.db import Pool, tenant_transaction
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,9 @@ from fastapi.sse import ServerSentEvent
 from pydantic import ValidationError
 
 from specbus import outbox
-from specops.db import Connection, Pool, tenant_transaction
+from specbus.envelope import Envelope, new_event
+from speccatalog.hardware import HardwareError, resolve_profile
+from speccatalog.targets import TargetError, UnknownModel, parse_hf_config, resolve_target
 from specops_schemas.api import (
     API_PREFIX,
     ApplyRequest,
@@ -24,15 +26,13 @@ from specops_schemas.api import (
     RunStatusResponse,
 )
 from specops_schemas.catalog import RunStatus
-from specops_schemas.envelope import Envelope, new_event
 from specops_schemas.events import RunCompleted, RunQueued, RunRequested
 from specops_services.gateway import db, engine_flags, logic
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import ProblemError, problem
 from specops_services.predictor import cache
-from specops_services.predictor.hardware import HardwareError, resolve_profile
-from specops_services.predictor.targets import TargetError, UnknownModel, parse_hf_config, resolve_target
+from specplatform.db import Connection, Pool, tenant_transaction
 
 log = logging.getLogger(__name__)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from specops.runtime.settings import Settings
+from specplatform.settings import Settings
 
 
 class GatewaySettings(Settings):
-    """Read from `SPECOPS_GATEWAY_*` (and DATABASE_URL / NATS_URL, see specops.runtime.settings)."""
+    """Read from `SPECOPS_GATEWAY_*` (and DATABASE_URL / NATS_URL, see specplatform.settings)."""
 
     gateway_sse_poll_s: float = Field(
         0.25, gt=0.0, le=10.0, description="How often an open event stream looks for new run events."

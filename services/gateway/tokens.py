@@ -5,9 +5,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
-from specops.db import connect
 from specops_schemas.catalog import Role
 from specops_services.gateway import db, logic
+from specplatform.db import connect
 
 
 @dataclass(frozen=True, slots=True)

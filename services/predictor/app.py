@@ -21,15 +21,16 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from specbus import RetryPolicy, consumer_name, dead_letter_subscriber, make_broker, process_once, subscriber
-from specops.db import Connection, Pool, create_pool
-from specops.runtime.service import service_app
-from specops.runtime.settings import Settings
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import Envelope
+from specbus.dlq import DeadLetter
+from specbus.envelope import Envelope
+from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunRequested
 from specops_services.predictor import logic, steps
 from specops_services.predictor.host import host_info
 from specops_services.predictor.settings import predictor_settings
+from specplatform.db import Connection, Pool, create_pool
+from specplatform.service import service_app
+from specplatform.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     )
     log.info("host: %s", planner.host)
     subscribe(broker, pool, planner)
-    return service_app(broker, pool, dsn, logger=log)
+    return service_app(broker, pool, dsn, migrations=MIGRATIONS, logger=log)
 
 
 def serve(settings: Settings | None = None) -> None:

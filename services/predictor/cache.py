@@ -10,9 +10,9 @@ import hashlib
 import json
 from datetime import datetime, timedelta
 
+from speccatalog.hardware import resolve_profile
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import Engine, Fingerprint, GateMethod, Mode
-from specops_services.predictor.hardware import resolve_profile
 
 CACHE_TTL = timedelta(days=30)
 # Bumped when the key's recipe changes, so that old rows stop matching instead of colliding.

@@ -22,11 +22,11 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from speccatalog.hardware import Deployment, fits_beside
+from speccatalog.targets import DatastoreRef, HeadRef, TargetInfo
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import Engine, Family, Fingerprint
-from specops_services.predictor.hardware import Deployment, fits_beside
 from specops_services.predictor.resources import SELF_PREFIX, DraftUnavailable, draft_cost
-from specops_services.predictor.targets import DatastoreRef, HeadRef, TargetInfo
 
 ENABLE_CASCADE_FLAG = "ENABLE_L4_CASCADE"
 

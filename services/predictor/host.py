@@ -14,11 +14,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from specops_services.predictor.hardware import resolve_profile
+from speccatalog.hardware import resolve_profile
+from speccatalog.targets import TargetInfo, parse_hf_config
 from specops_services.predictor.logic import profile_of_gpu_name
 from specops_services.predictor.plan import HostInfo
 from specops_services.predictor.settings import PredictorSettings
-from specops_services.predictor.targets import TargetInfo, parse_hf_config
 
 log = logging.getLogger(__name__)
 

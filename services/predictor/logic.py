@@ -20,11 +20,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from specbus.dlq import DeadLetter
+from specbus.envelope import Envelope, EventPayload, new_event
+from specbus.subjects import ID_PATTERN
+from speccatalog.hardware import resolve_profile
+from speccatalog.targets import TargetInfo
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import CandidateResult, GateOutcome, Measurement, RankedCandidate
 from specops_schemas.catalog import ErrorStage, GateMethod, RunStatus
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import Envelope, EventPayload, new_event
 from specops_schemas.events import (
     BenchPlan,
     BenchRequested,
@@ -35,12 +38,9 @@ from specops_schemas.events import (
     RunRunning,
     parse_event,
 )
-from specops_schemas.subjects import ID_PATTERN
-from specops_services.predictor.hardware import resolve_profile
 from specops_services.predictor.model import HistoryRow
 from specops_services.predictor.plan import HostInfo, Plan, error_stage, plan_run
 from specops_services.predictor.scoring import Decision, assemble_results, choose_winner
-from specops_services.predictor.targets import TargetInfo
 
 PRODUCER = "predictor"
 # uuid5 namespace of the ids this service derives (any fixed UUID would do).

@@ -50,9 +50,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from speccatalog.hardware import Deployment, extra_per_device
+from speccatalog.targets import DatastoreRef, HeadRef, TargetInfo
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import Family, Fingerprint
-from specops_services.predictor.hardware import Deployment, extra_per_device
 from specops_services.predictor.resources import (
     BUILTIN_PREFIX,
     SELF_PREFIX,
@@ -61,7 +62,6 @@ from specops_services.predictor.resources import (
     draft_cost,
     self_layers,
 )
-from specops_services.predictor.targets import DatastoreRef, HeadRef, TargetInfo
 
 TemperatureBucket = Literal["greedy", "sampled"]
 F = Fingerprint

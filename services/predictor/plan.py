@@ -21,17 +21,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from speccatalog.hardware import Deployment, HardwareError, deploy, resolve_profile
+from speccatalog.targets import DatastoreRef, HeadRef, TargetError, TargetInfo, resolve_target
 from speccore.heads.builtin import builtin_heads
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import Candidate, RankedCandidate, Sampling
 from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, Mode
 from specops_schemas.events import BenchPlan, RunPredicted
 from specops_services.predictor.catalog import Pruned, build_catalog
-from specops_services.predictor.hardware import Deployment, HardwareError, deploy, resolve_profile
 from specops_services.predictor.model import HistoryRow, Workload, predict
 from specops_services.predictor.resources import BUILTIN_PREFIX
 from specops_services.predictor.scoring import predicted_front, rank
-from specops_services.predictor.targets import DatastoreRef, HeadRef, TargetError, TargetInfo, resolve_target
 
 F = Fingerprint
 FINGERPRINT_CONTEXT: dict[Fingerprint, int] = {

@@ -10,18 +10,19 @@ number keeps copy-based families honest rather than flattering them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from speccore.heads.trees import shape_nodes
-from specops_schemas.candidates import Candidate
-from specops_schemas.catalog import Family
-from specops_services.predictor.targets import (
+from speccatalog.costs import DraftCost
+from speccatalog.hardware import HardwareProfile, TargetDoesNotFit, deploy, fits_beside
+from speccatalog.targets import (
     KNOWN_TARGETS,
     DatastoreRef,
     HeadRef,
     TargetError,
     TargetInfo,
 )
+from speccore.heads.trees import shape_nodes
+from specops_schemas.candidates import Candidate
+from specops_schemas.catalog import Family
 
 NGRAM_LOOKUP_S = 1.0e-3
 REST_LOOKUP_S = 2.5e-3
@@ -37,26 +38,6 @@ BUILTIN_PREFIX = "builtin:"
 
 class DraftUnavailable(TargetError):
     """A candidate names a draft, head or datastore the predictor does not know."""
-
-
-@dataclass(frozen=True, slots=True)
-class DraftCost:
-    """Resources of one candidate beside the target, per sequence and per verify step."""
-
-    extra_params: int  # draft / head weights held beside the target
-    fixed_bytes: int  # datastores and pools, whatever the dtype
-    kv_elems_per_token: int  # draft KV cache per context token and sequence
-    forward_params: int  # weights one draft forward reads
-    forward_layers: int  # layers of one draft forward (framework overhead)
-    forwards: int  # sequential draft forwards per verify step
-    sharded: bool  # runs across the target's devices (heads) rather than on one (draft models)
-    lookup_s: float  # host-side lookup per step
-    verify_nodes: int  # draft tokens the target verifies per step (the pending token excluded)
-
-    def extra_bytes(self, dtype_bytes: int, context_tokens: int, batch: int) -> int:
-        """Memory beside the target: weights, fixed structures and the draft's KV cache."""
-        kv = self.kv_elems_per_token * dtype_bytes * context_tokens * batch
-        return self.extra_params * dtype_bytes + self.fixed_bytes + kv
 
 
 def lookahead_nodes(window: int, ngram: int, guesses: int) -> int:
@@ -181,3 +162,21 @@ def _datastore(candidate: Candidate, datastores: Mapping[str, DatastoreRef]) -> 
     if store is None:
         raise DraftUnavailable(f"no REST datastore '{candidate.draft}'")
     return store
+
+
+def fits(
+    target: TargetInfo,
+    candidate: Candidate,
+    profile: HardwareProfile,
+    context_tokens: int,
+    batch: int,
+    *,
+    heads: Mapping[str, HeadRef] | None = None,
+    datastores: Mapping[str, DatastoreRef] | None = None,
+) -> bool:
+    """Whether target + draft + both KV caches fit `profile` for `batch` x `context_tokens`."""
+    try:
+        dep = deploy(target, profile, context_tokens=context_tokens, batch=batch)
+    except TargetDoesNotFit:
+        return False
+    return fits_beside(dep, draft_cost(candidate, target, heads=heads, datastores=datastores))

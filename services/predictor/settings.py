@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, Field
 
-from specops.runtime.settings import Settings, load_settings
+from specplatform.settings import Settings, load_settings
 
 
 class PredictorSettings(Settings):
-    """Read from `SPECOPS_*` (and DATABASE_URL / NATS_URL, see specops.runtime.settings)."""
+    """Read from `SPECOPS_*` (and DATABASE_URL / NATS_URL, see specplatform.settings)."""
 
     host_gpu: str = Field(
         "auto",

@@ -15,15 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbus import outbox
-from specops.db import Pool
+from specbus.dlq import DeadLetter
+from specbus.envelope import Envelope
+from speccatalog.targets import TargetError, TargetInfo
 from specops_schemas.candidates import GateOutcome
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import Envelope
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
 from specops_services.predictor import cache, db, logic
 from specops_services.predictor.host import local_target
 from specops_services.predictor.plan import HostInfo
-from specops_services.predictor.targets import TargetError, TargetInfo
+from specplatform.db import Pool
 
 log = logging.getLogger(__name__)
 

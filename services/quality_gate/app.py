@@ -17,14 +17,15 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from specbus import RetryPolicy, make_broker, outbox, subscriber
-from specops.db import Pool, create_pool
-from specops.runtime.service import service_app
-from specops.runtime.settings import Settings, load_settings
-from specops_schemas.envelope import Envelope
+from specbus.envelope import Envelope
+from speccore.model_cache import ModelCache, ModelLoadError
+from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted
-from specops_services.benchmark_runner.measure import ModelCache, TargetLoadError
 from specops_services.quality_gate import db, flow
 from specops_services.quality_gate.runner import GateRunner, QualityGateSettings
+from specplatform.db import Pool, create_pool
+from specplatform.service import service_app
+from specplatform.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,9 @@ def subscribe(
         for candidate in todo:
             try:
                 outcome = await asyncio.to_thread(runner.evaluate, bench.plan, candidate)
-            except TargetLoadError as err:
-                log.error("bench %s: %s", bench.bench_id, err.message)
-                await _queue(pool, [flow.target_unavailable(event, err.message)])
+            except ModelLoadError as err:
+                log.error("bench %s: %s", bench.bench_id, err)
+                await _queue(pool, [flow.target_unavailable(event, str(err))])
                 return
             cid = candidate.candidate_id
             async with pool.connection() as conn, conn.transaction():
@@ -85,7 +86,7 @@ def create_app(settings: Settings | None = None, *, models: ModelCache | None = 
     broker = make_broker(gate_settings.require_nats_url(), service=SERVICE)
     pool = create_pool(dsn, min_size=1, max_size=4, name=SERVICE)
     subscribe(broker, pool, GateRunner(gate_settings, models))
-    app = service_app(broker, pool, dsn)
+    app = service_app(broker, pool, dsn, migrations=MIGRATIONS)
 
     @app.on_startup
     def use_threads() -> None:

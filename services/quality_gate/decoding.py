@@ -12,16 +12,16 @@ from dataclasses import dataclass
 
 import torch
 
+from speccore.candidates import speccore_candidate
 from speccore.engine import BLOCK_HEADROOM, Engine, Generation, LogitsCallback, Request
 from speccore.errors import SpecError
 from speccore.models import LoadedModel
-from speccore.prompts import load_prompts
 from speccore.runner import ModelRunner, pad_rows
 from speccore.sampling import SamplingParams
-from speccore.structured import StructuredTask, structured_tasks
 from specops_schemas.candidates import Candidate
 from specops_services.quality_gate.settings import GateSample
-from specops_services.speccore_candidates import speccore_candidate
+from specprompts.sets import load_prompts
+from specprompts.structured import StructuredTask, structured_tasks
 
 # Candidate.options key of speccore's lossy acceptance rule (verify.py); never set by the catalog.
 LOSSY_OPTION = "lossy_accept_threshold"
@@ -34,7 +34,7 @@ class GatePrompt:
 
 
 def build_engine(target: LoadedModel, candidate: Candidate) -> Engine:
-    """The speccore engine a candidate describes (specops_services.speccore_candidates),
+    """The speccore engine a candidate describes (speccore.candidates),
     with speccore's lossy acceptance rule when the candidate's options ask for it."""
     options = dict(candidate.options)
     lossy = options.pop(LOSSY_OPTION, None)

@@ -15,9 +15,9 @@ import uuid
 from collections.abc import Mapping
 from typing import TypeVar
 
+from specbus.envelope import Envelope, EventPayload
 from specops_schemas.candidates import Candidate, GateOutcome
 from specops_schemas.catalog import ErrorStage, GateMethod
-from specops_schemas.envelope import Envelope, EventPayload
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRunning
 
 PRODUCER = "quality-gate"

@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 
 from pydantic import JsonValue
 
+from speccore.candidates import ignored_options
 from speccore.engine import Engine
 from speccore.models import LoadedModel
 from speccore.sampling import SamplingParams
-from speccore.structured import StructuredTask
 from specops_schemas.candidates import Candidate, GateOutcome
 from specops_schemas.catalog import GateMethod
 from specops_services.quality_gate.agreement import exact, topk5
@@ -28,7 +28,7 @@ from specops_services.quality_gate.decoding import GatePrompt, Reference, build_
 from specops_services.quality_gate.logit_kl import logit_kl
 from specops_services.quality_gate.mmlu import mmlu_slice
 from specops_services.quality_gate.settings import GateSample, Thresholds
-from specops_services.speccore_candidates import ignored_options
+from specprompts.structured import StructuredTask
 
 Method = Callable[[Reference, Engine, SamplingParams, float], GateOutcome]
 

@@ -13,11 +13,11 @@ import re
 
 from speccore.engine import Engine
 from speccore.models import LoadedModel
-from speccore.prompts import MMLUQuestion, mmlu_questions
 from speccore.sampling import SamplingParams
 from specops_schemas.candidates import GateOutcome
 from specops_schemas.catalog import GateMethod
 from specops_services.quality_gate.decoding import Reference
+from specprompts.sources import MMLUQuestion, mmlu_questions
 
 LETTERS = "ABCD"
 ANSWER_PREFIX = "The correct answer is"

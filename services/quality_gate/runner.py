@@ -1,7 +1,7 @@
 """The service's gate on real models: settings, the cached target and one blocking call per candidate.
 
 `GateRunner.evaluate` blocks (it decodes on speccore); the app calls it in a worker
-thread. The target stays loaded between benches (benchmark-runner's ModelCache),
+thread. The target stays loaded between benches (speccore's ModelCache),
 and so does the QualityGate of the last plan, whose reference outputs (the target
 decoding alone) are then shared by every candidate of that plan.
 """
@@ -14,21 +14,21 @@ import threading
 import torch
 from pydantic import Field
 
-from speccore.corpora import default_datastore
+from speccore.model_cache import ModelCache
 from speccore.models import LoadedModel
-from speccore.prompt_sets import prompts_for_model
-from specops.runtime.settings import Settings
 from specops_schemas.candidates import Candidate, GateOutcome
 from specops_schemas.catalog import Family, GateMethod
 from specops_schemas.events import BenchPlan
-from specops_services.benchmark_runner.measure import BUILTIN_DATASTORE, ModelCache
 from specops_services.quality_gate import flow
 from specops_services.quality_gate.logic import QualityGate, pending, skipped
 from specops_services.quality_gate.settings import GateSample, sampling_params
+from specplatform.settings import Settings
+from specprompts.corpora import builtin_datastore
+from specprompts.sets import prompts_for_model
 
 
 class QualityGateSettings(Settings):
-    """`SPECOPS_THREADS`, `SPECOPS_GATE_*` (plus NATS_URL / DATABASE_URL, see specops.runtime.settings).
+    """`SPECOPS_THREADS`, `SPECOPS_GATE_*` (plus NATS_URL / DATABASE_URL, see specplatform.settings).
 
     The sample defaults keep a gate at seconds per candidate for a 135M target on
     two CPU cores; raise them on a GPU for a tighter estimate.
@@ -70,7 +70,7 @@ class GateRunner:
 
         `skipped` and `pending` load nothing. A candidate the gate cannot run on gets
         a failed verdict (flow.gate_unavailable); a target that cannot be loaded
-        raises benchmark_runner.measure.TargetLoadError, which fails the whole run.
+        raises speccore.model_cache.ModelLoadError, which fails the whole run.
         """
         method = plan.quality_gate
         if method == GateMethod.SKIPPED:
@@ -99,18 +99,12 @@ class GateRunner:
 
 
 def _with_datastore(target: LoadedModel, plan: BenchPlan, candidate: Candidate) -> Candidate:
-    """A rest candidate with its built-in datastore (`builtin:<workload>` or none) as a file path.
-
-    The same file the benchmark-runner measured with: speccore.corpora keys it on the
-    workload, the tokenizer and the bench prompts it leaves out.
-    """
+    """A rest candidate with its built-in datastore (`builtin:<workload>` or none) as a file path:
+    the same file the benchmark-runner measured with (specprompts.corpora.builtin_datastore)."""
     if candidate.family != Family.REST:
-        return candidate
-    ref = candidate.draft or f"{BUILTIN_DATASTORE}{plan.fingerprint}"
-    if not ref.startswith(BUILTIN_DATASTORE):
         return candidate
     prompts = prompts_for_model(
         target, str(plan.fingerprint), plan.n_prompts, max_new_tokens=plan.max_new_tokens, seed=plan.seed
     )
-    path = default_datastore(target, ref.removeprefix(BUILTIN_DATASTORE), frozenset(p.id for p in prompts))
-    return candidate.model_copy(update={"draft": str(path)})
+    path = builtin_datastore(target, candidate.draft, str(plan.fingerprint), frozenset(p.id for p in prompts))
+    return candidate if path is None else candidate.model_copy(update={"draft": str(path)})

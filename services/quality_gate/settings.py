@@ -40,7 +40,7 @@ class Thresholds:
 class GateSample:
     """What the gate decodes. The defaults are sized for CPU (seconds per method on 135M)."""
 
-    workload: str = "chat"  # prompt set of exact / topk5 / logit_kl (speccore.prompts.WORKLOADS)
+    workload: str = "chat"  # prompt set of exact / topk5 / logit_kl (specprompts.sources.WORKLOADS)
     n_prompts: int = 4
     max_new_tokens: int = 32
     seed: int = 0  # prompt selection and sampled decoding

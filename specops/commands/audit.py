@@ -2,7 +2,7 @@
 
 Exit codes: 0 done (chain intact); 1 the chain is broken (the output names the first
 broken seq and why); 2 bad input or nothing to talk to (one line on stderr).
-Connections come from `specops.runtime.settings` (DATABASE_URL, NATS_URL, or what
+Connections come from `specplatform.settings` (DATABASE_URL, NATS_URL, or what
 `specops up` wrote).
 """
 
@@ -19,9 +19,9 @@ from typing import Any
 
 import psycopg
 
+from specbus.subjects import PREFIX
 from speccore.errors import SpecError
-from specops.runtime.settings import load_settings
-from specops_schemas.subjects import PREFIX
+from specplatform.settings import load_settings
 
 EXIT_BROKEN = 1
 

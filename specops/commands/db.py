@@ -1,4 +1,4 @@
-"""`specops db migrate`: apply the numbered SQL migrations (specops.db.migrate).
+"""`specops db migrate`: apply the numbered SQL migrations (specplatform.db.migrate).
 
 Wiring: `add_parsers(sub)` on the top-level subparsers; the parser sets `handler`.
 """
@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+
+from specops_schemas import MIGRATIONS
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -19,10 +21,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from specops.db import migrate
-    from specops.runtime.settings import load_settings
+    from specplatform.db import migrate
+    from specplatform.settings import load_settings
 
     dsn = args.database_url or load_settings().require_database_url()
-    applied = asyncio.run(migrate(dsn))
+    applied = asyncio.run(migrate(dsn, MIGRATIONS))
     print(f"applied: {', '.join(applied)}" if applied else "database is up to date", file=sys.stderr)
     return 0

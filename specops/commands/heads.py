@@ -66,6 +66,7 @@ def _threads(n: int | None) -> None:
 def run_data(args: argparse.Namespace) -> int:
     from speccore.models import load_model
     from speccore.training.prepare import DataPlan, prepare
+    from specprompts.examples import sharegpt_examples
 
     _threads(args.threads)
     target = load_model(args.target)
@@ -77,7 +78,7 @@ def run_data(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
     )
-    n_train, n_heldout = prepare(target, plan, args.out, args.heldout_out)
+    n_train, n_heldout = prepare(target, plan, sharegpt_examples, args.out, args.heldout_out)
     print(
         f"wrote {n_train} training examples to {args.out}, {n_heldout} held-out to {args.heldout_out}",
         file=sys.stderr,

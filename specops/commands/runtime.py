@@ -42,8 +42,8 @@ def _progress(message: str) -> None:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from specops.runtime.settings import Settings
     from specops.runtime.supervisor import parse_replicas, up
+    from specplatform.settings import Settings
 
     # Environment only: runtime.env is what `up` writes, not what it reads.
     result = up(Settings(), parse_replicas(args.replicas), progress=_progress)
@@ -52,8 +52,8 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_down(args: argparse.Namespace) -> int:
-    from specops.runtime.settings import Settings
     from specops.runtime.supervisor import down
+    from specplatform.settings import Settings
 
     down(Settings(), progress=_progress)
     _progress("stopped")
@@ -61,8 +61,8 @@ def run_down(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from specops.runtime.settings import Settings
     from specops.runtime.supervisor import status
+    from specplatform.settings import Settings
 
     result = status(Settings())
     _print(result, as_json=args.json)

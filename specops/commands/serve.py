@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from specops.runtime.errors import RuntimeSetupError
+from specplatform.errors import RuntimeSetupError
 
 # Service name on the command line (and in `specops up`) -> package under specops_services.
 SERVICES = {
@@ -79,7 +79,7 @@ def service_entry(service: str) -> Callable[..., None]:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from specops.runtime.settings import load_settings
+    from specplatform.settings import load_settings
 
     replica = args.replica if args.replica is not None else _env_replica()
     configure_logging(args.service, replica, args.log_level)

@@ -32,8 +32,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from specops.runtime.settings import load_settings
     from specops_services.gateway.tokens import issue_token
+    from specplatform.settings import load_settings
 
     dsn = args.database_url or load_settings().require_database_url()
     try:

@@ -11,8 +11,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from specops.runtime.errors import RuntimeSetupError
 from specops.runtime.state import ProcessRef, ServerRecord, StateDir, terminate
+from specplatform.errors import RuntimeSetupError
 
 DEFAULT_PORT = 4222
 DEFAULT_MONITOR_PORT = 8222

@@ -11,8 +11,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from specops.runtime.errors import RuntimeSetupError
 from specops.runtime.state import ProcessRef, ServerRecord, terminate
+from specplatform.errors import RuntimeSetupError
 
 DATABASE = "specops"
 

@@ -3,7 +3,7 @@
 Layout under the state dir::
 
     runtime.json   servers and service processes (pids, URLs, logs); read by status/down
-    runtime.env    the URLs services read (see specops.runtime.settings)
+    runtime.env    the URLs services read (see specplatform.settings)
     lock           serialises concurrent up/down
     nats/          JetStream store of the embedded nats-server
     postgres/      PGDATA of the embedded PostgreSQL (its log is postgres/log)
@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from specops.runtime.errors import RuntimeSetupError
+from specplatform.errors import RuntimeSetupError
 
 STATE_FILE = "runtime.json"
 # Start times are read from /proc with 10 ms resolution; allow for rounding.

@@ -11,7 +11,7 @@ import nats
 from nats.js.errors import NotFoundError
 
 from specbus.broker import stream_config
-from specops_schemas.subjects import STREAM
+from specbus.subjects import STREAM
 
 
 async def apply_stream_config(nats_url: str) -> None:

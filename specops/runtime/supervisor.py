@@ -17,13 +17,14 @@ from pathlib import Path
 
 from nats.errors import Error as NatsError
 
-from specops.db import migrate
+from specbus.subjects import STREAM
 from specops.runtime import nats_server, postgres_server
-from specops.runtime.errors import RuntimeSetupError
-from specops.runtime.settings import RUNTIME_ENV_FILE, STATE_DIR_ENV, Settings, render_env_file
 from specops.runtime.state import ProcessRef, RuntimeState, ServerRecord, ServiceRecord, StateDir, terminate
 from specops.runtime.stream import apply_stream_config
-from specops_schemas.subjects import STREAM
+from specops_schemas import MIGRATIONS
+from specplatform.db import migrate
+from specplatform.errors import RuntimeSetupError
+from specplatform.settings import RUNTIME_ENV_FILE, STATE_DIR_ENV, Settings, render_env_file
 
 # The services of DESIGN.md §5, in start order (the gateway last, so that everything
 # that answers its requests is already subscribed); `down` stops them in reverse.
@@ -141,7 +142,7 @@ async def _prepare(nats_url: str, database_url: str) -> list[str]:
         raise RuntimeSetupError(
             f"cannot set up the {STREAM} stream on {nats_url}: {exc or type(exc).__name__}"
         ) from None
-    return await migrate(database_url)
+    return await migrate(database_url, MIGRATIONS)
 
 
 def _ensure_nats(

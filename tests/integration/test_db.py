@@ -12,9 +12,9 @@ import psycopg
 import pytest
 from fixtures.postgres import PostgresCluster
 
-from specops.db import MigrationError, connect, create_pool, migrate, tenant_transaction, with_database
-from specops.db.migrations import default_directory
 from specops.runtime import postgres_server
+from specops_schemas import MIGRATIONS
+from specplatform.db import MigrationError, connect, create_pool, migrate, tenant_transaction, with_database
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def empty_db(embedded_postgres: PostgresCluster) -> Iterator[str]:
 
 def _copy_migrations(tmp_path: Path) -> Path:
     directory = tmp_path / "sql"
-    shutil.copytree(default_directory(), directory)
+    shutil.copytree(MIGRATIONS, directory)
     return directory
 
 
@@ -40,12 +40,12 @@ def _applied(dsn: str) -> list[str]:
 
 
 async def test_migrations_apply_once_even_when_started_concurrently(empty_db: str) -> None:
-    names = [p.stem for p in sorted(default_directory().glob("*.sql"))]
+    names = [p.stem for p in sorted(MIGRATIONS.glob("*.sql"))]
     # Replicas of a service all migrate at start; the advisory lock lets one apply.
     results = await asyncio.gather(*(migrate(empty_db) for _ in range(4)))
     assert sorted(results, key=len)[-1] == names
     assert sum(len(r) for r in results) == len(names)
-    assert await migrate(empty_db) == []
+    assert await migrate(empty_db, MIGRATIONS) == []
     assert _applied(empty_db) == names
 
 
@@ -72,7 +72,7 @@ async def test_new_migration_applies_and_a_failing_one_leaves_no_trace(empty_db:
 
 async def test_unreachable_database_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(MigrationError, match="cannot connect"):
-        await migrate(f"postgresql://postgres@/nope?host={tmp_path}")
+        await migrate(f"postgresql://postgres@/nope?host={tmp_path}", MIGRATIONS)
 
 
 def _rep(conn: psycopg.Connection, *, on_conflict: str = "") -> int:

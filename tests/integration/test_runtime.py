@@ -16,10 +16,10 @@ import pytest
 from fixtures.postgres import server_tmpdir
 from nats.js.api import RetentionPolicy
 
-from specops.runtime.errors import RuntimeSetupError
-from specops.runtime.settings import Settings, load_settings
+from specbus.subjects import STREAM
 from specops.runtime.supervisor import down, status, up
-from specops_schemas.subjects import STREAM
+from specplatform.errors import RuntimeSetupError
+from specplatform.settings import Settings, load_settings
 
 SERVICES = ("alpha", "beta")
 GRACE_S = 0.3

@@ -27,12 +27,12 @@ import torch
 from fixtures.postgres import server_tmpdir
 
 from specops.client import RunEvent, SpeculativeClient
-from specops.runtime.settings import Settings
 from specops.runtime.supervisor import down, up
 from specops_schemas.candidates import BASELINE_ID
 from specops_schemas.catalog import Role
 from specops_schemas.events import BenchRepMeasured, GateEvaluated, RunCompleted, RunPredicted
 from specops_services.gateway.tokens import issue_token
+from specplatform.settings import Settings
 
 pytestmark = [
     pytest.mark.slow,

@@ -15,16 +15,16 @@ import psycopg
 import pytest
 
 from specbus import make_broker, publish
+from specbus.dlq import DeadLetter
+from specbus.envelope import Envelope, new_event
 from specbus.publish import publish_raw
+from specbus.subjects import dlq_subject
 from specops.cli import main as specops
-from specops.db import create_pool
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import Envelope, new_event
 from specops_schemas.events import RunQueued, RunRunning
-from specops_schemas.subjects import dlq_subject
 from specops_services.audit import db as audit_db
 from specops_services.audit.app import subscribe
 from specops_services.audit.logic import AuditEntry, VerifyReport, entry_from_message, raw_event_id
+from specplatform.db import create_pool
 
 TENANT = "acme"
 

@@ -21,17 +21,17 @@ from fixtures import bus
 from nats.js import JetStreamContext
 
 from specbus import RetryPolicy, SpecBroker, consumer_name, publish
+from specbus.envelope import Envelope, new_event
+from specbus.subjects import STREAM, dlq_subject
+from speccore.model_cache import ModelCache
 from speccore.models import LoadedModel
-from specops.db import Pool
 from specops_schemas.api import Target
 from specops_schemas.candidates import BASELINE_ID, Candidate
 from specops_schemas.catalog import ErrorStage
-from specops_schemas.envelope import Envelope, new_event
 from specops_schemas.events import BenchPlan, BenchRequested
-from specops_schemas.subjects import STREAM, dlq_subject
 from specops_services.benchmark_runner.app import HANDLER, SERVICE, subscribe
-from specops_services.benchmark_runner.measure import ModelCache
 from specops_services.benchmark_runner.runner import BenchmarkRunnerSettings, BenchRunner
+from specplatform.db import Pool
 
 TENANT = "acme"
 MODEL = "smollm2-135m-instruct"

@@ -33,11 +33,11 @@ from specbus import (
     subscriber,
 )
 from specbus.broker import reconnect_delay
+from specbus.dlq import DeadLetter
+from specbus.envelope import Envelope, new_event
 from specbus.publish import MSG_ID, publish_raw
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import Envelope, new_event
+from specbus.subjects import STREAM, dlq_subject
 from specops_schemas.events import RunQueued, RunRunning, parse_event
-from specops_schemas.subjects import STREAM, dlq_subject
 
 # Short enough that the whole file runs in seconds; the defaults are minutes.
 FAST = RetryPolicy(max_deliver=3, backoff_s=(0.2, 0.4), ack_wait_s=5.0)

@@ -25,6 +25,7 @@ from fixtures import bus
 from fixtures.gateway import ServerThread, gateway_settings
 from psycopg.types.json import Jsonb
 
+from specbus.envelope import Envelope, new_event
 from specops.client import (
     TOKEN_ENV,
     URL_ENV,
@@ -47,7 +48,6 @@ from specops_schemas.candidates import (
     RankedCandidate,
 )
 from specops_schemas.catalog import Family, GateMethod, Role
-from specops_schemas.envelope import Envelope, new_event
 from specops_schemas.events import (
     BenchCompleted,
     BenchPlan,

@@ -29,6 +29,8 @@ from psycopg.types.json import Jsonb
 from schemathesis import GenerationMode
 from schemathesis.core.result import Ok
 
+from specbus.envelope import Envelope, new_event
+from specbus.subjects import STREAM
 from specops.commands import tokens as tokens_cli
 from specops_schemas.api import API_PREFIX, PROBLEM_MEDIA_TYPE
 from specops_schemas.candidates import (
@@ -40,7 +42,6 @@ from specops_schemas.candidates import (
     RankedCandidate,
 )
 from specops_schemas.catalog import Family, GateMethod, RunStatus
-from specops_schemas.envelope import Envelope, new_event
 from specops_schemas.events import (
     BenchRepMeasured,
     RepMetrics,
@@ -49,7 +50,6 @@ from specops_schemas.events import (
     RunPredicted,
     RunRunning,
 )
-from specops_schemas.subjects import STREAM
 from specops_services.gateway import db as gateway_db
 from specops_services.gateway import logic
 from specops_services.gateway.app import create_app

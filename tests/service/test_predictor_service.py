@@ -23,14 +23,14 @@ from nats.js import JetStreamContext
 from psycopg.types.json import Jsonb
 
 from specbus import RetryPolicy, SpecBroker, consumer_name, publish
+from specbus.dlq import DeadLetter
+from specbus.envelope import Envelope, new_event
 from specbus.publish import MSG_ID, envelope_headers, publish_raw
+from specbus.subjects import STREAM, dlq_subject
 from specops.client import parse_sse
-from specops.db import Pool
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import BASELINE_ID, Measurement
 from specops_schemas.catalog import ErrorStage, GateMethod
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import Envelope, new_event
 from specops_schemas.events import (
     BenchCompleted,
     BenchPlan,
@@ -40,13 +40,13 @@ from specops_schemas.events import (
     RunRequested,
     parse_event,
 )
-from specops_schemas.subjects import STREAM, dlq_subject
 from specops_services.benchmark_runner.app import subscribe as subscribe_runner
 from specops_services.benchmark_runner.measure import BenchOutcome, RepCallback, RepRow
 from specops_services.benchmark_runner.runner import BenchmarkRunnerSettings, BenchRunner
 from specops_services.predictor.app import subscribe
 from specops_services.predictor.plan import HostInfo
 from specops_services.predictor.steps import Planner
+from specplatform.db import Pool
 
 TENANT = "acme"
 SMOLLM = "smollm2-135m-instruct"

@@ -12,18 +12,18 @@ from fixtures import bus
 from nats.js import JetStreamContext
 
 from specbus import RetryPolicy, SpecBroker, consumer_name, publish
+from specbus.envelope import Envelope, new_event
+from speccore.model_cache import ModelCache
 from speccore.models import LoadedModel
-from specops.db import Pool
 from specops_schemas.api import Target
 from specops_schemas.candidates import BASELINE_ID, Candidate, GateOutcome, Measurement
 from specops_schemas.catalog import ErrorStage, GateMethod
-from specops_schemas.envelope import Envelope, new_event
 from specops_schemas.events import BenchCompleted, BenchPlan, CandidateFailure
-from specops_services.benchmark_runner.measure import ModelCache
 from specops_services.quality_gate import db as gate_db
 from specops_services.quality_gate.app import subscribe
 from specops_services.quality_gate.decoding import LOSSY_OPTION
 from specops_services.quality_gate.runner import GateRunner, QualityGateSettings
+from specplatform.db import Pool
 
 TENANT = "acme"
 MODEL = "smollm2-135m-instruct"

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import new_event
+from specbus.dlq import DeadLetter
+from specbus.envelope import new_event
 from specops_schemas.events import RunQueued
 from specops_services.audit.logic import (
     GENESIS_HASH,

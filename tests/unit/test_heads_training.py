@@ -17,8 +17,9 @@ from safetensors.torch import load_file
 
 from speccore.heads.artifact import HeadConfig
 from speccore.heads.eagle import EagleHead
-from speccore.training.data import sharegpt_examples, write_examples
+from speccore.training.data import write_examples
 from speccore.training.eagle import unroll, unroll_mask
+from specprompts.examples import sharegpt_examples
 
 MODEL = "smollm2-135m-instruct"
 

@@ -19,13 +19,14 @@ import speccore.verify
 from speccore.datastore import build_datastore
 from speccore.engine import Engine, Request
 from speccore.models import load_model
-from speccore.prompts import humaneval_prompts, sharegpt_conversations, sharegpt_prompts
 from speccore.proposers.base import ProposerConfig
 from speccore.proposers.eagle import EagleProposer
 from speccore.runner import ModelRunner
 from speccore.sampling import SamplingParams, probs_from_logits
-from speccore.training.data import sharegpt_examples, write_examples
+from speccore.training.data import write_examples
 from speccore.training.run import HeadPlan, train_head
+from specprompts.examples import sharegpt_examples
+from specprompts.sources import humaneval_prompts, sharegpt_conversations, sharegpt_prompts
 
 pytestmark = pytest.mark.slow
 

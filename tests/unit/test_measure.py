@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 import pytest
 
+from speccore.model_cache import ModelCache
 from specops_schemas.api import Target
 from specops_schemas.candidates import BASELINE_ID, Candidate
 from specops_schemas.catalog import ErrorStage
 from specops_schemas.events import BenchPlan, RepMetrics
 from specops_services.benchmark_runner.measure import (
     BenchOutcome,
-    ModelCache,
     RepRow,
     TargetLoadError,
     measure,

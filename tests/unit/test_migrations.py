@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from specops.db.migrations import MigrationError, default_directory, load, pending
+from specops_schemas import MIGRATIONS
+from specplatform.db.migrations import MigrationError, load, pending
 
 
 def _write(directory: Path, **files: str) -> Path:
@@ -45,5 +46,5 @@ def test_pending_skips_applied_and_checks_their_checksums(tmp_path: Path) -> Non
 
 
 def test_the_shipped_migrations_load() -> None:
-    names = [m.name for m in load(default_directory())]
+    names = [m.name for m in load(MIGRATIONS)]
     assert names[0] == "001_core"

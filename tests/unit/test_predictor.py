@@ -9,21 +9,28 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specops_schemas.api import Priorities, RunCreateRequest
-from specops_schemas.candidates import Candidate, GateOutcome, Measurement, Prediction, RankedCandidate
-from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, GateMethod, Mode
-from specops_schemas.events import CandidateFailure, RunCompleted
-from specops_schemas.subjects import ID_PATTERN
-from specops_services.predictor.cache import CACHE_TTL, cache_key, is_fresh, request_cache_key
-from specops_services.predictor.catalog import SPECCORE_FAMILIES, build_catalog
-from specops_services.predictor.hardware import (
+from specbus.subjects import ID_PATTERN
+from speccatalog.hardware import (
     Deployment,
     TargetDoesNotFit,
     UnknownHardware,
     deploy,
-    fits,
     resolve_profile,
 )
+from speccatalog.targets import (
+    DatastoreRef,
+    HeadRef,
+    InvalidModelConfig,
+    UnknownModel,
+    parse_hf_config,
+    resolve_target,
+)
+from specops_schemas.api import Priorities, RunCreateRequest
+from specops_schemas.candidates import Candidate, GateOutcome, Measurement, Prediction, RankedCandidate
+from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, GateMethod, Mode
+from specops_schemas.events import CandidateFailure, RunCompleted
+from specops_services.predictor.cache import CACHE_TTL, cache_key, is_fresh, request_cache_key
+from specops_services.predictor.catalog import SPECCORE_FAMILIES, build_catalog
 from specops_services.predictor.model import (
     Estimate,
     HistoryRow,
@@ -34,16 +41,8 @@ from specops_services.predictor.model import (
     predict,
 )
 from specops_services.predictor.plan import HostInfo, Plan, error_stage, plan_run
-from specops_services.predictor.resources import draft_cost
+from specops_services.predictor.resources import draft_cost, fits
 from specops_services.predictor.scoring import Decision, assemble_results, choose_winner, pareto_front, rank
-from specops_services.predictor.targets import (
-    DatastoreRef,
-    HeadRef,
-    InvalidModelConfig,
-    UnknownModel,
-    parse_hf_config,
-    resolve_target,
-)
 
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 CPU_HOST = HostInfo(cuda=False)

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
+from specbus.dlq import DeadLetter
+from specbus.envelope import Envelope, new_event
+from speccatalog.hardware import UnknownHardware
 from specops_schemas.api import RunCreateRequest, Target
 from specops_schemas.candidates import GateOutcome, Measurement
 from specops_schemas.catalog import ErrorStage, GateMethod, RunStatus
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import Envelope, new_event
 from specops_schemas.events import BenchPlan, RunFailed, RunRunning
 from specops_services.predictor import cache, host, logic
-from specops_services.predictor.hardware import UnknownHardware
 from specops_services.predictor.settings import PredictorSettings
 
 

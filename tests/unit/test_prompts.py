@@ -11,35 +11,31 @@ import sys
 import pytest
 from jsonschema import Draft202012Validator
 
-from speccore.corpora import CHAT_CONVERSATIONS
 from speccore.errors import SpecError
-from speccore.prompt_sets import (
+from specops_schemas.catalog import Fingerprint
+from specprompts.corpora import CHAT_CONVERSATIONS
+from specprompts.derived import (
     DEFAULT_SAMPLING,
     DERIVED_WORKLOADS,
     DOCUMENT_SKIP,
-    LONG_CONTEXT_CAP,
     RAG_PASSAGES,
     estimate_tokens,
-    long_context_budget,
     long_context_prompts,
-    prompts_for_model,
     rag_prompts,
 )
-from speccore.prompts import (
-    WORKLOADS,
+from specprompts.sets import LONG_CONTEXT_CAP, WORKLOADS, load_prompts, long_context_budget, prompts_for_model
+from specprompts.sources import (
     humaneval_prompts,
-    load_prompts,
     mmlu_questions,
     mtbench_prompts,
     sharegpt_conversations,
     sharegpt_prompts,
 )
-from speccore.structured import KINDS as STRUCTURED_KINDS
-from speccore.structured import structured_tasks
-from specops_schemas.catalog import Fingerprint
+from specprompts.structured import KINDS as STRUCTURED_KINDS
+from specprompts.structured import structured_tasks
 
 PRINT_IDS = (
-    "from speccore.prompts import load_prompts, mmlu_questions;"
+    "from specprompts.sets import load_prompts; from specprompts.sources import mmlu_questions;"
     "print([p.id for p in load_prompts('chat', 20, seed=3)], [q['id'] for q in mmlu_questions(5, 3)])"
 )
 
@@ -191,7 +187,7 @@ def test_mmlu_questions_have_four_choices_and_valid_answer():
 
 def test_missing_fetched_data_says_how_to_fetch_it(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-c", "from speccore.prompts import mtbench_prompts; mtbench_prompts(1)"],
+        [sys.executable, "-c", "from specprompts.sources import mtbench_prompts; mtbench_prompts(1)"],
         env={**os.environ, "SPECOPS_DATA_DIR": str(tmp_path)},
         capture_output=True,
         text=True,
@@ -201,7 +197,7 @@ def test_missing_fetched_data_says_how_to_fetch_it(tmp_path):
     assert "make setup" in result.stderr
 
 
-# --- the six derived fingerprints (speccore.prompt_sets, speccore.structured) --------------
+# --- the six derived fingerprints (specprompts.derived, specprompts.structured) --------------
 
 DERIVED = [w for w in WORKLOADS if w not in ("chat", "code")]
 

@@ -13,9 +13,9 @@ import math
 import pytest
 import torch
 
+from speccore.candidates import ignored_options
 from speccore.errors import SpecError
 from speccore.sampling import SamplingParams
-from speccore.structured import structured_tasks
 from speccore.verify import verify_block
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import GateMethod
@@ -25,7 +25,7 @@ from specops_services.quality_gate.logic import QualityGate, evaluate, pending, 
 from specops_services.quality_gate.logit_kl import kl_per_position
 from specops_services.quality_gate.mmlu import parse_answer
 from specops_services.quality_gate.settings import GateSample, Thresholds
-from specops_services.speccore_candidates import ignored_options
+from specprompts.structured import structured_tasks
 
 # Tiny on purpose: 2 prompts x 24 tokens, 4 MMLU questions, 2 structured tasks.
 SAMPLE = GateSample(

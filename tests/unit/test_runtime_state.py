@@ -13,10 +13,10 @@ import pytest
 
 from specops.commands import db as db_command
 from specops.commands import runtime as runtime_command
-from specops.runtime.errors import RuntimeSetupError
-from specops.runtime.settings import RUNTIME_ENV_FILE, load_settings, render_env_file
 from specops.runtime.state import ProcessRef, StateDir
 from specops.runtime.supervisor import SERVICES, parse_replicas
+from specplatform.errors import RuntimeSetupError
+from specplatform.settings import RUNTIME_ENV_FILE, load_settings, render_env_file
 
 
 def test_a_pid_record_survives_pid_reuse() -> None:

@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from specbus import subjects
+from specbus.dlq import DeadLetter
+from specbus.envelope import CLOUDEVENTS_ATTRIBUTES, Envelope, new_event
 from speccore.metrics import GenerationMetrics
-from specops_schemas import generate, subjects
+from specops_schemas import generate
 from specops_schemas.api import (
     API_PREFIX,
     ApplyResponse,
@@ -24,8 +27,6 @@ from specops_schemas.api import (
 )
 from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Prediction
 from specops_schemas.catalog import ErrorStage, Fingerprint, GateMethod
-from specops_schemas.dlq import DeadLetter
-from specops_schemas.envelope import CLOUDEVENTS_ATTRIBUTES, Envelope, new_event
 from specops_schemas.events import (
     EVENT_TYPES,
     BenchRepMeasured,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from speccore.candidates import ignored_options, speccore_candidate
 from speccore.errors import SpecError
 from specops_schemas.candidates import Candidate
-from specops_services.speccore_candidates import ignored_options, speccore_candidate
 
 
 def test_options_speccore_reads_and_flags_for_other_engines() -> None:

@@ -13,15 +13,14 @@ from speccore.models import chat_prompt_ids, resolve_alias
 from speccore.training.data import (
     Example,
     check_disjoint,
-    convert_sharegpt,
     is_heldout,
     read_examples,
     self_distill,
-    sharegpt_examples,
     split_jsonl,
     tokenize_example,
     write_examples,
 )
+from specprompts.examples import sharegpt_examples
 
 GOOD = '{"prompt": "Name a prime.", "completion": "Seven."}'
 
@@ -105,7 +104,7 @@ def test_sharegpt_conversion_gives_first_exchanges_deterministically(tmp_path, s
 
     # Same seed: the same choice; a smaller limit is a prefix; excluded ids are skipped.
     out = tmp_path / "sharegpt.jsonl"
-    assert convert_sharegpt(out, 5, seed=0, exclude_ids=frozenset({ids[0]})) == 5
+    assert write_examples(out, sharegpt_examples(5, seed=0, exclude_ids=frozenset({ids[0]}))) == 5
     assert list(read_examples(out)) == sharegpt20[1:6]
 
     other = sharegpt_examples(20, seed=1)

@@ -26,11 +26,12 @@ from transformers import PreTrainedTokenizerBase
 from speccore.errors import SpecError
 from speccore.files import atomic_write
 from speccore.models import chat_prompt_ids
-from speccore.prompts import Turn, sharegpt_conversations
 
 # a batch of prompt token ids (chat-rendered) -> the target's own output token ids for
 # each; in practice one speccore Engine.generate call. Special tokens (EOS) are dropped.
 Regenerate = Callable[[list[list[int]]], list[list[int]]]
+
+Turn = tuple[str, str]  # (role: "user" | "assistant" | "system", text)
 
 _FIELDS = ("prompt", "completion")
 # ShareGPT splits long chats into parts "<conv>_<k>"; a later part's first turn lacks context.
@@ -69,21 +70,20 @@ def write_examples(path: Path, examples: Iterable[Example]) -> int:
     return count
 
 
-def sharegpt_examples(
-    limit: int | None, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()
+def first_exchanges(
+    conversations: Iterable[tuple[str, list[Turn]]], limit: int | None, seed: int = 0
 ) -> list[Example]:
-    """Up to ``limit`` ShareGPT first exchanges (first user turn, first reply to it).
+    """Up to ``limit`` first exchanges (first user turn, first reply to it) of (id, turns) conversations.
 
-    Conversations without both, and later parts of split chats, are skipped. The
-    choice is the ``limit`` smallest hashes of (seed, conversation id), so it streams
-    the file keeping only ``limit`` examples, and a larger limit extends a smaller one.
+    Conversations without both, and later parts of split chats (``<id>_<k>``, k > 0), are
+    skipped. The choice is the ``limit`` smallest hashes of (seed, conversation id), so
+    it streams the conversations keeping only ``limit`` examples, and a larger limit
+    extends a smaller one.
     """
     if limit is not None and limit <= 0:
         raise SpecError(f"limit must be positive or None, got {limit}")
     exchanges = (
-        ex
-        for conv_id, turns in sharegpt_conversations(exclude_ids=exclude_ids)
-        if (ex := _first_exchange(conv_id, turns)) is not None
+        ex for conv_id, turns in conversations if (ex := _first_exchange(conv_id, turns)) is not None
     )
 
     def rank(ex: Example) -> bytes:
@@ -92,13 +92,6 @@ def sharegpt_examples(
     if limit is None:
         return sorted(exchanges, key=rank)
     return heapq.nsmallest(limit, exchanges, key=rank)
-
-
-def convert_sharegpt(
-    out: Path, limit: int | None, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()
-) -> int:
-    """Write :func:`sharegpt_examples` to ``out`` as training JSONL; returns how many."""
-    return write_examples(out, sharegpt_examples(limit, seed, exclude_ids=exclude_ids))
 
 
 def tokenize_example(

@@ -1,4 +1,4 @@
-"""Training data for a target: ShareGPT first exchanges, split, optionally self-distilled.
+"""Training data for a target: prompt/reply examples, split, optionally self-distilled.
 
 The held-out side is chosen by :func:`speccore.training.data.is_heldout`, so it
 never overlaps training whatever the limit or seed. Self-distillation regenerates
@@ -8,6 +8,7 @@ heads learn what this target says.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,17 +18,17 @@ from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.models import LoadedModel, chat_prompt_ids
 from speccore.training.data import (
+    Example,
     Regenerate,
     is_heldout,
     self_distill,
-    sharegpt_examples,
     write_examples,
 )
 
 
 @dataclass(frozen=True, slots=True)
 class DataPlan:
-    limit: int  # ShareGPT exchanges to take before the split
+    limit: int  # examples to take before the split (the caller's source, e.g. ShareGPT)
     heldout_fraction: float = 0.05
     seed: int = 0
     distill: bool = False
@@ -47,13 +48,19 @@ def engine_regenerate(target: LoadedModel, max_new_tokens: int) -> Regenerate:
     return regenerate
 
 
-def prepare(target: LoadedModel, plan: DataPlan, train_out: Path, heldout_out: Path) -> tuple[int, int]:
-    """Write the train and held-out JSONL files; returns their example counts."""
+# (limit, seed) -> up to `limit` examples, the same for the same seed (e.g. ShareGPT's).
+Source = Callable[[int, int], Sequence[Example]]
+
+
+def prepare(
+    target: LoadedModel, plan: DataPlan, source: Source, train_out: Path, heldout_out: Path
+) -> tuple[int, int]:
+    """Write the train and held-out JSONL files of `source`'s examples; returns their counts."""
     if plan.limit <= 0:
         raise SpecError(f"limit must be positive, got {plan.limit}")
     examples = [
         ex
-        for ex in sharegpt_examples(plan.limit, plan.seed)
+        for ex in source(plan.limit, plan.seed)
         if len(chat_prompt_ids(target.tokenizer, ex.prompt, target.ref)) <= plan.max_prompt_tokens
     ]
     train = [ex for ex in examples if not is_heldout(ex.prompt, plan.heldout_fraction)]

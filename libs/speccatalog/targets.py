@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from specops_schemas.catalog import Family
-
 
 class TargetError(ValueError):
     """The target cannot be described; the service answers with error_stage `validation` (4xx)."""
@@ -246,7 +244,7 @@ class HeadRef:
     """A trained Medusa/EAGLE head in the registry, usable with one target."""
 
     head_id: str  # registry id; becomes Candidate.draft
-    family: Family  # MEDUSA or EAGLE
+    family: str  # medusa or eagle
     target_ref: str
     num_heads: int = 4  # Medusa heads, or the EAGLE draft depth it was trained for
     eagle_version: int = 3  # 1, 2 or 3 (EAGLE only)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from specbus import OutboxRelay
-from specops.db import Pool, migrate
+from specplatform.db import Pool, migrate
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +30,14 @@ def service_app(
     pool: Pool,
     dsn: str,
     *,
+    migrations: Path,
     outbox: bool = True,
     logger: logging.Logger | None = None,
 ) -> FastStream:
     """The FastStream app of a service whose handlers are subscribed on `broker` already.
 
-    `pool` is unopened (`specops.db.create_pool`) and `dsn` the database it connects to.
+    `pool` is unopened (`specplatform.db.create_pool`) and `dsn` the database it connects to,
+    brought up to date with the SQL files in `migrations` on start.
     `outbox`: run an OutboxRelay for the events the handlers commit (audit writes none).
     `logger`: FastStream's own log lines go there instead of to its default logger.
     """
@@ -44,7 +47,7 @@ def service_app(
 
     @app.on_startup
     async def open_database() -> None:
-        await migrate(dsn)
+        await migrate(dsn, migrations)
         await pool.open(wait=True)
 
     @app.after_startup

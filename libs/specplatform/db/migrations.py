@@ -1,6 +1,7 @@
-"""Plain numbered SQL migrations (`schemas/sql/NNN_name.sql`): which exist, which are due.
+"""Plain numbered SQL migrations (`NNN_name.sql` files in one directory): which exist, which are due.
 
-Pure logic only; `specops.db.migrate` applies the plan to a database.
+Pure logic only; `specplatform.db.migrate` applies the plan to a database. specops
+keeps its migrations in `schemas/sql` (`specops_schemas.MIGRATIONS`).
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from speccore.errors import SpecError
@@ -26,11 +26,6 @@ class Migration:
     name: str
     checksum: str  # sha256 hex of the file's bytes
     sql: str
-
-
-def default_directory() -> Path:
-    """schemas/sql, which ships inside the specops_schemas package."""
-    return Path(str(resources.files("specops_schemas") / "sql"))
 
 
 def load(directory: Path) -> list[Migration]:

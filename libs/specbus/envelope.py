@@ -10,8 +10,8 @@ from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from specops_schemas import subjects
-from specops_schemas.base import Model, UtcDatetime, utc_now
+from specbus.subjects import subject
+from specbus.wire import Model, UtcDatetime, utc_now
 
 CLOUDEVENTS_SPEC_VERSION = "1.0"
 # Envelope field -> CloudEvents attribute. Extension names are lowercase alphanumerics
@@ -91,7 +91,7 @@ class Envelope(Model, Generic[P]):
     @property
     def subject(self) -> str:
         aggregate, event = self.type.split(".", 1)
-        return subjects.subject(aggregate, self.payload.aggregate_id, event)
+        return subject(aggregate, self.payload.aggregate_id, event)
 
     def follow(self, payload: Q, *, producer: str) -> Envelope[Q]:
         """The event this one causes: same tenant and correlation, causation = this event."""
@@ -142,3 +142,18 @@ def new_event(
         producer=producer,
         payload=payload,
     )
+
+
+def decode_event(data: bytes | str, types: Mapping[str, type[EventPayload]]) -> Envelope[Any]:
+    """An envelope of one of `types` (event type -> payload class); ValueError (incl.
+    ValidationError) if the data is not an event of one of them."""
+    try:
+        raw = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"event is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("event must be a JSON object")
+    payload_cls = types.get(str(raw.get("type")))
+    if payload_cls is None:
+        raise ValueError(f"unknown event type {raw.get('type')!r}; known: {', '.join(types)}")
+    return Envelope[payload_cls].model_validate(raw)  # type: ignore[valid-type]

@@ -24,7 +24,7 @@ import platformdirs
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from specops.runtime.errors import RuntimeSetupError
+from specplatform.errors import RuntimeSetupError
 
 STATE_DIR_ENV = "SPECOPS_STATE_DIR"
 RUNTIME_ENV_FILE = "runtime.env"
@@ -105,7 +105,7 @@ def load_settings(state_dir: Path | None = None, *, cls: type[Settings] = Settin
 
 def render_env_file(values: dict[str, str]) -> str:
     """runtime.env text; values are quoted so socket paths with spaces survive dotenv parsing."""
-    lines = ["# Written by `specops up`; read by specops.runtime.settings.load_settings."]
+    lines = ["# Written by `specops up`; read by specplatform.settings.load_settings."]
     for key, value in sorted(values.items()):
         escaped = value.replace("\\", "\\\\").replace('"', '\\"')
         lines.append(f'{key}="{escaped}"')

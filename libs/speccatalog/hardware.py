@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from specops_schemas.candidates import Candidate
-from specops_services.predictor.resources import DatastoreRef, DraftCost, HeadRef, draft_cost
-from specops_services.predictor.targets import TargetInfo
+from speccatalog.costs import DraftCost
+from speccatalog.targets import TargetInfo
 
 GiB = 1024**3
 GB = 1000**3
@@ -173,21 +171,3 @@ def extra_per_device(deployment: Deployment, cost: DraftCost) -> int:
 def fits_beside(deployment: Deployment, cost: DraftCost) -> bool:
     """Whether the candidate's draft weights, heads, datastore and draft KV fit beside the target."""
     return extra_per_device(deployment, cost) <= deployment.headroom_per_device()
-
-
-def fits(
-    target: TargetInfo,
-    candidate: Candidate,
-    profile: HardwareProfile,
-    context_tokens: int,
-    batch: int,
-    *,
-    heads: Mapping[str, HeadRef] | None = None,
-    datastores: Mapping[str, DatastoreRef] | None = None,
-) -> bool:
-    """Whether target + draft + both KV caches fit `profile` for `batch` x `context_tokens`."""
-    try:
-        dep = deploy(target, profile, context_tokens=context_tokens, batch=batch)
-    except TargetDoesNotFit:
-        return False
-    return fits_beside(dep, draft_cost(candidate, target, heads=heads, datastores=datastores))

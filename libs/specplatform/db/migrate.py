@@ -1,4 +1,4 @@
-"""Apply the numbered SQL migrations to a database, once each, safely from many processes."""
+"""Apply the numbered SQL migrations of a directory to a database, once each, safely from many processes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import psycopg
 
-from specops.db.migrations import Migration, MigrationError, default_directory, load, pending
+from specplatform.db.migrations import Migration, MigrationError, load, pending
 
 # Any constant works as long as every specops process uses the same one: services call
 # migrate() at start, so N replicas race for it and all but one wait.
@@ -22,13 +22,13 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 """
 
 
-async def migrate(dsn: str, directory: Path | None = None) -> list[str]:
+async def migrate(dsn: str, directory: Path) -> list[str]:
     """Apply pending migrations in order; returns the names applied (empty when up to date).
 
     Each file runs in its own transaction together with its schema_migrations row, so
     a failing file leaves no trace and is retried on the next call.
     """
-    available = load(directory if directory is not None else default_directory())
+    available = load(directory)
     try:
         conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     except psycopg.OperationalError as exc:

@@ -2,13 +2,13 @@
 
 Nothing here is downloaded: every set is built deterministically from the same
 ShareGPT, MT-Bench, HumanEval and MMLU files as ``chat`` and ``code``
-(:mod:`speccore.prompts`).
+(:mod:`specprompts.sources`).
 
 - rag: a ShareGPT question after three retrieved passages; one is the assistant's
   real answer to it, the others answer other questions.
 - summarization: a ShareGPT conversation, or one long answer, to summarise.
 - structured: JSON answers and tool calls, each with the JSON Schema the reply
-  must satisfy (:mod:`speccore.structured`).
+  must satisfy (:mod:`specprompts.structured`).
 - reasoning: MMLU questions asked step by step, alternating with generated
   multi-step arithmetic word problems.
 - creative: MT-Bench writing/roleplay questions, ShareGPT story and poem requests
@@ -16,7 +16,7 @@ ShareGPT, MT-Bench, HumanEval and MMLU files as ``chat`` and ``code``
 - long_context: ShareGPT conversations concatenated up to a token budget, with a
   question about one of them at the end.
 
-Selection works as in :mod:`speccore.prompts` (seeded shuffle, then exclusions, then
+Selection works as in :mod:`specprompts.sources` (seeded shuffle, then exclusions, then
 a prefix). A prompt built around a source item has the id ``<workload>:<source id>``
 and its text depends only on that id (distractors and templates come from a
 ``Random`` seeded by it); long_context's text also depends on the token budget.
@@ -32,10 +32,9 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from speccore.errors import SpecError
-from speccore.prompts import (
+from specprompts.sources import (
     MIN_ASCII_RATIO,
     MMLURow,
     Prompt,
@@ -49,10 +48,7 @@ from speccore.prompts import (
     sharegpt_pool,
     take_prompts,
 )
-from speccore.structured import structured_tasks
-
-if TYPE_CHECKING:
-    from speccore.models import LoadedModel
+from specprompts.structured import structured_tasks
 
 DERIVED_WORKLOADS = ("rag", "summarization", "structured", "reasoning", "creative", "long_context")
 
@@ -62,7 +58,7 @@ DERIVED_WORKLOADS = ("rag", "summarization", "structured", "reasoning", "creativ
 DEFAULT_SAMPLING: dict[str, dict[str, float]] = {"creative": {"temperature": 1.0, "top_p": 0.95}}
 
 # The chat REST datastore is built from the first 4000 ShareGPT conversations
-# (speccore.corpora.CHAT_CONVERSATIONS); passages come from the ones after them, so
+# (specprompts.corpora.CHAT_CONVERSATIONS); passages come from the ones after them, so
 # REST never retrieves a measured passage verbatim.
 DOCUMENT_SKIP = 4000
 DOCUMENT_SCAN = 8000
@@ -78,11 +74,6 @@ ARITHMETIC_PROBLEMS = 1000
 # tokenizer, tokens are estimated at 3 characters each, which overestimates English
 # BPE (about 4), so the default prompts fit.
 LONG_CONTEXT_TOKENS = 1792
-# prompts_for_model fills at most this many tokens, by device type: prefill cost grows
-# faster than linearly with length and a bench repeats it for every method and rep.
-# On this project's 2-core CPUs smollm2 took 8 s to prefill 1024 tokens, 40 s for 2048
-# and 160 s for 4096 (a loaded machine), so CPU benches stop at 2048.
-LONG_CONTEXT_CAP = {"cpu": 2048, "cuda": 8192}
 # Stop filling once this few tokens are left or this many documents in a row did not fit.
 LONG_CONTEXT_SLACK = 64
 LONG_CONTEXT_MISSES = 40
@@ -94,72 +85,11 @@ _TERMINAL = (".", "!", "?", ")", '"', "'", "```")
 def derived_prompts(
     workload: str, n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()
 ) -> list[Prompt]:
-    """`n` prompts of one of the derived workloads (``prompts.load_prompts`` dispatches here)."""
+    """`n` prompts of one of the derived workloads (``sets.load_prompts`` dispatches here)."""
     builder = _BUILDERS.get(workload)
     if builder is None:
         raise SpecError(f"{workload!r} is not a derived workload; derived: {', '.join(DERIVED_WORKLOADS)}")
     return builder(n, seed, exclude_ids=exclude_ids)
-
-
-def prompts_for_model(
-    target: LoadedModel,
-    workload: str,
-    n: int,
-    *,
-    max_new_tokens: int,
-    seed: int = 0,
-    exclude_ids: frozenset[str] = frozenset(),
-) -> list[Prompt]:
-    """The workload's prompts for one model, each checked to fit its context with `max_new_tokens`.
-
-    long_context prompts are filled up to :func:`long_context_budget` tokens, counted
-    with the model's own tokenizer and chat template. Measurement and the quality
-    gate both call this, so they see the same prompts.
-    """
-    from speccore.prompts import load_prompts
-
-    room = target.max_context - max_new_tokens
-    if room <= 0:
-        raise SpecError(
-            f"{max_new_tokens} new tokens leave no room for a prompt in {target.ref}'s context "
-            f"of {target.max_context} tokens"
-        )
-    if workload == "long_context":
-        prompts = long_context_prompts(
-            n,
-            seed,
-            exclude_ids=exclude_ids,
-            max_tokens=long_context_budget(target, max_new_tokens),
-            count_tokens=lambda text: len(target.encode_prompt(text, _has_chat_template(target))),
-        )
-    else:
-        prompts = load_prompts(workload, n, seed, exclude_ids=exclude_ids)
-    for prompt in prompts:
-        size = len(encode_for(target, prompt))
-        if size > room:
-            raise SpecError(
-                f"prompt {prompt.id} has {size} tokens; with {max_new_tokens} new tokens it exceeds "
-                f"{target.ref}'s context of {target.max_context} tokens"
-            )
-    return prompts
-
-
-def long_context_budget(target: LoadedModel, max_new_tokens: int) -> int:
-    """Prompt tokens of a long_context prompt: the context less the new tokens, capped per device."""
-    cap = LONG_CONTEXT_CAP.get(target.device.type, LONG_CONTEXT_CAP["cuda"])
-    return min(target.max_context - max_new_tokens, cap)
-
-
-def encode_for(target: LoadedModel, prompt: Prompt) -> list[int]:
-    """A prompt's token ids for `target`: a chat prompt goes through its chat template if it has one."""
-    return target.encode_prompt(prompt.text, prompt.chat and _has_chat_template(target))
-
-
-def _has_chat_template(target: LoadedModel) -> bool:
-    return bool(target.tokenizer.chat_template)
-
-
-# --- rag and summarization ---------------------------------------------------------
 
 
 RAG_INSTRUCTION = (

@@ -16,8 +16,9 @@ from a string is independent of hash randomization). The shuffle happens before
 ``exclude_ids`` is applied and results are prefixes, so a larger ``n`` extends a
 smaller one and excluding ids only skips them.
 
-This module builds the ``chat`` and ``code`` sets; :mod:`speccore.prompt_sets`
-derives the other six fingerprints' sets from the same sources.
+This module builds the ``chat`` and ``code`` sets; :mod:`specprompts.derived`
+derives the other six fingerprints' sets from the same sources, and
+:mod:`specprompts.sets` picks a workload's set.
 """
 
 from __future__ import annotations
@@ -40,19 +41,6 @@ import platformdirs
 
 from speccore.errors import SpecError
 from speccore.files import atomic_write
-
-# The eight workload fingerprints (DESIGN.md §3). chat and code are built here; the
-# others are derived from the same sources in speccore.prompt_sets.
-WORKLOADS = (
-    "chat",
-    "code",
-    "rag",
-    "summarization",
-    "structured",
-    "reasoning",
-    "creative",
-    "long_context",
-)
 
 DATA_DIR_ENV = "SPECOPS_DATA_DIR"
 MTBENCH_FILE = "mtbench_question.jsonl"
@@ -93,7 +81,7 @@ Turn = tuple[str, str]  # (role: "user" | "assistant" | "system", text)
 @dataclass(frozen=True, slots=True)
 class Prompt:
     # Stable: "sharegpt:<conv id>", "mtbench:81", "humaneval:HumanEval/0"; a prompt
-    # built around a source item is "<workload>:<source id>" (see prompt_sets).
+    # built around a source item is "<workload>:<source id>" (see specprompts.derived).
     id: str
     text: str
     chat: bool  # True: wrap in the model's chat template; False: raw completion prompt
@@ -116,31 +104,15 @@ def data_dir() -> Path:
     return Path(platformdirs.user_data_dir("specops")) / "datasets"
 
 
-def load_prompts(
-    workload: str, n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()
-) -> list[Prompt]:
-    """`n` measurement prompts for a workload, the same for the same seed.
-
-    long_context prompts come sized for the default budget here; use
-    ``prompt_sets.prompts_for_model`` to size them to a model's context.
-    """
-    if workload not in WORKLOADS:
-        raise SpecError(f"unknown workload {workload!r}; valid workloads: {', '.join(WORKLOADS)}")
+def chat_prompts(n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()) -> list[Prompt]:
+    """The ``chat`` set: every MTBENCH_EVERY-th slot MT-Bench while it lasts, ShareGPT the rest."""
     check_n(n)
-    if workload not in ("chat", "code"):
-        # prompt_sets builds on this module's sources, so it can only be imported here.
-        from speccore import prompt_sets
-
-        return prompt_sets.derived_prompts(workload, n, seed, exclude_ids=exclude_ids)
-    if workload == "code":
-        return humaneval_prompts(n, seed, exclude_ids=exclude_ids)
     mtbench = take_prompts(seeded_shuffle(mtbench_pool(), seed, "mtbench"), None, exclude_ids)
     sharegpt = take_prompts(seeded_shuffle(sharegpt_pool(), seed, "sharegpt"), None, exclude_ids)
     if n > len(mtbench) + len(sharegpt):
         raise SpecError(
             f"workload 'chat' has {len(mtbench) + len(sharegpt)} prompts after exclusions, asked for {n}"
         )
-    # Every MTBENCH_EVERY-th slot is MT-Bench while it lasts; ShareGPT fills the rest.
     out: list[Prompt] = []
     mi = si = 0
     while len(out) < n:
@@ -217,7 +189,7 @@ def mmlu_questions(n: int, seed: int = 0) -> list[MMLUQuestion]:
     ]
 
 
-# --- selection helpers (shared with speccore.prompt_sets) -------------------------
+# --- selection helpers (shared with specprompts.derived) -------------------------
 
 
 def check_n(n: int) -> None:

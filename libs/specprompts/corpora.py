@@ -14,8 +14,10 @@ from pathlib import Path
 from speccore.datastore import build_datastore, vocab_fingerprint
 from speccore.errors import SpecError
 from speccore.models import LoadedModel, cache_root
-from speccore.prompts import sharegpt_conversations
+from specprompts.sources import sharegpt_conversations
 
+# A datastore ref naming a default datastore rather than a file: "builtin:<workload>".
+BUILTIN_PREFIX = "builtin:"
 CHAT_CONVERSATIONS = 4000
 # The interpreter's own sources, without installed packages and test suites.
 STDLIB_EXCLUDE = ("site-packages", "test", "tests", "idle_test", "lib2to3")
@@ -50,3 +52,15 @@ def default_datastore(target: LoadedModel, workload: str, exclude_ids: frozenset
     build_datastore(target.tokenizer, corpus, out)
     corpus.unlink()
     return out
+
+
+def builtin_datastore(
+    target: LoadedModel, ref: str | None, workload: str, exclude_ids: frozenset[str]
+) -> Path | None:
+    """The file of a built-in datastore ref: ``builtin:<workload>``, or None for the measured
+    workload's own; None when ``ref`` names a datastore file instead. Services that
+    measure and gate one candidate resolve it here, so both use the same file."""
+    name = ref or f"{BUILTIN_PREFIX}{workload}"
+    if not name.startswith(BUILTIN_PREFIX):
+        return None
+    return default_datastore(target, name.removeprefix(BUILTIN_PREFIX), exclude_ids)

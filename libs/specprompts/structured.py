@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from speccore.prompts import (
+from specprompts.sources import (
     MMLURow,
     Prompt,
     check_n,

@@ -18,13 +18,13 @@ builds one (the benchmark runner measures it, the quality gate decodes with it).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from speccore import proposers
 from speccore.errors import SpecError
 from speccore.proposers.base import ProposerConfig
-from specops_schemas.candidates import Candidate
 
 # Candidate option names read as ProposerConfig fields besides the fields' own names.
 OPTION_ALIASES = {"min_match": "ngram_min", "max_match": "ngram_max"}
@@ -43,6 +43,21 @@ OTHER_ENGINE_OPTIONS = frozenset(
 # Fields a candidate sets through its k, draft and tree, never through options.
 _FROM_CANDIDATE = frozenset({"k", "draft", "datastore", "head", "tree_shape"})
 _KNOBS = frozenset(f.name for f in dataclasses.fields(ProposerConfig)) - _FROM_CANDIDATE
+
+
+class Candidate(Protocol):
+    """A catalog candidate (specops_schemas.candidates.Candidate is one)."""
+
+    @property
+    def family(self) -> str: ...
+    @property
+    def draft(self) -> str | None: ...
+    @property
+    def k(self) -> int: ...
+    @property
+    def tree(self) -> list[int] | None: ...
+    @property
+    def options(self) -> Mapping[str, str | int | float | bool]: ...
 
 
 @dataclass(frozen=True, slots=True)

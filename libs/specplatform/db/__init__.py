@@ -1,9 +1,9 @@
 """The specops database: connection helpers and the numbered SQL migrations."""
 
-from specops.db.dsn import with_database
-from specops.db.migrate import migrate
-from specops.db.migrations import MigrationError
-from specops.db.pool import APP_ROLE, Connection, Pool, connect, create_pool, tenant_transaction
+from specplatform.db.dsn import with_database
+from specplatform.db.migrate import migrate
+from specplatform.db.migrations import MigrationError
+from specplatform.db.pool import APP_ROLE, Connection, Pool, connect, create_pool, tenant_transaction
 
 __all__ = [
     "APP_ROLE",

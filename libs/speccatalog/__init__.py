@@ -1,0 +1,1 @@
+"""speccatalog: what specops chooses from, without torch: targets, hardware profiles, draft costs."""

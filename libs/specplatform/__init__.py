@@ -1,0 +1,10 @@
+"""specplatform: what every specops service process stands on.
+
+- `specplatform.db`: the Postgres pool, tenant-scoped transactions and the numbered
+  SQL migrations runner;
+- `specplatform.settings`: where a process finds NATS, Postgres and its state
+  directory, and one loader for a service's own settings class;
+- `specplatform.service`: a bus service's process lifecycle (migrations, pool, broker,
+  outbox relay);
+- `specplatform.errors`: the one-line errors of all of the above.
+"""

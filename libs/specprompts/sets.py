@@ -1,0 +1,117 @@
+"""A workload's prompt set: which source builds it, and the set sized for one model.
+
+``load_prompts`` picks a fingerprint's set (``chat`` and ``code`` from
+:mod:`specprompts.sources`, the six others from :mod:`specprompts.derived`);
+``prompts_for_model`` checks that each fits a model's context and fills
+``long_context`` prompts up to the model's budget. Measurement and the quality gate
+both call it, so they see the same prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import islice
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from speccore.errors import SpecError
+from speccore.training.data import read_examples
+from specprompts.derived import DERIVED_WORKLOADS, derived_prompts, long_context_prompts
+from specprompts.sources import Prompt, chat_prompts, check_n, humaneval_prompts
+
+if TYPE_CHECKING:
+    from speccore.models import LoadedModel
+
+WORKLOADS = ("chat", "code", *DERIVED_WORKLOADS)
+# prompts_for_model fills at most this many tokens, by device type: prefill cost grows
+# faster than linearly with length and a bench repeats it for every method and rep.
+# On this project's 2-core CPUs smollm2 took 8 s to prefill 1024 tokens, 40 s for 2048
+# and 160 s for 4096 (a loaded machine), so CPU benches stop at 2048.
+LONG_CONTEXT_CAP = {"cpu": 2048, "cuda": 8192}
+
+_SOURCES: dict[str, Callable[..., list[Prompt]]] = {"chat": chat_prompts, "code": humaneval_prompts}
+
+
+def load_prompts(
+    workload: str, n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()
+) -> list[Prompt]:
+    """`n` measurement prompts for a workload, the same for the same seed.
+
+    long_context prompts come sized for the default budget here; use
+    :func:`prompts_for_model` to size them to a model's context.
+    """
+    if workload not in WORKLOADS:
+        raise SpecError(f"unknown workload {workload!r}; valid workloads: {', '.join(WORKLOADS)}")
+    check_n(n)
+    source = _SOURCES.get(workload)
+    if source is None:
+        return derived_prompts(workload, n, seed, exclude_ids=exclude_ids)
+    return source(n, seed, exclude_ids=exclude_ids)
+
+
+def prompts_for_model(
+    target: LoadedModel,
+    workload: str,
+    n: int,
+    *,
+    max_new_tokens: int,
+    seed: int = 0,
+    exclude_ids: frozenset[str] = frozenset(),
+) -> list[Prompt]:
+    """The workload's prompts for one model, each checked to fit its context with `max_new_tokens`.
+
+    long_context prompts are filled up to :func:`long_context_budget` tokens, counted
+    with the model's own tokenizer and chat template. Measurement and the quality
+    gate both call this, so they see the same prompts.
+    """
+    room = target.max_context - max_new_tokens
+    if room <= 0:
+        raise SpecError(
+            f"{max_new_tokens} new tokens leave no room for a prompt in {target.ref}'s context "
+            f"of {target.max_context} tokens"
+        )
+    if workload == "long_context":
+        prompts = long_context_prompts(
+            n,
+            seed,
+            exclude_ids=exclude_ids,
+            max_tokens=long_context_budget(target, max_new_tokens),
+            count_tokens=lambda text: len(target.encode_prompt(text, _has_chat_template(target))),
+        )
+    else:
+        prompts = load_prompts(workload, n, seed, exclude_ids=exclude_ids)
+    for prompt in prompts:
+        size = len(encode_for(target, prompt))
+        if size > room:
+            raise SpecError(
+                f"prompt {prompt.id} has {size} tokens; with {max_new_tokens} new tokens it exceeds "
+                f"{target.ref}'s context of {target.max_context} tokens"
+            )
+    return prompts
+
+
+def long_context_budget(target: LoadedModel, max_new_tokens: int) -> int:
+    """Prompt tokens of a long_context prompt: the context less the new tokens, capped per device."""
+    cap = LONG_CONTEXT_CAP.get(target.device.type, LONG_CONTEXT_CAP["cuda"])
+    return min(target.max_context - max_new_tokens, cap)
+
+
+def encode_for(target: LoadedModel, prompt: Prompt) -> list[int]:
+    """A prompt's token ids for `target`: a chat prompt goes through its chat template if it has one."""
+    return target.encode_prompt(prompt.text, prompt.chat and _has_chat_template(target))
+
+
+def _has_chat_template(target: LoadedModel) -> bool:
+    return bool(target.tokenizer.chat_template)
+
+
+def file_prompts(path: Path, n: int) -> list[Prompt]:
+    """The first ``n`` prompts of a JSONL file of examples (the heads' data format), as chat
+    prompts; each keeps the example's id, or gets ``<file name>:<index>``."""
+    prompts = [
+        Prompt(ex.id or f"{path.name}:{i}", ex.prompt, chat=True, source="file")
+        for i, ex in islice(enumerate(read_examples(path)), n)
+    ]
+    if len(prompts) < n:
+        raise SpecError(f"{path} holds {len(prompts)} prompts, asked for {n} (--n-prompts)")
+    return prompts
