@@ -42,7 +42,7 @@ def _applied(dsn: str) -> list[str]:
 async def test_migrations_apply_once_even_when_started_concurrently(empty_db: str) -> None:
     names = [p.stem for p in sorted(MIGRATIONS.glob("*.sql"))]
     # Replicas of a service all migrate at start; the advisory lock lets one apply.
-    results = await asyncio.gather(*(migrate(empty_db) for _ in range(4)))
+    results = await asyncio.gather(*(migrate(empty_db, MIGRATIONS) for _ in range(4)))
     assert sorted(results, key=len)[-1] == names
     assert sum(len(r) for r in results) == len(names)
     assert await migrate(empty_db, MIGRATIONS) == []
