@@ -1,21 +1,25 @@
-"""Closed vocabularies shared by every service (DESIGN.md §2, §3, §6; seed 000)."""
+"""Closed vocabularies shared by every service (DESIGN.md §2, §3, §6; seed 000).
+
+Family is the one open vocabulary: its members are the family specs registered in
+speccatalog.families (the built-in ones and those of installed packages), so a new
+family is known on the wire without editing this file.
+"""
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
+from speccatalog.families import families
 
-class Family(StrEnum):
-    """Speculative-decoding algorithm families the catalog knows."""
+if TYPE_CHECKING:
 
-    DRAFT_MODEL = "draft_model"
-    NGRAM = "ngram"
-    REST = "rest"
-    MEDUSA = "medusa"
-    EAGLE = "eagle"
-    LOOKAHEAD = "lookahead"
-    MTP = "mtp"
-    CASCADE = "cascade"
+    class Family(StrEnum):
+        """Speculative-decoding algorithm families the catalog knows (speccatalog.families)."""
+
+else:
+    Family = StrEnum("Family", [(name.upper(), name) for name in families()])
+    Family.__doc__ = "Speculative-decoding algorithm families the catalog knows (speccatalog.families)."
 
 
 class Engine(StrEnum):

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from speccatalog import families
+from speccatalog.families.base import FamilyError
 from speccore.errors import SpecError
-
-METHODS = ("none", "ngram", "rest", "draft_model", "lookahead", "medusa", "eagle")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -81,13 +81,23 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=_positive, default=128)
 
 
+def _methods() -> list[str]:
+    """speccore's methods: plain decoding, then every family whose spec names a proposer."""
+    return ["none", *families.runnable()]
+
+
+def _methods_help() -> str:
+    runnable = [families.family(name) for name in families.runnable()]
+    return "; ".join(["none: plain decoding", *(f"{spec.name}: {spec.summary}" for spec in runnable)])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specops", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="generate text with a speculative method")
     _model_args(gen)
-    gen.add_argument("--method", default="none", choices=METHODS)
+    gen.add_argument("--method", default="none", choices=_methods(), help=_methods_help())
     _draft_args(gen)
     _sampling_args(gen)
     src = gen.add_mutually_exclusive_group(required=True)
@@ -138,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         handler = getattr(args, "handler", None) or _COMMANDS[args.command]
         return handler(args)
-    except SpecError as err:
+    except (SpecError, FamilyError) as err:
         print(f"specops: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -170,15 +180,14 @@ def _sampling(args: argparse.Namespace):
 
 def _generate(args: argparse.Namespace) -> int:
     from speccore.engine import Engine, Request
-    from speccore.proposers import DEFAULT_K
-    from speccore.proposers.base import ProposerConfig
+    from speccore.proposers import ProposerConfig, default_k
 
     text = args.prompt if args.prompt is not None else _read_prompt(args.prompt_file)
     if not text.strip():
         raise SpecError("the prompt is empty")
     sampling = _sampling(args)
     cfg = ProposerConfig(
-        k=args.k if args.k is not None else DEFAULT_K.get(args.method, 5),
+        k=args.k if args.k is not None else default_k(args.method),
         draft=args.draft,
         datastore=args.datastore,
         head=_single_head(args.head),

@@ -26,10 +26,10 @@ from speccore.bandwidth import decode_limit_tokens_per_s, measure_read_bandwidth
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.heads.loading import head_for
-from speccore.hf_baselines import HF_METHODS, HFGenerator
+from speccore.hf_baselines import HF_DEFAULT_K, HF_METHODS, HFGenerator
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel, load_model
-from speccore.proposers import DEFAULT_K
+from speccore.proposers import default_k
 from speccore.proposers.base import ProposerConfig
 from speccore.sampling import SamplingParams
 
@@ -103,11 +103,12 @@ def build_runners(target: LoadedModel, spec: BenchSpec) -> dict[str, Runner]:
     runners: dict[str, Runner] = {}
     stock: LoadedModel | None = None
     for method in spec.methods:
-        k = spec.k or DEFAULT_K.get(method, 5)
         if method in HF_METHODS:
+            k = spec.k or HF_DEFAULT_K.get(method, 1)
             stock = stock or stock_twin(target)
             runners[method] = _hf_runner(HFGenerator(method, stock, k, spec.draft), spec)
             continue
+        k = spec.k or default_k(method)
         head = head_for(method, spec.heads, target.ref)
         cfg = ProposerConfig(k=k, draft=spec.draft, datastore=spec.datastore, head=head, **spec.tree)
         runners[method] = _engine_runner(Engine(target, method, cfg), spec)

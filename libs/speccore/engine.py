@@ -65,14 +65,9 @@ class Generation:
 
 
 def build_proposer(method: str, target: LoadedModel, config: ProposerConfig) -> Proposer | None:
-    if method == "none":
+    if method == proposers.NONE:
         return None
-    proposers.load_all()
-    factory = proposers.REGISTRY.get(method)
-    if factory is None:
-        known = ", ".join(["none", *sorted(proposers.REGISTRY)])
-        raise SpecError(f"unknown method '{method}'; choose one of: {known}")
-    return factory(config, target)
+    return proposers.make_proposer(method, config, target)
 
 
 class Engine:

@@ -12,6 +12,8 @@ from speccore.proposers.draft_model import resolve_draft
 from speccore.sampling import SamplingParams
 
 HF_METHODS = ("hf", "hf_prompt_lookup", "hf_assisted")
+# Draft tokens per step when the user gives none.
+HF_DEFAULT_K = {"hf_prompt_lookup": 10, "hf_assisted": 4}
 
 
 class HFGenerator:

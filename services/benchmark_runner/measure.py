@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from speccatalog.families.base import DraftSource
 from speccore.candidates import speccore_candidate
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
@@ -34,7 +35,7 @@ from speccore.model_cache import ModelCache, ModelLoadError, release_memory
 from speccore.models import LoadedModel
 from speccore.sampling import SamplingParams
 from specops_schemas.candidates import BASELINE_ID, Candidate, Measurement, Sampling
-from specops_schemas.catalog import ErrorStage, Family, Mode
+from specops_schemas.catalog import ErrorStage, Mode
 from specops_schemas.events import BenchPlan, CandidateFailure, RepMetrics
 from specprompts.corpora import builtin_datastore
 from specprompts.sets import encode_for, prompts_for_model
@@ -321,17 +322,13 @@ class _CandidateFailed(Exception):
 
 def _engine(target: LoadedModel, candidate: Candidate, plan: BenchPlan, prompt_ids: frozenset[str]) -> Engine:
     """The speccore engine for a candidate; _CandidateFailed says why there is none."""
-    if candidate.family == Family.DRAFT_MODEL and not candidate.draft:
-        raise _CandidateFailed(
-            ErrorStage.VALIDATION, "draft_model needs a draft: a model ref or self:<layers>"
-        )
     try:
         spec = speccore_candidate(candidate)
     except SpecError as err:
         raise _CandidateFailed(ErrorStage.VALIDATION, str(err)) from err
     config = spec.config
     try:
-        if candidate.family == Family.REST:
+        if spec.source == DraftSource.DATASTORE:
             # Leave the measured prompts' conversations out of the corpus it retrieves from.
             built = builtin_datastore(target, config.datastore, str(plan.fingerprint), prompt_ids)
             if built is not None:

@@ -15,27 +15,11 @@ Glossary:
   of one plain decode step. Step times come from a roofline on the hardware profile:
   ``layers * overhead + max(bytes read / bandwidth, FLOPs / FLOP/s)``.
 
-Priors (greedy, per family x fingerprint) and where they come from:
-
-- ngram / rest / lookahead on chat and code: measured with speccore on
-  smollm2-135m-instruct, 2 CPU threads (bench/results/smollm2-135m-instruct-{chat,code}-
-  greedy-cpu2.json), converted to the chain-equivalent ``a`` at the measured depth:
-  ngram E[N] 1.22 / 1.60 at k=10, lookahead 1.51 / 1.81 at k=3, rest (chat) 1.46 at k=8,
-  rest (code, the built-in stdlib datastore) 1.22 at k=8. Other fingerprints scale with
-  how much the output copies its input: Spec-Bench (hemingkx/Spec-Bench, A100 Vicuna-7B)
-  gives prompt lookup 2.46x on summarization against 1.64x overall; the PLD README
-  reports 2-4x on input-grounded tasks; REST (arXiv:2311.08252) 1.62-2.36x on code.
-- draft_model 0.62: same-family drafts, Leviathan et al. 2023 report a = 0.5-0.8.
-  ``self:N`` (the target's first N of L layers, untrained) scales by (N/L)^2.2, fitted
-  to the measured smollm2 self:12 of 30: E[N] 1.09 at k=4, a = 0.08.
-- medusa 0.50 (Spec-Bench: Medusa tau 2.31), eagle 0.72 (EAGLE-1/2) and 0.80 (EAGLE-3;
-  Spec-Bench tau 4.3 / 5.7 with trees), mtp 0.87 (DeepSeek-V3 report: 85-90 % acceptance
-  of the second token; deeper drafts reuse the one module, x0.85 per extra position,
-  a heuristic). Model-based families gain ~8 % on code and structured output
-  (EAGLE-3 Table 1: HumanEval tau 6.74 vs MT-bench 6.13) and lose on creative text.
-- Sampling (temperature > 0) lowers acceptance: argmax-style drafts (ngram, rest,
-  lookahead) x0.8, model drafts x0.9 (vLLM PR #16899: argmax drafts lose acceptance at
-  high temperature).
+Priors: each family's spec (speccatalog.families.<family>) gives the greedy per-token
+acceptance for a fingerprint and says where its numbers come from. Sampling
+(temperature > 0) lowers acceptance: drafts that copy the input (argmax-style: ngram,
+rest, lookahead) x0.8, model drafts x0.9 (vLLM PR #16899: argmax drafts lose
+acceptance at high temperature).
 
 History rows (past measurements) refine the prior: the posterior ``a`` is a weighted
 average of the prior (worth PRIOR_STRENGTH rows) and each row's observed ``a``; rows of
@@ -46,66 +30,28 @@ correct the cost model by the geometric mean of measured / modelled speedup.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from speccatalog import families
+from speccatalog.costs import DraftCost
+from speccatalog.families.base import DraftUnavailable, Known
 from speccatalog.hardware import Deployment, extra_per_device
-from speccatalog.targets import DatastoreRef, HeadRef, TargetInfo
+from speccatalog.targets import TargetInfo
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import Family, Fingerprint
-from specops_services.predictor.resources import (
-    BUILTIN_PREFIX,
-    SELF_PREFIX,
-    DraftCost,
-    DraftUnavailable,
-    draft_cost,
-    self_layers,
-)
 
 TemperatureBucket = Literal["greedy", "sampled"]
 F = Fingerprint
 
-COPY_FAMILIES = frozenset({Family.NGRAM, Family.REST, Family.LOOKAHEAD})
 MAX_ACCEPTANCE = 0.95
 # Each further sibling at a tree depth is accepted half as often as the one before it.
 SIBLING_DECAY = 0.5
-SELF_DRAFT_EXPONENT = 2.2
 PRIOR_STRENGTH = 2.0
 OTHER_TARGET_WEIGHT = 0.3
 OTHER_DRAFT_WEIGHT = 0.3
-
-_COPY_PRIORS: dict[Family, dict[Fingerprint, float]] = {
-    Family.NGRAM: {
-        F.CHAT: 0.18, F.CODE: 0.38, F.RAG: 0.50, F.SUMMARIZATION: 0.55,
-        F.STRUCTURED: 0.45, F.REASONING: 0.25, F.CREATIVE: 0.10, F.LONG_CONTEXT: 0.45,
-    },
-    Family.REST: {
-        F.CHAT: 0.31, F.CODE: 0.45, F.RAG: 0.50, F.SUMMARIZATION: 0.40,
-        F.STRUCTURED: 0.45, F.REASONING: 0.30, F.CREATIVE: 0.15, F.LONG_CONTEXT: 0.40,
-    },
-    Family.LOOKAHEAD: {
-        F.CHAT: 0.37, F.CODE: 0.52, F.RAG: 0.50, F.SUMMARIZATION: 0.50,
-        F.STRUCTURED: 0.50, F.REASONING: 0.40, F.CREATIVE: 0.25, F.LONG_CONTEXT: 0.45,
-    },
-}  # fmt: skip
-# The built-in stdlib datastore on HumanEval-style prompts (measured, see above).
-BUILTIN_DATASTORE_ACCEPTANCE = {F.CODE: 0.18, F.CHAT: 0.31}
-_MODEL_PRIORS: dict[Family, float] = {
-    Family.DRAFT_MODEL: 0.62,
-    Family.CASCADE: 0.62,
-    Family.MEDUSA: 0.50,
-    Family.EAGLE: 0.72,
-    Family.MTP: 0.87,
-}
-EAGLE3_ACCEPTANCE = 0.80
-# Drafting deeper than the target has MTP modules reuses the last one (heuristic, unmeasured).
-MTP_REUSE_FACTOR = 0.85
-_MODEL_FINGERPRINT_FACTOR: dict[Fingerprint, float] = {
-    F.CHAT: 1.0, F.CODE: 1.08, F.RAG: 1.03, F.SUMMARIZATION: 1.0,
-    F.STRUCTURED: 1.08, F.REASONING: 1.05, F.CREATIVE: 0.85, F.LONG_CONTEXT: 0.97,
-}  # fmt: skip
-_SAMPLED_FACTOR = {True: 0.8, False: 0.9}  # keyed by "is a copy family"
+_SAMPLED_FACTOR = {True: 0.8, False: 0.9}  # keyed by the family's copies_input
 
 
 def temperature_bucket(temperature: float) -> TemperatureBucket:
@@ -153,42 +99,20 @@ def invert_mean_length(target: float, k: int, tree: Sequence[int] | None = None)
 
 
 def prior_acceptance(
-    candidate: Candidate,
-    target: TargetInfo,
-    fingerprint: Fingerprint,
-    temperature: float,
-    *,
-    heads: Mapping[str, HeadRef] | None = None,
-    datastores: Mapping[str, DatastoreRef] | None = None,
+    candidate: Candidate, known: Known, fingerprint: Fingerprint, temperature: float
 ) -> float:
-    """Per-token acceptance before any measurement of this candidate (see the module docstring)."""
-    family = candidate.family
-    draft = candidate.draft or ""
-    if family in COPY_FAMILIES:
-        a = _COPY_PRIORS[family][fingerprint]
-        store = (datastores or {}).get(draft)
-        if store is not None and store.acceptance is not None:
-            a = store.acceptance
-        elif family == Family.REST and draft.startswith(BUILTIN_PREFIX):
-            a = BUILTIN_DATASTORE_ACCEPTANCE.get(fingerprint, a)
-        if family == Family.NGRAM:
-            # A longer minimum match drafts less often but more reliably (heuristic, unmeasured).
-            a *= 1.0 + 0.05 * (int(candidate.options.get("ngram_min", 1)) - 1)
-    else:
-        a = _MODEL_PRIORS[family]
-        head = (heads or {}).get(draft)
-        if family == Family.EAGLE and head is not None and head.eagle_version >= 3:
-            a = EAGLE3_ACCEPTANCE
-        if head is not None and head.acceptance is not None:
-            a = head.acceptance
-        a *= _MODEL_FINGERPRINT_FACTOR[fingerprint]
-        if family == Family.MTP and candidate.k > target.mtp_modules:
-            a *= MTP_REUSE_FACTOR ** (candidate.k - target.mtp_modules)
-        if family == Family.DRAFT_MODEL and draft.startswith(SELF_PREFIX):
-            a *= (self_layers(draft, target) / target.layers) ** SELF_DRAFT_EXPONENT
+    """Per-token acceptance before any measurement of this candidate: its family's prior,
+    lowered under sampling (see the module docstring)."""
+    spec = families.family(candidate.family)
+    a = spec.prior(candidate, known, str(fingerprint))
     if temperature_bucket(temperature) == "sampled":
-        a *= _SAMPLED_FACTOR[family in COPY_FAMILIES]
+        a *= _SAMPLED_FACTOR[spec.copies_input]
     return min(max(a, 0.0), MAX_ACCEPTANCE)
+
+
+def draft_cost(candidate: Candidate, known: Known) -> DraftCost:
+    """Memory and work of `candidate` beside the target (its family's cost model)."""
+    return families.family(candidate.family).draft_cost(candidate, known)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +146,7 @@ def _relevance(row: HistoryRow, candidate: Candidate, target: TargetInfo) -> flo
     w = row.weight
     if row.target_ref != target.ref:
         w *= OTHER_TARGET_WEIGHT
-    if candidate.family not in COPY_FAMILIES and row.draft != candidate.draft:
+    if not families.family(candidate.family).copies_input and row.draft != candidate.draft:
         w *= OTHER_DRAFT_WEIGHT
     return max(w, 0.0)
 
@@ -370,8 +294,7 @@ def _cost_correction(
     dep: Deployment,
     gpu: str,
     history: Sequence[HistoryRow],
-    heads: Mapping[str, HeadRef] | None,
-    datastores: Mapping[str, DatastoreRef] | None,
+    known: Known,
     latency_batch: int,
 ) -> float:
     """Geometric-mean ratio measured / modelled speedup over rows of this target, GPU and family."""
@@ -395,7 +318,7 @@ def _cost_correction(
             options=candidate.options,
         )
         try:
-            cost = draft_cost(shape, dep.target, heads=heads, datastores=datastores)
+            cost = draft_cost(shape, known)
         except DraftUnavailable:
             continue
         modelled = _speedup_at(dep, cost, row.k, mean_length(observed, row.k, row.tree), latency_batch)
@@ -408,22 +331,20 @@ def predict(
     candidate: Candidate,
     dep: Deployment,
     workload: Workload,
+    known: Known,
     *,
     gpu: str,
     history: Sequence[HistoryRow] = (),
-    heads: Mapping[str, HeadRef] | None = None,
-    datastores: Mapping[str, DatastoreRef] | None = None,
 ) -> Estimate:
-    """Acceptance, mean acceptance length, speedups and extra memory of `candidate` on `dep`."""
+    """Acceptance, mean acceptance length, speedups and extra memory of `candidate` on `dep`
+    (`known`: the target's drafts, heads and datastores, as the catalog saw them)."""
     target = dep.target
-    cost = draft_cost(candidate, target, heads=heads, datastores=datastores)
-    prior = prior_acceptance(
-        candidate, target, workload.fingerprint, workload.temperature, heads=heads, datastores=datastores
-    )
+    cost = draft_cost(candidate, known)
+    prior = prior_acceptance(candidate, known, workload.fingerprint, workload.temperature)
     a = refine_acceptance(prior, candidate, target, workload.fingerprint, workload.temperature, history)
     e_n = mean_length(a, candidate.k, candidate.tree)
     t1 = step_times(dep, cost, 1)
-    correction = _cost_correction(candidate, dep, gpu, history, heads, datastores, workload.latency_batch)
+    correction = _cost_correction(candidate, dep, gpu, history, known, workload.latency_batch)
     latency = _speedup_at(dep, cost, candidate.k, e_n, workload.latency_batch) * correction
     throughput = _throughput_speedup(dep, cost, candidate.k, e_n, workload.throughput_batch) * correction
     return Estimate(

@@ -18,19 +18,20 @@ measure 3 reps x 10 prompts x 128 tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from speccatalog import families
+from speccatalog.families.base import BUILTIN_PREFIX
 from speccatalog.hardware import Deployment, HardwareError, deploy, resolve_profile
 from speccatalog.targets import DatastoreRef, HeadRef, TargetError, TargetInfo, resolve_target
 from speccore.heads.builtin import builtin_heads
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import Candidate, RankedCandidate, Sampling
-from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, Mode
+from specops_schemas.catalog import Engine, ErrorStage, Fingerprint, Mode
 from specops_schemas.events import BenchPlan, RunPredicted
-from specops_services.predictor.catalog import Pruned, build_catalog
+from specops_services.predictor.catalog import Pruned, build_catalog, known_for
 from specops_services.predictor.model import HistoryRow, Workload, predict
-from specops_services.predictor.resources import BUILTIN_PREFIX
 from specops_services.predictor.scoring import predicted_front, rank
 
 F = Fingerprint
@@ -116,18 +117,19 @@ def _builtin_datastores(target: TargetInfo, fingerprint: Fingerprint) -> list[Da
 def _builtin_heads(target: TargetInfo) -> list[HeadRef]:
     """The trained heads speccore ships for an offline alias (speccore.heads.builtin); their
     held-out chain acceptance is the predictor's acceptance for them."""
+    decoders = {artifact: spec for spec in families.families().values() for artifact in spec.head_artifacts}
     return [
         HeadRef(
             head_id=head.head_id,
-            family=Family.MEDUSA if head.family == "medusa" else Family.EAGLE,
+            family=decoders[head.family].name,
             target_ref=target.ref,
             num_heads=head.num_heads,
-            # An EAGLE-1 layer decoded with EAGLE-2's dynamic tree, or an EAGLE-3 head.
-            eagle_version=3 if head.family == "eagle3" else 2,
+            eagle_version=decoders[head.family].head_artifacts[head.family],
             acceptance=head.acceptance,
             path=str(head.path),
         )
         for head in builtin_heads(target.ref)
+        if head.family in decoders
     ]
 
 
@@ -153,7 +155,7 @@ def pick_for_bench(ranked: Sequence[RankedCandidate], n: int) -> list[Candidate]
     differ in k, which the predictor models better than the family's acceptance.
     """
     picked: list[Candidate] = []
-    seen: set[Family] = set()
+    seen: set[str] = set()
     for r in ranked:
         if len(picked) < n and r.candidate.family not in seen:
             picked.append(r.candidate)
@@ -175,7 +177,6 @@ def plan_run(
     target: TargetInfo | None = None,
     enable_cascade: bool = False,
     top_n: int = TOP_N,
-    engine_families: Mapping[Engine, frozenset[Family]] | None = None,
 ) -> Plan:
     """Plan a T1 run; pure: every fact about the world comes in as an argument.
 
@@ -209,17 +210,12 @@ def plan_run(
         heads=heads,
         datastores=stores,
         enable_cascade=enable_cascade,
-        engine_families=engine_families,
     )
     if not catalog.kept:
         reasons = sorted({p.reason for p in catalog.pruned})
         raise NoFeasibleCandidate(f"no candidate survives pruning: {'; '.join(reasons)}")
-    head_map = {h.head_id: h for h in heads}
-    store_map = {s.datastore_id: s for s in stores}
-    estimates = [
-        predict(c, dep, workload, gpu=profile.name, history=history, heads=head_map, datastores=store_map)
-        for c in catalog.kept
-    ]
+    known = known_for(info, heads=heads, datastores=stores, enable_cascade=enable_cascade)
+    estimates = [predict(c, dep, workload, known, gpu=profile.name, history=history) for c in catalog.kept]
     ranked = rank(estimates, request.goal.priorities, request.mode)
     reason = _why_not_measurable(request, info, host)
     bench = None

@@ -14,10 +14,12 @@ import threading
 import torch
 from pydantic import Field
 
+from speccatalog import families
+from speccatalog.families.base import DraftSource
 from speccore.model_cache import ModelCache
 from speccore.models import LoadedModel
 from specops_schemas.candidates import Candidate, GateOutcome
-from specops_schemas.catalog import Family, GateMethod
+from specops_schemas.catalog import GateMethod
 from specops_schemas.events import BenchPlan
 from specops_services.quality_gate import flow
 from specops_services.quality_gate.logic import QualityGate, pending, skipped
@@ -101,7 +103,7 @@ class GateRunner:
 def _with_datastore(target: LoadedModel, plan: BenchPlan, candidate: Candidate) -> Candidate:
     """A rest candidate with its built-in datastore (`builtin:<workload>` or none) as a file path:
     the same file the benchmark-runner measured with (specprompts.corpora.builtin_datastore)."""
-    if candidate.family != Family.REST:
+    if families.family(candidate.family).draft_source != DraftSource.DATASTORE:
         return candidate
     prompts = prompts_for_model(
         target, str(plan.fingerprint), plan.n_prompts, max_new_tokens=plan.max_new_tokens, seed=plan.seed

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from speccore.errors import SpecError
-from speccore.proposers.base import REGISTRY, DraftTree, ProposerConfig, StepContext, StepOutcome
+from speccore.proposers import make_proposer
+from speccore.proposers.base import DraftTree, ProposerConfig, StepContext, StepOutcome
 from speccore.proposers.lookahead import (
     LookaheadProposer,
     guess_trie,
@@ -82,7 +83,7 @@ def test_bigram_window_reads_the_level0_chain_and_root() -> None:
 
 
 def test_tree_is_well_formed_and_only_guesses_are_acceptable() -> None:
-    cfg = ProposerConfig(lookahead_window=5, lookahead_ngram=4, lookahead_guesses=5)
+    cfg = ProposerConfig(knobs={"lookahead_window": 5, "lookahead_ngram": 4, "lookahead_guesses": 5})
     prop = LookaheadProposer(cfg)
     prompt = [1, 2, 3, 4, 9, 1, 2, 3, 5, 9, 1, 2, 7, 8, 9, 6]
     seqs = [make_seq(prompt, [1])]
@@ -107,12 +108,12 @@ def test_guess_trie_shares_prefixes_and_caps_depth() -> None:
 
 def test_k_and_remaining_tokens_cap_the_guess_depth() -> None:
     prompt = [1, 2, 3, 4, 5]
-    prop = LookaheadProposer(ProposerConfig(k=2, lookahead_ngram=4))
+    prop = LookaheadProposer(ProposerConfig(k=2, knobs={"lookahead_ngram": 4}))
     seqs = [make_seq(prompt, [1])]
     prop.start(seqs)
     assert accepted_paths(prop.propose(seqs, ctx(1)), 0) == {(2,), (2, 3)}
 
-    prop = LookaheadProposer(ProposerConfig(lookahead_ngram=4))
+    prop = LookaheadProposer(ProposerConfig(knobs={"lookahead_ngram": 4}))
     seqs = [make_seq(prompt, [1], max_new=3)]  # room for one draft and the bonus token
     prop.start(seqs)
     assert accepted_paths(prop.propose(seqs, ctx(1)), 0) == {(2,)}
@@ -130,7 +131,7 @@ def test_finished_rows_get_nothing() -> None:
 
 
 def test_first_step_drafts_after_the_prompts_last_token() -> None:
-    prop = LookaheadProposer(ProposerConfig(lookahead_ngram=3))
+    prop = LookaheadProposer(ProposerConfig(knobs={"lookahead_ngram": 3}))
     seqs = [make_seq([4, 5, 6, 7, 4], [])]  # nothing emitted yet: the pending token is the prompt's last
     prop.start(seqs)
     tree = prop.propose(seqs, ctx(1))
@@ -147,7 +148,7 @@ def test_all_finished_batch_drafts_an_empty_tree() -> None:
 
 def test_observe_harvests_diagonal_ngrams_into_the_pool() -> None:
     width, ngram = 3, 3
-    prop = LookaheadProposer(ProposerConfig(lookahead_window=width, lookahead_ngram=ngram))
+    prop = LookaheadProposer(ProposerConfig(knobs={"lookahead_window": width, "lookahead_ngram": ngram}))
     prompt = [10, 11, 12, 13, 14, 15]
     seqs = [make_seq(prompt, [20])]
     prop.start(seqs)
@@ -175,7 +176,7 @@ def test_harvest_and_shift_keep_positions_aligned() -> None:
 
 
 def test_emitted_text_feeds_the_pool() -> None:
-    prop = LookaheadProposer(ProposerConfig(lookahead_ngram=3))
+    prop = LookaheadProposer(ProposerConfig(knobs={"lookahead_ngram": 3}))
     seqs = [make_seq([1, 2, 3], [30])]
     prop.start(seqs)
     tree = prop.propose(seqs, ctx(1))
@@ -189,7 +190,7 @@ def test_emitted_text_feeds_the_pool() -> None:
 
 
 def test_rows_are_matched_by_sequence_identity() -> None:
-    prop = LookaheadProposer(ProposerConfig(lookahead_ngram=3))
+    prop = LookaheadProposer(ProposerConfig(knobs={"lookahead_ngram": 3}))
     prop.start([make_seq([1, 2, 3], [1])])
     fresh = [make_seq([5, 6, 7, 5], [6])]  # a new request in the same slot, without start()
     tree = prop.propose(fresh, ctx(1))
@@ -198,15 +199,17 @@ def test_rows_are_matched_by_sequence_identity() -> None:
 
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(SpecError):
-        LookaheadProposer(ProposerConfig(lookahead_ngram=1))
+        LookaheadProposer(ProposerConfig(knobs={"lookahead_ngram": 1}))
     with pytest.raises(SpecError):
-        LookaheadProposer(ProposerConfig(lookahead_window=0))
+        LookaheadProposer(ProposerConfig(knobs={"lookahead_window": 0}))
     with pytest.raises(SpecError):
-        LookaheadProposer(ProposerConfig(lookahead_window=20, lookahead_ngram=6, lookahead_guesses=10))
+        LookaheadProposer(
+            ProposerConfig(knobs={"lookahead_window": 20, "lookahead_ngram": 6, "lookahead_guesses": 10})
+        )
 
 
 def test_registered_and_memory_grows_with_the_pool() -> None:
-    prop = REGISTRY["lookahead"](ProposerConfig(), None)  # type: ignore[arg-type]
+    prop = make_proposer("lookahead", ProposerConfig(), None)  # type: ignore[arg-type]
     assert isinstance(prop, LookaheadProposer)
     prop.start([make_seq([1, 2, 3], [4])])
     small = prop.extra_memory_bytes()

@@ -10,17 +10,21 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specbus.subjects import ID_PATTERN
+from speccatalog import families as family_specs
 from speccatalog.hardware import (
     Deployment,
+    HardwareProfile,
     TargetDoesNotFit,
     UnknownHardware,
     deploy,
+    fits_beside,
     resolve_profile,
 )
 from speccatalog.targets import (
     DatastoreRef,
     HeadRef,
     InvalidModelConfig,
+    TargetInfo,
     UnknownModel,
     parse_hf_config,
     resolve_target,
@@ -30,18 +34,18 @@ from specops_schemas.candidates import Candidate, GateOutcome, Measurement, Pred
 from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, GateMethod, Mode
 from specops_schemas.events import CandidateFailure, RunCompleted
 from specops_services.predictor.cache import CACHE_TTL, cache_key, is_fresh, request_cache_key
-from specops_services.predictor.catalog import SPECCORE_FAMILIES, build_catalog
+from specops_services.predictor.catalog import build_catalog, enumerate_candidates, known_for
 from specops_services.predictor.model import (
     Estimate,
     HistoryRow,
     Workload,
+    draft_cost,
     expected_tokens,
     expected_tokens_tree,
     invert_mean_length,
     predict,
 )
 from specops_services.predictor.plan import HostInfo, Plan, error_stage, plan_run
-from specops_services.predictor.resources import draft_cost, fits
 from specops_services.predictor.scoring import Decision, assemble_results, choose_winner, pareto_front, rank
 
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
@@ -124,7 +128,7 @@ def test_engines_only_get_families_and_shapes_they_run() -> None:
     assert any(r.candidate.tree for r in sglang.ranked if r.candidate.family == Family.EAGLE)
     assert not any((r.candidate.draft or "").startswith("self:") for r in vllm.ranked + sglang.ranked)
     speccore = plan_run(request(fingerprint="code"), run_id="r", host=CPU_HOST)
-    assert families(speccore) <= SPECCORE_FAMILIES
+    assert families(speccore) <= set(family_specs.runnable())
     assert any(r.candidate.draft == "self:15" for r in speccore.ranked)
 
 
@@ -138,28 +142,15 @@ def test_heads_for_other_targets_are_ignored() -> None:
 
 def test_cascade_only_behind_its_flag() -> None:
     target = resolve_target(LLAMA_70B)
-    dep = deploy(target, resolve_profile("H200"), context_tokens=4096, batch=1)
-    everything = frozenset(Family)
-    off = build_catalog(dep, Fingerprint.CHAT, Engine.SPECCORE, engine_families={Engine.SPECCORE: everything})
-    on = build_catalog(
-        dep,
-        Fingerprint.CHAT,
-        Engine.SPECCORE,
-        enable_cascade=True,
-        engine_families={Engine.SPECCORE: everything},
-    )
-    assert Family.CASCADE not in families(off.kept)
-    assert Family.CASCADE in families(on.kept)
+    off = enumerate_candidates(known_for(target))
+    on = enumerate_candidates(known_for(target, enable_cascade=True))
+    assert Family.CASCADE not in families(off)
+    assert Family.CASCADE in families(on)
     # No engine implements cascade today, so the flag alone adds nothing to a real plan.
+    dep = deploy(target, resolve_profile("H200"), context_tokens=4096, batch=1)
     assert Family.CASCADE not in families(
         build_catalog(dep, Fingerprint.CHAT, Engine.SGLANG, enable_cascade=True).kept
     )
-
-
-def test_speccore_family_table_matches_speccore() -> None:
-    from speccore.proposers import FAMILIES, HEAD_FAMILIES
-
-    assert {str(f) for f in SPECCORE_FAMILIES} == {*FAMILIES, *HEAD_FAMILIES}
 
 
 def test_candidate_ids_are_valid_unique_and_deterministic() -> None:
@@ -195,7 +186,7 @@ def test_70b_on_a_big_cpu_host_is_not_measurable_and_keeps_only_drafts_that_fit(
     profile = resolve_profile("cpu-320GB")
     target = resolve_target(LLAMA_70B)
     context = plan.deployment.context_tokens
-    assert all(fits(target, r.candidate, profile, context, 1) for r in plan.ranked)
+    assert all(fits(target, r.candidate, profile, context) for r in plan.ranked)
     # fp32 on CPU: the 8B draft (32 GB) does not fit beside the 282 GB target; the 1B one does.
     drafts = {r.candidate.draft for r in plan.ranked if r.candidate.family == Family.DRAFT_MODEL}
     assert "meta-llama/Llama-3.2-1B-Instruct" in drafts
@@ -231,7 +222,9 @@ def test_unknown_gpu_and_model_are_validation_errors() -> None:
 
 def test_self_draft_adds_no_weights() -> None:
     target = resolve_target("smollm2-135m-instruct")
-    cost = draft_cost(Candidate(candidate_id="c", family=Family.DRAFT_MODEL, draft="self:15", k=4), target)
+    cost = draft_cost(
+        Candidate(candidate_id="c", family=Family.DRAFT_MODEL, draft="self:15", k=4), known_for(target)
+    )
     assert cost.extra_params == 0
     assert cost.kv_elems_per_token == target.kv_elems_per_token // 2
 
@@ -255,6 +248,15 @@ def test_local_config_is_parsed_like_the_known_entry() -> None:
     assert parsed.local
     with pytest.raises(InvalidModelConfig, match="num_hidden_layers"):
         parse_hf_config({"hidden_size": 8}, "/models/broken")
+
+
+def fits(target: TargetInfo, candidate: Candidate, profile: HardwareProfile, context: int) -> bool:
+    """Whether target + draft + both KV caches fit `profile` at batch 1."""
+    try:
+        dep = deploy(target, profile, context_tokens=context, batch=1)
+    except TargetDoesNotFit:
+        return False
+    return fits_beside(dep, draft_cost(candidate, known_for(target)))
 
 
 # --- acceptance and speedup model -------------------------------------------------------------
@@ -286,11 +288,14 @@ def _smollm_chat() -> tuple[Deployment, Workload]:
 
 def test_priors_reproduce_the_measured_cpu_bench() -> None:
     dep, wl = _smollm_chat()
-    ngram = predict(Candidate(candidate_id="n", family=Family.NGRAM, k=10), dep, wl, gpu="cpu")
+    ngram = predict(
+        Candidate(candidate_id="n", family=Family.NGRAM, k=10), dep, wl, known_for(dep.target), gpu="cpu"
+    )
     selfdraft = predict(
         Candidate(candidate_id="d", family=Family.DRAFT_MODEL, draft="self:12", k=4),
         dep,
         wl,
+        known_for(dep.target),
         gpu="cpu",
     )
     # smollm2-135m-instruct-chat-greedy-cpu2.json: ngram E[N] 1.22 (1.24x), self:12 1.09 (0.36x).
@@ -303,7 +308,7 @@ def test_priors_reproduce_the_measured_cpu_bench() -> None:
 def test_history_moves_the_prediction_toward_observations() -> None:
     dep, wl = _smollm_chat()
     cand = Candidate(candidate_id="n", family=Family.NGRAM, k=4)
-    prior = predict(cand, dep, wl, gpu="cpu")
+    prior = predict(cand, dep, wl, known_for(dep.target), gpu="cpu")
     row = HistoryRow(
         Family.NGRAM,
         Fingerprint.CHAT,
@@ -315,8 +320,8 @@ def test_history_moves_the_prediction_toward_observations() -> None:
         target_ref="smollm2-135m-instruct",
         gpu="cpu",
     )
-    one = predict(cand, dep, wl, gpu="cpu", history=[row])
-    many = predict(cand, dep, wl, gpu="cpu", history=[row] * 200)
+    one = predict(cand, dep, wl, known_for(dep.target), gpu="cpu", history=[row])
+    many = predict(cand, dep, wl, known_for(dep.target), gpu="cpu", history=[row] * 200)
     assert prior.acceptance < one.acceptance < many.acceptance <= 0.7
     assert many.acceptance == pytest.approx(0.7, abs=0.01)
     assert prior.latency_speedup < one.latency_speedup
@@ -325,8 +330,13 @@ def test_history_moves_the_prediction_toward_observations() -> None:
     # Rows of another fingerprint or temperature bucket say nothing about this one.
     other = [HistoryRow(Family.NGRAM, Fingerprint.CODE, 0.0, 4, 0.9, 3.0, target_ref="x")]
     sampled = [HistoryRow(Family.NGRAM, Fingerprint.CHAT, 0.8, 4, 0.9, 3.0, target_ref="x")]
-    assert predict(cand, dep, wl, gpu="cpu", history=other).acceptance == prior.acceptance
-    assert predict(cand, dep, wl, gpu="cpu", history=sampled).acceptance == prior.acceptance
+    assert (
+        predict(cand, dep, wl, known_for(dep.target), gpu="cpu", history=other).acceptance == prior.acceptance
+    )
+    assert (
+        predict(cand, dep, wl, known_for(dep.target), gpu="cpu", history=sampled).acceptance
+        == prior.acceptance
+    )
 
 
 def test_sampling_lowers_acceptance() -> None:
@@ -334,7 +344,8 @@ def test_sampling_lowers_acceptance() -> None:
     sampled = Workload(Fingerprint.CHAT, temperature=0.7, latency_batch=1, throughput_batch=8)
     cand = Candidate(candidate_id="l", family=Family.LOOKAHEAD, k=3)
     assert (
-        predict(cand, dep, sampled, gpu="cpu").acceptance < predict(cand, dep, greedy, gpu="cpu").acceptance
+        predict(cand, dep, sampled, known_for(dep.target), gpu="cpu").acceptance
+        < predict(cand, dep, greedy, known_for(dep.target), gpu="cpu").acceptance
     )
 
 

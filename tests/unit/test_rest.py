@@ -14,7 +14,8 @@ from transformers import AutoTokenizer
 from speccore.datastore import SEPARATOR, Datastore, build_datastore, suffix_array, vocab_fingerprint
 from speccore.errors import SpecError
 from speccore.models import resolve_alias
-from speccore.proposers.base import REGISTRY, ProposerConfig, StepContext
+from speccore.proposers import make_proposer
+from speccore.proposers.base import ProposerConfig, StepContext
 from speccore.proposers.rest import NODES_PER_DEPTH, best_subtree
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
@@ -199,14 +200,14 @@ def make_target_store(
 def test_factory_refuses_missing_datastore_and_another_tokenizer(tokenizer, tokenizer_dir, tmp_path):
     target = SimpleNamespace(tokenizer=tokenizer)
     with pytest.raises(SpecError, match="needs --datastore PATH"):
-        REGISTRY["rest"](ProposerConfig(), target)
+        make_proposer("rest", ProposerConfig(), target)
     with pytest.raises(SpecError, match="does not exist"):
-        REGISTRY["rest"](ProposerConfig(datastore=str(tmp_path / "none.npz")), target)
+        make_proposer("rest", ProposerConfig(datastore=str(tmp_path / "none.npz")), target)
     path = make_target_store(tokenizer, tmp_path)
     other = AutoTokenizer.from_pretrained(tokenizer_dir)
     other.add_tokens(["<tool_call_custom>"])
     with pytest.raises(SpecError, match="another tokenizer"):
-        REGISTRY["rest"](ProposerConfig(datastore=path), SimpleNamespace(tokenizer=other))
+        make_proposer("rest", ProposerConfig(datastore=path), SimpleNamespace(tokenizer=other))
 
 
 def tokens_of(tree, row: int) -> list[int]:
@@ -219,7 +220,8 @@ def occurs(haystack: list[int], needle: list[int]) -> bool:
 
 def test_proposer_drafts_a_valid_tree_of_corpus_continuations(tokenizer, tmp_path):
     k = 4
-    proposer = REGISTRY["rest"](
+    proposer = make_proposer(
+        "rest",
         ProposerConfig(k=k, datastore=make_target_store(tokenizer, tmp_path)),
         SimpleNamespace(tokenizer=tokenizer),
     )

@@ -19,7 +19,7 @@ def test_options_speccore_reads_and_flags_for_other_engines() -> None:
     )
     spec = speccore_candidate(candidate)
     assert spec.family == "ngram"
-    assert (spec.config.k, spec.config.ngram_min, spec.config.ngram_max) == (4, 2, 3)
+    assert (spec.config.k, spec.config.knobs["ngram_min"], spec.config.knobs["ngram_max"]) == (4, 2, 3)
     assert ignored_options(candidate) == ["eagle_version", "prompt_lookup_min"]
     for bad in ({"ngram_max": "3"}, {"ngram_max": True}, {"ngram_max": 0}, {"ngram_mx": 3}):
         with pytest.raises(SpecError):

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+import speccatalog.families
 from speccore import cpu_kernels
 from speccore.errors import SpecError
 from speccore.heads.artifact import HeadConfig, check_fits, load_weights, read_config
@@ -28,10 +29,6 @@ def output_weight(target: LoadedModel) -> torch.Tensor:
     return head.weight
 
 
-# The head families each method decodes.
-METHOD_FAMILIES: dict[str, tuple[str, ...]] = {"medusa": ("medusa",), "eagle": ("eagle", "eagle3")}
-
-
 def head_dir(ref: str, model_ref: str) -> Path:
     """A head directory, or ``builtin:<name>``: a head speccore ships for ``model_ref``."""
     if ref.startswith(BUILTIN_HEAD_PREFIX):
@@ -44,14 +41,14 @@ def head_for(method: str, heads: tuple[str, ...], model_ref: str) -> str | None:
     only one, if just one is given, so that a mismatch is reported by the method itself)."""
     if len(heads) <= 1:
         return heads[0] if heads else None
-    families = METHOD_FAMILIES.get(method, ())
+    families = _decoded_by(method)
     return next((h for h in heads if read_config(head_dir(h, model_ref)).family in families), None)
 
 
 def open_head(ref: str | None, method: str, target: LoadedModel) -> HeadConfig:
     """The config of head ``ref`` (see head_dir), refused unless ``method`` decodes its
     family and it was trained for the target's hidden size and vocabulary."""
-    families = METHOD_FAMILIES[method]
+    families = _decoded_by(method)
     if not ref:
         raise SpecError(f"the {method} family needs --head DIR")
     config = read_config(head_dir(ref, target.ref))
@@ -102,3 +99,9 @@ def _on_cpu_kernels(target: LoadedModel) -> bool:
     return (
         target.device.type == "cpu" and target.model.config._attn_implementation == cpu_kernels.ATTENTION_NAME
     )
+
+
+def _decoded_by(method: str) -> tuple[str, ...]:
+    """The head artifact families a method decodes (its spec's head_artifacts); none for others."""
+    spec = speccatalog.families.families().get(method)
+    return tuple(spec.head_artifacts) if spec is not None else ()

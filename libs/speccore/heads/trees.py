@@ -48,15 +48,6 @@ def medusa_tree(choices: tuple[Choice, ...], num_heads: int, size: int | None = 
     return kept[:size] if size is not None else kept
 
 
-def shape_nodes(shape: tuple[int, ...] | list[int]) -> int:
-    """Nodes of a tree where every node at depth d has shape[d] children: (4, 2) -> 4 + 8."""
-    total, width = 0, 1
-    for children in shape:
-        width *= children
-        total += width
-    return total
-
-
 def shape_choices(shape: tuple[int, ...]) -> list[Choice]:
     """The full tree of a shape, parents first: (2, 1) -> (0,), (1,), (0, 0), (1, 0)."""
     return [

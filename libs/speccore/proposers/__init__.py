@@ -1,42 +1,70 @@
-"""Drafting families, registered by name; the engine looks them up in REGISTRY."""
+"""Drafting families: each family's spec (speccatalog.families) names its proposer factory
+here, ``(ProposerConfig, LoadedModel) -> Proposer``; the engine builds proposers through
+:func:`make_proposer` and never branches on a family name."""
+
+from __future__ import annotations
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
-from speccore.proposers.base import REGISTRY, DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
+from speccatalog import families
+from speccatalog.families.base import FamilySpec
+from speccore.errors import SpecError
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome, knob_values
 
-FAMILIES = ("ngram", "rest", "draft_model", "lookahead")
-# Families that decode a trained head (--head DIR); the predictor does not plan them for speccore yet.
-HEAD_FAMILIES = ("medusa", "eagle")
+if TYPE_CHECKING:
+    from speccore.models import LoadedModel
 
-# Draft depth per family when the user gives no --k (HF baselines use the same table).
-# ngram: on speccore's CPU kernels a verify block of up to 6 tokens costs what one token
-# costs (oneDNN runs up to 6 rows in one pass; 7-12 rows cost 1.1-1.3x), and prompt
-# lookup's mean acceptance length grows little past 5 drafts (HumanEval, smollm2: 1.73 at
-# k=5, 1.82 at k=10), so 5 is the fastest; vLLM's own ngram examples use 5 as well.
-DEFAULT_K = {
-    "ngram": 5,
-    "rest": 8,
-    "draft_model": 4,
-    "lookahead": 4,
-    "eagle": 3,  # tree depth
-    "hf_prompt_lookup": 10,
-    "hf_assisted": 4,
-}
+# Plain decoding: the engine's loop with an empty draft.
+NONE = "none"
+# k of plain decoding, which drafts nothing; any positive value would do.
+_NONE_K = 5
+
+
+def runnable() -> tuple[str, ...]:
+    """The methods speccore decodes with: plain decoding, then every family with a proposer."""
+    return (NONE, *families.runnable())
+
+
+def default_k(method: str) -> int:
+    """Draft tokens per step when the user gives none: the family's own default."""
+    return _NONE_K if method == NONE else spec_of(method).default_k
+
+
+def spec_of(method: str) -> FamilySpec:
+    """The family spec of a method speccore runs; SpecError naming the methods it runs."""
+    spec = families.families().get(method)
+    if spec is None:
+        raise SpecError(f"unknown method '{method}'; choose one of: {', '.join(runnable())}")
+    if spec.proposer is None:
+        raise SpecError(f"speccore cannot run family '{method}'; it runs {', '.join(families.runnable())}")
+    return spec
+
+
+def make_proposer(method: str, config: ProposerConfig, target: LoadedModel) -> Proposer:
+    """The proposer of ``method`` (its spec's factory) for ``target``."""
+    spec = spec_of(method)
+    module, _, attribute = (spec.proposer or "").partition(":")
+    try:
+        factory = getattr(import_module(module), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise SpecError(
+            f"family '{method}' names proposer '{spec.proposer}', which does not load: {exc}"
+        ) from exc
+    proposer: Proposer = factory(config, target)
+    return proposer
+
 
 __all__ = [
-    "DEFAULT_K",
-    "FAMILIES",
-    "HEAD_FAMILIES",
-    "REGISTRY",
+    "NONE",
     "DraftTree",
     "Proposer",
     "ProposerConfig",
     "StepContext",
     "StepOutcome",
+    "default_k",
+    "knob_values",
+    "make_proposer",
+    "runnable",
+    "spec_of",
 ]
-
-
-def load_all() -> None:
-    """Import every family module so that each registers itself."""
-    for family in (*FAMILIES, *HEAD_FAMILIES):
-        import_module(f"speccore.proposers.{family}")

@@ -8,20 +8,22 @@ never import the verifier: they only see the outcome through ``observe``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from speccatalog import families
+from speccatalog.families.base import FamilyError
+from speccatalog.shapes import shape_nodes
 from speccore.errors import SpecError
-from speccore.heads.trees import shape_nodes
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
 from speccore.tree import chain_parents
 
 if TYPE_CHECKING:
-    from speccore.models import LoadedModel
+    pass
 
 
 @dataclass(slots=True)
@@ -94,16 +96,12 @@ class StepOutcome:
 
 @dataclass(slots=True)
 class ProposerConfig:
-    """Every knob a family may read; each family reads only its own."""
+    """What a proposer is built with: the draft depth, the draft source, the tree, and the
+    family's own knobs (its spec's, e.g. ngram_min; missing ones take the spec's defaults)."""
 
     k: int = 5
-    draft: str | None = None
-    datastore: str | None = None
-    ngram_min: int = 1
-    ngram_max: int = 4
-    lookahead_window: int = 5
-    lookahead_ngram: int = 4
-    lookahead_guesses: int = 5
+    draft: str | None = None  # draft model: a model ref, a distilled draft's directory or self:N
+    datastore: str | None = None  # REST datastore file
     head: str | None = None  # trained head (medusa, eagle): a directory, or builtin:<name>
     # Tree defaults sized for speccore's CPU kernels, where a verify block of up to 6 tokens
     # costs one token (held-out chat, smollm2 heads: 5 nodes 1.24-1.29x, 11 nodes 1.07-1.11x,
@@ -113,14 +111,13 @@ class ProposerConfig:
     # medusa and eagle: a static shape instead, (4, 2, 1) = 4 children of the pending token,
     # 2 below each, 1 below each (heads.trees.shape_choices)
     tree_shape: tuple[int, ...] | None = None
+    knobs: Mapping[str, int] = field(default_factory=dict)  # family knobs by name (FamilySpec.knobs)
 
     def __post_init__(self) -> None:
         if self.k <= 0:
             raise SpecError(f"k must be a positive number of draft tokens, got {self.k}")
         if self.k > MAX_K:
             raise SpecError(f"k={self.k} is too large; speccore drafts at most {MAX_K} tokens per step")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise SpecError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         if min(self.tree_topk, self.tree_tokens) <= 0:
             raise SpecError("tree_topk and tree_tokens must be positive")
         if self.tree_tokens > MAX_K:
@@ -166,13 +163,9 @@ class Proposer(ABC):
         return 0
 
 
-Factory = Callable[[ProposerConfig, "LoadedModel"], Proposer]
-REGISTRY: dict[str, Factory] = {}
-
-
-def register(family: str) -> Callable[[Factory], Factory]:
-    def deco(factory: Factory) -> Factory:
-        REGISTRY[family] = factory
-        return factory
-
-    return deco
+def knob_values(family: str, config: ProposerConfig) -> dict[str, int]:
+    """A family's knobs: ``config.knobs`` over its spec's defaults, checked (SpecError if they do not fit)."""
+    try:
+        return families.family(family).knob_values(config.knobs)
+    except FamilyError as exc:
+        raise SpecError(str(exc)) from None

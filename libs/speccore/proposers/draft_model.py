@@ -18,7 +18,7 @@ from speccore.errors import SpecError
 from speccore.heads.distilled import DistilledLayers, draft_with, is_distilled, load_distilled
 from speccore.kv_cache import StaticKVCache
 from speccore.models import LoadedModel, load_model
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, register
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext
 from speccore.runner import ModelRunner, pad_rows
 from speccore.sampling import probs_from_logits, sample
 from speccore.state import Sequence
@@ -117,6 +117,5 @@ class DraftModelProposer(Proposer):
         return self.weight_bytes + (self.cache.nbytes() if self.cache is not None else 0)
 
 
-@register("draft_model")
-def _factory(cfg: ProposerConfig, target: LoadedModel) -> Proposer:
+def make_draft_model(cfg: ProposerConfig, target: LoadedModel) -> Proposer:
     return DraftModelProposer(cfg, target)

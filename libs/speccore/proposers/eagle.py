@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from speccatalog.shapes import shape_nodes
 from speccore.heads.eagle import EagleHead
 from speccore.heads.loading import draft_scorer, load_head, on_target_kernels, open_head, output_weight
-from speccore.heads.trees import shape_nodes
 from speccore.kv_cache import StaticKVCache
 from speccore.models import LoadedModel
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome, register
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
 from speccore.runner import ModelRunner, pad_rows
 from speccore.state import Sequence
 
@@ -191,6 +191,5 @@ class EagleProposer(Proposer):
         return self.weight_bytes + (self.cache.nbytes() if self.cache is not None else 0)
 
 
-@register("eagle")
-def _factory(cfg: ProposerConfig, target: LoadedModel) -> Proposer:
+def make_eagle(cfg: ProposerConfig, target: LoadedModel) -> Proposer:
     return EagleProposer(cfg, target)

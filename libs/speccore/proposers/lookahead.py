@@ -51,7 +51,7 @@ from speccore.proposers.base import (
     ProposerConfig,
     StepContext,
     StepOutcome,
-    register,
+    knob_values,
 )
 from speccore.state import Sequence
 
@@ -163,7 +163,9 @@ class LookaheadProposer(Proposer):
     family = "lookahead"
 
     def __init__(self, cfg: ProposerConfig) -> None:
-        width, ngram, guesses = cfg.lookahead_window, cfg.lookahead_ngram, cfg.lookahead_guesses
+        knobs = knob_values(self.family, cfg)
+        width, ngram = knobs["lookahead_window"], knobs["lookahead_ngram"]
+        guesses = knobs["lookahead_guesses"]
         if width < 1 or ngram < 2 or guesses < 1:
             raise SpecError(
                 f"lookahead needs window >= 1, ngram >= 2 and guesses >= 1, got {width}, {ngram}, {guesses}"
@@ -272,6 +274,5 @@ class LookaheadProposer(Proposer):
         return total
 
 
-@register("lookahead")
 def make_lookahead(cfg: ProposerConfig, target: LoadedModel) -> LookaheadProposer:
     return LookaheadProposer(cfg)

@@ -16,7 +16,7 @@ from speccore.heads.loading import draft_scorer, load_head, on_target_kernels, o
 from speccore.heads.medusa import MedusaHeads
 from speccore.heads.trees import DEFAULT_MEDUSA_CHOICES, medusa_tree, shape_choices, tree_parents
 from speccore.models import LoadedModel
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome, register
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
 from speccore.state import Sequence
 
 
@@ -86,6 +86,5 @@ class MedusaProposer(Proposer):
         return self.weight_bytes
 
 
-@register("medusa")
-def _factory(cfg: ProposerConfig, target: LoadedModel) -> Proposer:
+def make_medusa(cfg: ProposerConfig, target: LoadedModel) -> Proposer:
     return MedusaProposer(cfg, target)

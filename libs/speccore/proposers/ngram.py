@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, register
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, knob_values
 from speccore.state import Sequence
 
 
@@ -47,9 +47,10 @@ class NgramProposer(Proposer):
     family = "ngram"
 
     def __init__(self, cfg: ProposerConfig) -> None:
+        knobs = knob_values(self.family, cfg)
         self.k = cfg.k
-        self.ngram_min = cfg.ngram_min
-        self.ngram_max = cfg.ngram_max
+        self.ngram_min = knobs["ngram_min"]
+        self.ngram_max = knobs["ngram_max"]
         self.indexes: list[NgramIndex] = []
 
     def start(self, seqs: list[Sequence], features: torch.Tensor | None = None) -> None:
@@ -63,6 +64,5 @@ class NgramProposer(Proposer):
         return DraftTree.from_chains(chains)
 
 
-@register("ngram")
-def _factory(cfg: ProposerConfig, target: object) -> Proposer:
+def make_ngram(cfg: ProposerConfig, target: object) -> Proposer:
     return NgramProposer(cfg)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from speccore.datastore import Datastore, vocab_fingerprint
 from speccore.errors import SpecError
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, register
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext
 from speccore.state import Sequence
 
 if TYPE_CHECKING:
@@ -110,7 +110,6 @@ def best_subtree(continuations: list[tuple[list[int], int]], max_nodes: int) -> 
     return tokens, parents
 
 
-@register("rest")
 def make_rest(cfg: ProposerConfig, target: LoadedModel) -> RestProposer:
     if cfg.datastore is None:
         raise SpecError(
