@@ -6,13 +6,22 @@
 - `subscriber`: a typed handler on a durable pull consumer, retried with backoff,
   parked on `spec.dlq.<service>` when it keeps failing or the message is malformed.
 - `dead_letter_subscriber`: the same for a handler of the parked messages (`spec.dlq.>`).
+- `raw_subscriber`: the same for a handler of undecoded messages (`RawMessage`), which
+  with `RetryPolicy(max_deliver=None)` is retried forever and never parks.
 - `process_once` / `inbox.claim`: side effects once per consumer and event.
 - `outbox.add` / `OutboxRelay`: events committed with the state that caused them.
 """
 
 from specbus import inbox, outbox
 from specbus.broker import SpecBroker, ensure_stream, jetstream, make_broker, stream_config
-from specbus.consumer import RetryPolicy, consumer_name, dead_letter_subscriber, subscriber
+from specbus.consumer import (
+    RawMessage,
+    RetryPolicy,
+    consumer_name,
+    dead_letter_subscriber,
+    raw_subscriber,
+    subscriber,
+)
 from specbus.dlq import park
 from specbus.inbox import process_once
 from specbus.outbox import OutboxRelay
@@ -20,6 +29,7 @@ from specbus.publish import envelope_headers, publish
 
 __all__ = [
     "OutboxRelay",
+    "RawMessage",
     "RetryPolicy",
     "SpecBroker",
     "consumer_name",
@@ -33,6 +43,7 @@ __all__ = [
     "park",
     "process_once",
     "publish",
+    "raw_subscriber",
     "stream_config",
     "subscriber",
 ]

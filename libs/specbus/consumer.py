@@ -6,7 +6,10 @@ ack (handled), nak with a backoff delay (retry), or park on `spec.dlq.<service>`
 term (malformed, or failed `max_deliver` times). Nothing is dropped silently.
 
 `subscriber` takes events (`spec.<aggregate>.*.<event>`); `dead_letter_subscriber`
-takes the dead letters themselves (`spec.dlq.>`), under the same rules.
+takes the dead letters themselves (`spec.dlq.>`); `raw_subscriber` takes messages as
+they are on the wire, undecoded, for a handler that must keep what does not parse
+(the audit). All three under the same rules; a `RetryPolicy` with `max_deliver=None`
+never parks and retries with its backoff for as long as the handler fails.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
@@ -31,7 +34,7 @@ from specbus.broker import SpecBroker
 from specbus.dlq import DeadLetter, park
 from specbus.envelope import Envelope, EventPayload, decode_event
 from specbus.publish import MSG_ID, publish
-from specbus.subjects import DLQ_SUBJECTS, STREAM, pattern
+from specbus.subjects import DLQ_SUBJECTS, STREAM, STREAM_SUBJECTS, pattern
 
 log = logging.getLogger(__name__)
 tracer = trace.get_tracer("specbus")
@@ -49,15 +52,18 @@ _CONSUMER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 class RetryPolicy:
     """How often and how patiently a failing handler is retried before its message is parked."""
 
-    max_deliver: int = 5
-    """Handler attempts per message; after the last failure it goes to the DLQ."""
+    max_deliver: int | None = 5
+    """Handler attempts per message; after the last failure it goes to the DLQ.
+
+    None: never parked, retried with the backoff until the handler succeeds (a sink
+    whose own dead letters would come back to it, see services/audit)."""
     backoff_s: tuple[float, ...] = (1.0, 5.0, 30.0, 120.0)
     """Delay before attempt n+1 after failure n; the last value repeats."""
     ack_wait_s: float = 30.0
     """Redelivery delay if a process dies mid-handler; a running handler extends it by heartbeats."""
 
     def __post_init__(self) -> None:
-        if self.max_deliver < 1:
+        if self.max_deliver is not None and self.max_deliver < 1:
             raise ValueError(f"max_deliver must be >= 1, got {self.max_deliver}")
         if not self.backoff_s or min(self.backoff_s) < 0:
             raise ValueError(f"backoff_s must be non-empty and non-negative, got {self.backoff_s}")
@@ -66,6 +72,24 @@ class RetryPolicy:
 
     def delay(self, failures: int) -> float:
         return self.backoff_s[min(failures, len(self.backoff_s)) - 1]
+
+    def exhausted(self, deliveries: int) -> bool:
+        """Whether the `deliveries`-th delivery is the last the handler gets."""
+        return self.max_deliver is not None and deliveries >= self.max_deliver
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """A delivered message as it is on the wire, for a handler that takes anything (`raw_subscriber`)."""
+
+    subject: str
+    data: bytes
+    stream_sequence: int
+    """Its sequence in the SPEC stream."""
+    headers: Mapping[str, str]
+
+
+RawHandler: TypeAlias = Callable[[RawMessage], Awaitable[Reply]]
 
 
 def consumer_name(service: str, handler: str) -> str:
@@ -139,20 +163,55 @@ def dead_letter_subscriber(
     return register
 
 
-def _event_decoder(accepted: tuple[type[EventPayload], ...]) -> Callable[[bytes, str], Envelope[Any]]:
+def raw_subscriber(
+    broker: NatsBroker,
+    *,
+    service: str,
+    name: str,
+    subjects: str | Sequence[str] = STREAM_SUBJECTS,
+    retry: RetryPolicy = RetryPolicy(),
+    max_workers: int = 1,
+    fetch_timeout_s: float = 5.0,
+) -> Callable[[RawHandler], RawHandler]:
+    """Register `handler(message) -> next events` on `<service>-<name>`, over `subjects` undecoded.
+
+    The handler gets every message as a `RawMessage` (events, dead letters, bodies that
+    are not JSON), so none is malformed to the bus: a message is parked only after
+    `retry.max_deliver` failed attempts, and never under `max_deliver=None`. Messages
+    are fetched one at a time, so with one worker the handler sees them in stream order
+    (a message waiting out its backoff is overtaken by the ones behind it).
+    """
+    filters = [subjects] if isinstance(subjects, str) else list(subjects)
+    if not filters:
+        raise ValueError("raw_subscriber needs at least one subject")
+
+    def register(handler: RawHandler) -> RawHandler:
+        delivery = _Delivery(broker, service, "message", _raw, handler, retry)
+        durable = consumer_name(service, name)
+        _bind(broker, durable, filters, delivery, handler.__doc__, max_workers, fetch_timeout_s)
+        return handler
+
+    return register
+
+
+def _event_decoder(accepted: tuple[type[EventPayload], ...]) -> Callable[[Msg], Envelope[Any]]:
     types = {cls.event_type: cls for cls in accepted}
 
-    def decode(data: bytes, subject: str) -> Envelope[Any]:
-        event = decode_event(data, types)
-        if event.subject != subject:
-            raise ValueError(f"event for {event.subject!r} was published on {subject!r}")
+    def decode(msg: Msg) -> Envelope[Any]:
+        event = decode_event(msg.data, types)
+        if event.subject != msg.subject:
+            raise ValueError(f"event for {event.subject!r} was published on {msg.subject!r}")
         return event
 
     return decode
 
 
-def _decode_letter(data: bytes, subject: str) -> DeadLetter:
-    return DeadLetter.model_validate_json(data)
+def _decode_letter(msg: Msg) -> DeadLetter:
+    return DeadLetter.model_validate_json(msg.data)
+
+
+def _raw(msg: Msg) -> RawMessage:
+    return RawMessage(msg.subject, msg.data, msg.metadata.sequence.stream, dict(msg.headers or {}))
 
 
 def _bind(
@@ -204,21 +263,21 @@ class _Delivery(Generic[M]):
     broker: NatsBroker
     service: str
     kind: str
-    """What the handler takes ("event", "dead letter"), for the DLQ's error text."""
-    decode: Callable[[bytes, str], M]
-    """(body, subject) -> what the handler takes; ValueError (or ValidationError) if malformed."""
+    """What the handler takes ("event", "dead letter", "message"), for the DLQ's error text."""
+    decode: Callable[[Msg], M]
+    """The delivered message -> what the handler takes; ValueError (or ValidationError) if malformed."""
     handler: Callable[[M], Awaitable[Reply]]
     retry: RetryPolicy
 
     async def handle(self, msg: Msg) -> None:
         deliveries = msg.metadata.num_delivered
-        if deliveries > self.retry.max_deliver:
+        if self.retry.max_deliver is not None and deliveries > self.retry.max_deliver:
             # The last attempt never reported back: the process died or overran ack_wait.
             error = f"no attempt finished in {self.retry.max_deliver} deliveries"
             await self._give_up(msg, error, deliveries)
             return
         try:
-            message = self.decode(msg.data, msg.subject)
+            message = self.decode(msg)
         except ValueError as exc:
             # Retrying cannot fix a malformed message: park it at once.
             await self._give_up(msg, f"malformed {self.kind}: {exc}", deliveries)
@@ -231,7 +290,7 @@ class _Delivery(Generic[M]):
                     for follow in _as_events(reply):
                         await publish(self.broker, follow)
         except Exception as exc:
-            if deliveries >= self.retry.max_deliver:
+            if self.retry.exhausted(deliveries):
                 log.exception("%s failed on delivery %d of %s", msg.subject, deliveries, message_id)
                 await self._give_up(msg, f"{type(exc).__name__}: {exc}", deliveries)
             else:

@@ -103,6 +103,22 @@ def load_settings(state_dir: Path | None = None, *, cls: type[Settings] = Settin
     )
 
 
+def service_settings(cls: type[S], given: Settings | None = None) -> S:
+    """A service's settings (`cls`, its subclass of Settings), loaded by `load_settings`'s rules.
+
+    `given` is what the caller loaded already (`specops serve` loads the shared settings
+    before it knows the service): its state dir is where runtime.env is read and its
+    URLs win, so the service talks to the servers its caller found. A `given` of `cls`
+    itself (a test's, built by hand) is used as it is.
+    """
+    if isinstance(given, cls):
+        return given
+    loaded = load_settings(given.state_dir if given is not None else None, cls=cls)
+    if given is None:
+        return loaded
+    return loaded.model_copy(update={"nats_url": given.nats_url, "database_url": given.database_url})
+
+
 def render_env_file(values: dict[str, str]) -> str:
     """runtime.env text; values are quoted so socket paths with spaces survive dotenv parsing."""
     lines = ["# Written by `specops up`; read by specplatform.settings.load_settings."]

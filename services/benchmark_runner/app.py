@@ -30,7 +30,8 @@ from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchPlan, BenchRequested, RepMetrics
 from specops_services.benchmark_runner import db, logic
 from specops_services.benchmark_runner.measure import BenchOutcome, MeasureError, RepRow
-from specops_services.benchmark_runner.runner import BenchRunner, runner_settings
+from specops_services.benchmark_runner.runner import BenchRunner
+from specops_services.benchmark_runner.settings import runner_settings
 from specplatform.db import Pool, create_pool
 from specplatform.service import service_app
 from specplatform.settings import Settings

@@ -18,9 +18,9 @@ from specops_schemas.api import Problem
 from specops_services.gateway import db, projector, routes
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import install, problem_response, responses
-from specops_services.gateway.settings import GatewaySettings
+from specops_services.gateway.settings import GatewaySettings, gateway_settings
 from specplatform.db import create_pool, migrate
-from specplatform.settings import Settings, load_settings
+from specplatform.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ STOP_RETRY_S = 0.5
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
-    settings = settings or load_settings(cls=GatewaySettings)
+    settings = settings or gateway_settings()
     app = FastAPI(
         title="specops gateway",
         version="1",
@@ -127,6 +127,5 @@ def serve(settings: Settings | None = None) -> None:
     """`specops serve gateway`: run the app under uvicorn on the configured host and port."""
     import uvicorn
 
-    state_dir = settings.state_dir if settings is not None else None
-    gateway = load_settings(state_dir, cls=GatewaySettings)
+    gateway = gateway_settings(settings)
     uvicorn.run(create_app(gateway), host=gateway.gateway_host, port=gateway.gateway_port)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from specplatform.settings import Settings
+from specplatform.settings import Settings, service_settings
 
 
 class GatewaySettings(Settings):
@@ -23,3 +23,8 @@ class GatewaySettings(Settings):
         True, description="Run the outbox relay (outbox rows -> NATS) in this process."
     )
     gateway_pool_size: int = Field(10, ge=2, le=200, description="Largest number of Postgres connections.")
+
+
+def gateway_settings(given: Settings | None = None) -> GatewaySettings:
+    """The gateway's settings; `given` (what `specops serve` loaded) says where the servers are."""
+    return service_settings(GatewaySettings, given)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, Field
 
-from specplatform.settings import Settings, load_settings
+from specplatform.settings import Settings, service_settings
 
 
 class PredictorSettings(Settings):
@@ -32,12 +32,6 @@ class PredictorSettings(Settings):
     predictor_pool_size: int = Field(4, ge=2, le=100, description="Largest number of Postgres connections.")
 
 
-def predictor_settings(settings: Settings | None = None) -> PredictorSettings:
-    """The predictor's settings; `settings` (e.g. what `specops serve` loaded) gives the URLs."""
-    if isinstance(settings, PredictorSettings):
-        return settings
-    state_dir = settings.state_dir if settings is not None else None
-    loaded = load_settings(state_dir, cls=PredictorSettings)
-    if settings is None:
-        return loaded
-    return loaded.model_copy(update={"nats_url": settings.nats_url, "database_url": settings.database_url})
+def predictor_settings(given: Settings | None = None) -> PredictorSettings:
+    """The predictor's settings; `given` (what `specops serve` loaded) says where the servers are."""
+    return service_settings(PredictorSettings, given)

@@ -19,7 +19,7 @@ from speccore.models import LoadedModel
 from speccore.runner import ModelRunner, pad_rows
 from speccore.sampling import SamplingParams
 from specops_schemas.candidates import Candidate
-from specops_services.quality_gate.settings import GateSample
+from specops_services.quality_gate.sample import GateSample
 from specprompts.sets import load_prompts
 from specprompts.structured import StructuredTask, structured_tasks
 

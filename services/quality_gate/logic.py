@@ -1,117 +1,105 @@
-"""The quality gate's seven methods (seed 000) behind one call; no bus, no SQL.
+"""What the quality-gate service does with a `bench.completed`, decided without I/O.
 
-Five methods measure the candidate against the target on speccore: `exact`,
-`topk5`, `logit_kl`, `mmlu_slice`, `constraint_violation`. `skipped` passes
-without measuring and marks the outcome for the audit log; `pending` is the
-transient state before a verdict (passed=None).
+Per bench: `run.running(stage="gating")` once, then one `gate.evaluated` per measured
+candidate (candidates in `failures` were never measured and are not gated), or
+`run.failed(error_stage="quality_gate")` when the target cannot be loaded here.
 
-Every speccore family is lossless, so real candidates pass; speccore's opt-in
-lossy acceptance rule (Candidate.options["lossy_accept_threshold"]) exists to show
-that the gate fails what is not.
+Redelivery: a candidate whose verdict is stored is not gated again (`to_gate`), and
+the run-level events carry ids derived from the bench id, so queueing one again is
+a no-op in the outbox, and dropped by the broker's dedup and the consumers' inboxes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Mapping
+from typing import TypeVar
 
-from pydantic import JsonValue
-
-from speccore.candidates import ignored_options
-from speccore.engine import Engine
-from speccore.models import LoadedModel
-from speccore.sampling import SamplingParams
+from specbus.envelope import Envelope, EventPayload
 from specops_schemas.candidates import Candidate, GateOutcome
-from specops_schemas.catalog import GateMethod
-from specops_services.quality_gate.agreement import exact, topk5
-from specops_services.quality_gate.constraints import constraint_violation
-from specops_services.quality_gate.decoding import GatePrompt, Reference, build_engine
-from specops_services.quality_gate.logit_kl import logit_kl
-from specops_services.quality_gate.mmlu import mmlu_slice
-from specops_services.quality_gate.settings import GateSample, Thresholds
-from specprompts.structured import StructuredTask
+from specops_schemas.catalog import ErrorStage, GateMethod
+from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRunning
 
-Method = Callable[[Reference, Engine, SamplingParams, float], GateOutcome]
+PRODUCER = "quality-gate"
+# uuid5 namespace of the event ids this service derives (any fixed UUID would do).
+EVENT_NAMESPACE = uuid.UUID("5b0f3c4e-9a51-4d3e-8f1a-6c2d7e9b0a14")
 
-MEASURED: dict[GateMethod, Method] = {
-    GateMethod.EXACT: exact,
-    GateMethod.TOPK5: topk5,
-    GateMethod.LOGIT_KL: logit_kl,
-    GateMethod.MMLU_SLICE: mmlu_slice,
-    GateMethod.CONSTRAINT_VIOLATION: constraint_violation,
-}
-DEFAULT_SKIP_REASON = "quality gate disabled for this run (goal.quality_gate = skipped)"
+P = TypeVar("P", bound=EventPayload)
 
 
-def skipped(reason: str = DEFAULT_SKIP_REASON) -> GateOutcome:
-    """A pass without measurement; `audit` tells the audit service to record the opt-out."""
+def to_gate(bench: BenchCompleted, stored: Mapping[str, GateOutcome]) -> list[Candidate]:
+    """Measured candidates still without a verdict, in plan order.
+
+    A stored `pending` placeholder is final only when the plan's method is `pending`
+    itself; under any other method the candidate is gated (and the verdict replaces it).
+    """
+    measured = {m.candidate_id for m in bench.results}
+    method = bench.plan.quality_gate
+
+    def settled(outcome: GateOutcome | None) -> bool:
+        return outcome is not None and (outcome.passed is not None or method == GateMethod.PENDING)
+
+    return [
+        c
+        for c in bench.plan.candidates
+        if c.candidate_id in measured and not settled(stored.get(c.candidate_id))
+    ]
+
+
+def gating_started(event: Envelope[BenchCompleted]) -> Envelope[RunRunning]:
+    bench = event.payload
+    started = RunRunning(run_id=bench.plan.run_id, stage="gating")
+    return _derived(event.follow(started, producer=PRODUCER), f"{bench.bench_id}/run.running/gating")
+
+
+def gate_evaluated(
+    event: Envelope[BenchCompleted], candidate_id: str, outcome: GateOutcome
+) -> Envelope[GateEvaluated]:
+    verdict = GateEvaluated(
+        bench_id=event.payload.bench_id,
+        candidate_id=candidate_id,
+        method=outcome.method,
+        passed=outcome.passed,
+        score=outcome.score,
+        threshold=outcome.threshold,
+        details=outcome.details,
+    )
+    return event.follow(verdict, producer=PRODUCER)
+
+
+def gate_unavailable(method: GateMethod, candidate: Candidate, error: BaseException) -> GateOutcome:
+    """A failed verdict for a candidate the gate could not run on.
+
+    It fails closed: a candidate whose output was not checked must not win. The
+    predictor's scorer then disqualifies it as any failed gate (quality_regression);
+    `details.error` tells this case apart from a measured regression.
+    """
     return GateOutcome(
-        method=GateMethod.SKIPPED, passed=True, details={"audit": True, "reason": reason, "measured": False}
+        method=method,
+        passed=False,
+        details={
+            "candidate_id": candidate.candidate_id,
+            "measured": False,
+            "error": describe(error),
+            "reason": "the gate could not run on this candidate, so it fails closed",
+        },
     )
 
 
-def pending() -> GateOutcome:
-    """The placeholder a candidate carries while its gate is measured."""
-    return GateOutcome(method=GateMethod.PENDING, passed=None, details={"reason": "awaiting evaluation"})
+def target_unavailable(event: Envelope[BenchCompleted], message: str) -> Envelope[RunFailed]:
+    bench = event.payload
+    failed = RunFailed(
+        run_id=bench.plan.run_id,
+        error_stage=ErrorStage.QUALITY_GATE,
+        message=f"the quality gate could not load the target: {message}",
+    )
+    return _derived(event.follow(failed, producer=PRODUCER), f"{bench.bench_id}/run.failed")
 
 
-class QualityGate:
-    """Gates candidates against one target; the target's own outputs are decoded once and shared."""
-
-    def __init__(
-        self,
-        target: LoadedModel,
-        sample: GateSample | None = None,
-        thresholds: Thresholds | None = None,
-        *,
-        prompts: Sequence[GatePrompt] | None = None,
-        tasks: Sequence[StructuredTask] | None = None,
-    ) -> None:
-        self.sample = sample or GateSample()
-        self.thresholds = thresholds or Thresholds()
-        self.reference = Reference(target, self.sample, prompts, tasks)
-
-    def evaluate(
-        self,
-        method: GateMethod | str,
-        candidate: Candidate,
-        sampling: SamplingParams | None = None,
-        *,
-        thresholds: Thresholds | None = None,
-        reason: str = DEFAULT_SKIP_REASON,
-    ) -> GateOutcome:
-        """The outcome of ``method`` on ``candidate``; SpecError if it cannot run here.
-
-        ``sampling`` applies to topk5, logit_kl and constraint_violation; exact and
-        mmlu_slice decode greedily by definition. ``thresholds`` overrides the
-        gate's own for this call (runs sharing a target may set different bounds).
-        """
-        method = GateMethod(method)
-        if method == GateMethod.SKIPPED:
-            return skipped(reason)
-        if method == GateMethod.PENDING:
-            return pending()
-        engine = build_engine(self.reference.target, candidate)
-        bound = (thresholds or self.thresholds).of(method)
-        outcome = MEASURED[method](self.reference, engine, sampling or SamplingParams(), bound)
-        extra: dict[str, JsonValue] = {
-            "candidate_id": candidate.candidate_id,
-            "sample_seed": self.sample.seed,
-        }
-        unused = ignored_options(candidate)
-        if unused:
-            extra["ignored_options"] = list(unused)
-        return outcome.model_copy(update={"details": {**outcome.details, **extra}})
+def describe(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
-def evaluate(
-    method: GateMethod | str,
-    *,
-    target: LoadedModel,
-    candidate: Candidate,
-    sampling: SamplingParams | None = None,
-    sample: GateSample | None = None,
-    thresholds: Thresholds | None = None,
-    reason: str = DEFAULT_SKIP_REASON,
-) -> GateOutcome:
-    """One method on one candidate (a QualityGate shares the target's outputs across candidates)."""
-    return QualityGate(target, sample, thresholds).evaluate(method, candidate, sampling, reason=reason)
+def _derived(envelope: Envelope[P], key: str) -> Envelope[P]:
+    return envelope.model_copy(update={"event_id": str(uuid.uuid5(EVENT_NAMESPACE, key))})

@@ -1,67 +1,46 @@
-"""How much the gate decodes and the bound each method compares its score with."""
+"""Quality-gate settings: the runtime's connection settings plus the gate's own knobs."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+import dataclasses
 
-from speccore.errors import SpecError
-from speccore.sampling import SamplingParams
-from specops_schemas.candidates import Sampling
-from specops_schemas.catalog import GateMethod
+from pydantic import Field
+
 from specops_schemas.events import BenchPlan
+from specops_services.quality_gate.sample import GateSample
+from specplatform.settings import Settings, service_settings
 
 
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    """Pass bounds of seed 000's table, one per measured method (field name = method)."""
+class QualityGateSettings(Settings):
+    """`SPECOPS_THREADS`, `SPECOPS_GATE_*` (plus NATS_URL / DATABASE_URL, see specplatform.settings).
 
-    exact: float = 1.0  # min token agreement with the target's greedy output; lossless means all
-    topk5: float = 0.95  # min top-5 agreement (greedy: share of tokens inside the target's top 5)
-    logit_kl: float = 1e-3  # max mean KL(target || spec) per emitted token, nats
-    mmlu_slice: float = 0.0  # max MMLU accuracy drop (baseline - candidate) on the slice
-    # Max schema violations per 1k generated tokens *above the target's own rate*: a
-    # small model breaks schemas by itself, and the gate judges what speculation adds.
-    constraint_violation: float = 1.0
+    The sample defaults keep a gate at seconds per candidate for a 135M target on
+    two CPU cores; raise them on a GPU for a tighter estimate.
+    """
 
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            # NaN compares false with every score; outcomes refuse NaN and inf on the wire.
-            if not math.isfinite(getattr(self, f.name)):
-                raise SpecError(f"threshold {f.name} must be a finite number")
+    threads: int = Field(2, ge=1, le=1024, description="CPU threads PyTorch may use.")
+    gate_device: str = Field("auto", description="Where the target runs: auto, cpu or cuda.")
+    gate_dtype: str = Field("auto", description="Target dtype: auto, float32, bfloat16 or float16.")
+    gate_models: int = Field(1, ge=1, le=16, description="Targets kept loaded between benches.")
+    gate_prompts: int = Field(4, ge=1, le=10_000, description="Prompts of exact / topk5 / logit_kl.")
+    gate_new_tokens: int = Field(32, ge=1, le=32_768, description="Tokens decoded per gate prompt.")
+    gate_batch_size: int = Field(4, ge=1, le=1024, description="Gate prompts decoded together.")
+    gate_mmlu_questions: int = Field(20, ge=1, le=10_000, description="Questions of mmlu_slice.")
+    gate_structured_tasks: int = Field(4, ge=1, le=10_000, description="Tasks of constraint_violation.")
+    gate_pool_size: int = Field(4, ge=2, le=100, description="Largest number of Postgres connections.")
 
-    def of(self, method: GateMethod) -> float:
-        if method.value not in {f.name for f in fields(self)}:
-            raise SpecError(f"gate method '{method.value}' has no threshold")
-        return float(getattr(self, method.value))
-
-
-@dataclass(frozen=True, slots=True)
-class GateSample:
-    """What the gate decodes. The defaults are sized for CPU (seconds per method on 135M)."""
-
-    workload: str = "chat"  # prompt set of exact / topk5 / logit_kl (specprompts.sources.WORKLOADS)
-    n_prompts: int = 4
-    max_new_tokens: int = 32
-    seed: int = 0  # prompt selection and sampled decoding
-    batch_size: int = 4  # prompts decoded together
-    mmlu_questions: int = 20
-    mmlu_new_tokens: int = 4  # the answer letter comes first
-    structured_tasks: int = 4
-    structured_new_tokens: int = 96  # enough for a small JSON object
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name not in ("workload", "seed") and value <= 0:
-                raise SpecError(f"gate sample {f.name} must be positive, got {value}")
-
-    @classmethod
-    def for_plan(cls, plan: BenchPlan) -> GateSample:
-        """The gate's default sample on the plan's workload and seed."""
-        return cls(workload=plan.fingerprint.value, seed=plan.seed)
+    def sample(self, plan: BenchPlan) -> GateSample:
+        """The gate's sample for a plan: its workload and seed, these sizes."""
+        return dataclasses.replace(
+            GateSample.for_plan(plan),
+            n_prompts=self.gate_prompts,
+            max_new_tokens=self.gate_new_tokens,
+            batch_size=self.gate_batch_size,
+            mmlu_questions=self.gate_mmlu_questions,
+            structured_tasks=self.gate_structured_tasks,
+        )
 
 
-def sampling_params(sampling: Sampling) -> SamplingParams:
-    """speccore's sampling parameters for a plan's wire-format ones."""
-    return SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
+def gate_settings(given: Settings | None = None) -> QualityGateSettings:
+    """The gate's settings; `given` (what `specops serve` loaded) says where the servers are."""
+    return service_settings(QualityGateSettings, given)

@@ -77,7 +77,7 @@ async def test_bus_messages_are_recorded_in_order_once_with_a_valid_chain(db: st
 
     pool = create_pool(db, max_size=2)
     broker = make_broker(nats_url, service="audit-test")
-    subscribe(broker, pool, durable=f"audit-test-{run_id}", fetch_timeout_s=0.5)
+    subscribe(broker, pool, service=f"audit-test-{run_id}", fetch_timeout_s=0.5)
     await pool.open()
     await broker.start()
     try:

@@ -22,6 +22,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from specbus import (
     OutboxRelay,
+    RawMessage,
     RetryPolicy,
     consumer_name,
     dead_letter_subscriber,
@@ -30,6 +31,7 @@ from specbus import (
     outbox,
     process_once,
     publish,
+    raw_subscriber,
     subscriber,
 )
 from specbus.broker import reconnect_delay
@@ -224,6 +226,43 @@ async def test_a_failing_handler_is_retried_with_backoff_then_parked(
     assert (letter.deliveries, letter.error) == (FAST.max_deliver, "RuntimeError: boom")
     assert parse_event(letter.data).event_id == doomed.event_id
     assert letter.headers[MSG_ID] == doomed.event_id
+
+
+async def test_a_raw_subscriber_takes_any_body_and_retries_forever_without_parking(
+    nats_url: str, js: JetStreamContext
+) -> None:
+    service = _service()
+    broker = make_broker(nats_url, service=service)
+    forever = RetryPolicy(max_deliver=None, backoff_s=(0.1, 0.2), ack_wait_s=5.0)
+    failures = 2 * FAST.max_deliver  # a bounded policy would have parked it long before
+    event = _run_queued()
+    junk = b"{not json"
+    seen: dict[bytes, list[tuple[float, RawMessage]]] = {junk: [], event.to_json_bytes(): []}
+
+    @raw_subscriber(
+        broker, service=service, name="sink", subjects=event.subject, retry=forever, fetch_timeout_s=FETCH_S
+    )
+    async def sink(message: RawMessage) -> None:
+        seen[message.data].append((time.monotonic(), message))
+        if message.data == junk and len(seen[junk]) <= failures:
+            raise RuntimeError("database down")
+
+    async with _running(broker):
+        stored = await publish_raw(js, event.subject, junk, {MSG_ID: f"junk-{service}"})
+        await publish(js, event)
+        await _wait_for(lambda: len(seen[junk]) == failures + 1 and len(seen[event.to_json_bytes()]) == 1)
+        await asyncio.sleep(1.0)  # acked: no delivery more
+        info = await js.consumer_info(STREAM, consumer_name(service, "sink"))
+
+    tries = seen[junk]
+    assert len(tries) == failures + 1 and len(seen[event.to_json_bytes()]) == 1
+    gaps = [b[0] - a[0] for a, b in zip(tries, tries[1:], strict=False)]
+    assert gaps[0] >= 0.9 * forever.backoff_s[0] and min(gaps[1:]) >= 0.9 * forever.backoff_s[1]
+    message = tries[-1][1]
+    assert (message.subject, message.stream_sequence) == (event.subject, stored.seq)
+    assert message.headers[MSG_ID] == f"junk-{service}"
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+    assert await _stored(js, dlq_subject(service)) == 0
 
 
 async def test_outbox_relay_publishes_a_row_committed_while_nats_was_down_exactly_once(

@@ -22,7 +22,8 @@ from specops_schemas.events import BenchCompleted, BenchPlan, CandidateFailure
 from specops_services.quality_gate import db as gate_db
 from specops_services.quality_gate.app import subscribe
 from specops_services.quality_gate.decoding import LOSSY_OPTION
-from specops_services.quality_gate.runner import GateRunner, QualityGateSettings
+from specops_services.quality_gate.runner import GateRunner
+from specops_services.quality_gate.settings import QualityGateSettings
 from specplatform.db import Pool
 
 TENANT = "acme"

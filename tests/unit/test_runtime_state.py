@@ -16,7 +16,14 @@ from specops.commands import runtime as runtime_command
 from specops.runtime.state import ProcessRef, StateDir
 from specops.runtime.supervisor import SERVICES, parse_replicas
 from specplatform.errors import RuntimeSetupError
-from specplatform.settings import RUNTIME_ENV_FILE, load_settings, render_env_file
+from specplatform.settings import (
+    RUNTIME_ENV_FILE,
+    STATE_DIR_ENV,
+    Settings,
+    load_settings,
+    render_env_file,
+    service_settings,
+)
 
 
 def test_a_pid_record_survives_pid_reuse() -> None:
@@ -56,6 +63,32 @@ def test_environment_wins_over_runtime_env(tmp_path: Path, monkeypatch: pytest.M
     assert settings.gateway_url == "http://127.0.0.1:8787"
     monkeypatch.setenv("NATS_URL", "nats://bus:4222")
     assert load_settings(tmp_path).nats_url == "nats://bus:4222"
+
+
+class _KnobSettings(Settings):
+    knob: int = 1
+
+
+def test_a_services_settings_read_its_knobs_and_keep_the_urls_it_was_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NATS_URL", "DATABASE_URL", "SPECOPS_KNOB"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(STATE_DIR_ENV, str(tmp_path))
+    (tmp_path / RUNTIME_ENV_FILE).write_text(
+        render_env_file({"NATS_URL": "nats://file:4222", "SPECOPS_KNOB": "3"})
+    )
+
+    alone = service_settings(_KnobSettings)
+    assert (alone.knob, alone.nats_url, alone.state_dir) == (3, "nats://file:4222", tmp_path)
+    given = Settings(state_dir=tmp_path, nats_url="nats://given:4222", database_url="postgresql:///given")
+    served = service_settings(_KnobSettings, given)
+    assert (served.knob, served.nats_url, served.database_url) == (
+        3,
+        "nats://given:4222",
+        "postgresql:///given",
+    )
+    assert service_settings(_KnobSettings, served) is served
 
 
 def test_missing_urls_say_how_to_get_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,25 @@
+"""What the audit does with one bus message: make its entry (logic), append it (db).
+
+The append is its own transaction, and the table's trigger skips an event_id recorded
+already, so a redelivered message adds nothing and the audit needs no inbox.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from specbus import RawMessage
+from specops_services.audit import db, logic
+from specplatform.db import Pool
+
+log = logging.getLogger(__name__)
+
+
+async def record(pool: Pool, message: RawMessage) -> int | None:
+    """Append `message` to the audit log; its seq, or None if it was recorded already."""
+    entry = logic.entry_from_message(message.subject, message.data, message.stream_sequence)
+    async with pool.connection() as conn:
+        seq = await db.append(conn, entry)
+    if seq is None:
+        log.info("%s %s already recorded", entry.type, entry.event_id)
+    return seq

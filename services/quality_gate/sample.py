@@ -1,0 +1,67 @@
+"""What the gate decodes (its sample) and the bound each method compares its score with."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from speccore.errors import SpecError
+from speccore.sampling import SamplingParams
+from specops_schemas.candidates import Sampling
+from specops_schemas.catalog import GateMethod
+from specops_schemas.events import BenchPlan
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Pass bounds of seed 000's table, one per measured method (field name = method)."""
+
+    exact: float = 1.0  # min token agreement with the target's greedy output; lossless means all
+    topk5: float = 0.95  # min top-5 agreement (greedy: share of tokens inside the target's top 5)
+    logit_kl: float = 1e-3  # max mean KL(target || spec) per emitted token, nats
+    mmlu_slice: float = 0.0  # max MMLU accuracy drop (baseline - candidate) on the slice
+    # Max schema violations per 1k generated tokens *above the target's own rate*: a
+    # small model breaks schemas by itself, and the gate judges what speculation adds.
+    constraint_violation: float = 1.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            # NaN compares false with every score; outcomes refuse NaN and inf on the wire.
+            if not math.isfinite(getattr(self, f.name)):
+                raise SpecError(f"threshold {f.name} must be a finite number")
+
+    def of(self, method: GateMethod) -> float:
+        if method.value not in {f.name for f in fields(self)}:
+            raise SpecError(f"gate method '{method.value}' has no threshold")
+        return float(getattr(self, method.value))
+
+
+@dataclass(frozen=True, slots=True)
+class GateSample:
+    """What the gate decodes. The defaults are sized for CPU (seconds per method on 135M)."""
+
+    workload: str = "chat"  # prompt set of exact / topk5 / logit_kl (specprompts.sources.WORKLOADS)
+    n_prompts: int = 4
+    max_new_tokens: int = 32
+    seed: int = 0  # prompt selection and sampled decoding
+    batch_size: int = 4  # prompts decoded together
+    mmlu_questions: int = 20
+    mmlu_new_tokens: int = 4  # the answer letter comes first
+    structured_tasks: int = 4
+    structured_new_tokens: int = 96  # enough for a small JSON object
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in ("workload", "seed") and value <= 0:
+                raise SpecError(f"gate sample {f.name} must be positive, got {value}")
+
+    @classmethod
+    def for_plan(cls, plan: BenchPlan) -> GateSample:
+        """The gate's default sample on the plan's workload and seed."""
+        return cls(workload=plan.fingerprint.value, seed=plan.seed)
+
+
+def sampling_params(sampling: Sampling) -> SamplingParams:
+    """speccore's sampling parameters for a plan's wire-format ones."""
+    return SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
