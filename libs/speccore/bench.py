@@ -104,6 +104,7 @@ class Schedule:
         ]
 
     def warm_up(self) -> list[Request]:
+        # A short prompt but every new token: caches and allocator reach the sizes the reps use.
         first = self.prompts[0][:WARMUP_PROMPT_TOKENS]
         return [Request(first, self.max_new_tokens, self.sampling, self.seed)]
 
