@@ -28,6 +28,7 @@ def table(path: Path) -> str:
         free = f"{m['free_drafting_limit']:.2f}x" if "free_drafting_limit" in m else "-"
         tps, speedup = m["tokens_per_s_median"], m["speedup_vs_none"]
         lines.append(f"| {name} | {tps:.2f} | {speedup:.2f}x | {free} | {acc} | {mal} | {same} |")
+    lines.extend(f"| {name} | failed: {why} | | | | | |" for name, why in r.get("failures", {}).items())
     limit = r["plain_decoding_limit"]
     lines.append(
         f"| plain-decoding limit | {limit['tokens_per_s']:.1f} | "

@@ -254,20 +254,20 @@ def _bench(args: argparse.Namespace) -> int:
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     spec = BenchSpec(
-        args.workload,
-        methods,
-        args.n_prompts,
-        args.max_new_tokens,
-        args.reps,
-        _sampling(args),
-        args.seed,
-        args.batch_size,
-        args.k,
-        args.draft,
-        args.datastore,
-        tuple(args.head),
-        str(args.prompts) if args.prompts else None,
-        _tree_knobs(args),
+        workload=args.workload,
+        methods=methods,
+        n_prompts=args.n_prompts,
+        max_new_tokens=args.max_new_tokens,
+        reps=args.reps,
+        sampling=_sampling(args),
+        seed=args.seed,
+        batch_size=args.batch_size,
+        k=args.k,
+        draft=args.draft,
+        datastore=args.datastore,
+        heads=tuple(args.head),
+        prompts=str(args.prompts) if args.prompts else None,
+        tree=_tree_knobs(args),
     )
     prompts = (
         file_prompts(args.prompts, spec.n_prompts)
@@ -296,6 +296,7 @@ def _table(result: dict) -> str:
             f"{name:18} {r['tokens_per_s_median']:8.2f} {r['speedup_vs_none']:7.2f}x "
             f"{accept:7.2f} {mal:5.2f} {r.get('identical_to_baseline', '-')}"
         )
+    lines.extend(f"{name:18} failed: {why}" for name, why in result.get("failures", {}).items())
     limit = result["plain_decoding_limit"]
     lines.append(
         f"plain-decoding limit: {limit['tokens_per_s']:.1f} tok/s "

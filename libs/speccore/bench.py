@@ -1,10 +1,17 @@
-"""Interleaved, warmed-up benchmark of decoding methods on one prompt set.
+"""The one measuring protocol: interleaved, warmed-up repetitions of decoding methods.
 
-Every method sees the same prompts in the same repetition, in a rotating order,
-so machine noise hits all of them alike; speedups are ratios to ``none`` measured
-inside each repetition, then the median across repetitions. The Hugging Face
-baselines (``hf*``) run ``generate`` on a stock copy of the model, as its users
-run it; on CPU speccore's own copy runs the row-invariant kernels.
+Every method decodes the same prompts in the same repetition (rep), batch after
+batch, in an order that rotates with the rep and the batch, so machine noise hits
+all of them alike; before the first rep each method decodes once to warm up its
+allocator, kernels and caches. A method's speedup in a rep is its tokens/s over the
+baseline's in that same rep; summaries take the median across reps.
+
+:func:`interleave` is the protocol with its hooks (a callback per measured rep,
+resume from stored reps, a failing method dropped while the others go on); the
+CLI's ``specops bench`` (:func:`run_bench`) and the benchmark-runner service both
+measure through it. The Hugging Face baselines (``hf*``) run ``generate`` on a stock
+copy of the model, as its users run it; on CPU speccore's own copy runs the
+row-invariant kernels.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,10 +35,223 @@ from speccore.errors import SpecError
 from speccore.heads.loading import head_for
 from speccore.hf_baselines import HF_DEFAULT_K, HF_METHODS, HFGenerator
 from speccore.metrics import GenerationMetrics
+from speccore.model_cache import release_memory
 from speccore.models import LoadedModel, load_model
 from speccore.proposers import default_k
 from speccore.proposers.base import ProposerConfig
 from speccore.sampling import SamplingParams
+
+# The warm-up decodes the first prompt cut to this many tokens.
+WARMUP_PROMPT_TOKENS = 64
+
+
+# --- the protocol -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """What one generate call of a method returned, per request."""
+
+    token_ids: list[list[int]]  # new tokens of each request
+    metrics: list[GenerationMetrics]  # of each request; empty where the method reports none (HF)
+
+
+# Decodes the requests of one batch (they share sampling parameters).
+Method = Callable[[list[Request]], Decoded]
+
+
+def engine_method(engine: Engine) -> Method:
+    def decode(requests: list[Request]) -> Decoded:
+        gens = engine.generate(requests)
+        return Decoded([g.token_ids for g in gens], [g.metrics for g in gens])
+
+    return decode
+
+
+def hf_method(hf: HFGenerator) -> Method:
+    def decode(requests: list[Request]) -> Decoded:
+        outs = [hf.generate(r.prompt_ids, r.max_new_tokens, r.sampling, r.seed or 0) for r in requests]
+        return Decoded(outs, [])
+
+    return decode
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """What every method decodes in every rep."""
+
+    prompts: Sequence[list[int]]  # token ids of each prompt, in prompt-set order
+    reps: int
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0  # prompt i decodes with seed + i, in every rep and method
+    batch_size: int = 1  # prompts per generate call
+
+    def __post_init__(self) -> None:
+        if not self.prompts:
+            raise SpecError("no prompts to measure on")
+        if self.reps <= 0 or self.batch_size <= 0 or self.max_new_tokens <= 0:
+            raise SpecError("reps, batch size and max new tokens must be positive")
+
+    def batches(self) -> list[list[Request]]:
+        size = self.batch_size
+        return [
+            [
+                Request(ids, self.max_new_tokens, self.sampling, self.seed + first + i)
+                for i, ids in enumerate(self.prompts[first : first + size])
+            ]
+            for first in range(0, len(self.prompts), size)
+        ]
+
+    def warm_up(self) -> list[Request]:
+        # A short prompt but every new token: caches and allocator reach the sizes the reps use.
+        first = self.prompts[0][:WARMUP_PROMPT_TOKENS]
+        return [Request(first, self.max_new_tokens, self.sampling, self.seed)]
+
+
+@dataclass(frozen=True, slots=True)
+class RepRun:
+    """One method's share of one rep: what it decoded and how long its generate calls took."""
+
+    method: str
+    rep: int
+    token_ids: list[list[int]]  # new tokens of each prompt, in prompt-set order
+    metrics: list[GenerationMetrics]  # of each prompt; empty where the method reports none (HF)
+    seconds: float  # wall time of the method's generate calls in this rep
+    speedup: float | None  # tokens/s over the baseline's in this rep; None for the baseline
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(ids) for ids in self.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class BaselineFailed(SpecError):
+    """The baseline could not decode: no speedup can be measured, so the bench ends."""
+
+
+def _nothing_stored(method: str, rep: int) -> bool:
+    return False
+
+
+def _quiet(message: str) -> None:
+    pass
+
+
+def interleave(
+    schedule: Schedule,
+    methods: dict[str, Method],
+    on_rep: Callable[[RepRun], None],
+    *,
+    baseline: str,
+    stored: Callable[[str, int], bool] = _nothing_stored,
+    log: Callable[[str], None] = _quiet,
+) -> dict[str, str]:
+    """Warm up every method, then measure every rep; return the dropped methods and why.
+
+    on_rep(run) is called at the end of each rep once per method measured in it, the
+    baseline first; an exception it raises stops the bench.
+
+    Resuming: stored(method, rep) says which reps are stored already; they are not
+    rerun nor reported. A rep with any method left to measure reruns the baseline as
+    well, so every speedup stays a ratio measured in one run; the baseline's run is
+    reported again only if it was not stored.
+
+    A method whose decoding raises, or that decodes no tokens in a rep, is dropped
+    from `methods` (so its memory can be freed) with its error, and the others go on;
+    the baseline failing raises :class:`BaselineFailed`.
+    """
+    if baseline not in methods:
+        raise SpecError(f"the baseline '{baseline}' is not among the methods")
+    bench = _Bench(schedule, methods, baseline, log)
+    for method in list(methods):
+        log(f"warm-up {method}")
+        bench.decode(method, schedule.warm_up())
+    for rep in range(schedule.reps):
+        todo = [m for m in methods if m == baseline or not stored(m, rep)]
+        if todo == [baseline] and stored(baseline, rep):
+            continue
+        for run in bench.rep(rep, todo):
+            if not stored(run.method, rep):
+                on_rep(run)
+    return bench.failures
+
+
+class _Bench:
+    """The methods still in the bench, the ones dropped, and one rep's rotation over them."""
+
+    def __init__(
+        self, schedule: Schedule, methods: dict[str, Method], baseline: str, log: Callable[[str], None]
+    ) -> None:
+        self.schedule = schedule
+        self.batches = schedule.batches()
+        self.methods = methods
+        self.baseline = baseline
+        self.log = log
+        self.failures: dict[str, str] = {}
+
+    def decode(self, method: str, requests: list[Request]) -> Decoded | None:
+        """One generate call; a method's error drops it, the baseline's ends the bench."""
+        try:
+            return self.methods[method](requests)
+        # Anything a method raises (bad draft, OOM, a bug) costs that method, not the bench.
+        except Exception as err:
+            if method == self.baseline:
+                raise BaselineFailed(f"the baseline failed: {describe(err)}") from err
+            self._drop(method, describe(err))
+            return None
+
+    def rep(self, rep: int, todo: list[str]) -> list[RepRun]:
+        """Decode every batch with each method of `todo` in turn; the runs, the baseline's first."""
+        token_ids: dict[str, list[list[int]]] = {m: [] for m in todo}
+        metrics: dict[str, list[GenerationMetrics]] = {m: [] for m in todo}
+        seconds = dict.fromkeys(todo, 0.0)
+        for b, requests in enumerate(self.batches):
+            shift = (rep + b) % len(todo)
+            for method in todo[shift:] + todo[:shift]:
+                if method not in self.methods:
+                    continue  # dropped earlier in this rep
+                start = time.perf_counter()
+                decoded = self.decode(method, requests)
+                seconds[method] += time.perf_counter() - start
+                if decoded is not None:
+                    token_ids[method].extend(decoded.token_ids)
+                    metrics[method].extend(decoded.metrics)
+            self.log(f"rep {rep + 1}/{self.schedule.reps} batch {b + 1}/{len(self.batches)} done")
+
+        def run(method: str, speedup: float | None) -> RepRun:
+            return RepRun(method, rep, token_ids[method], metrics[method], seconds[method], speedup)
+
+        base = run(self.baseline, None)
+        if base.tokens_per_s <= 0:
+            raise BaselineFailed(f"the baseline generated no tokens in rep {rep}")
+        runs = [base]
+        for method in todo:
+            if method == self.baseline or method not in self.methods:
+                continue
+            measured = run(method, None)
+            if measured.tokens_per_s <= 0:
+                self._drop(method, f"generated no tokens in rep {rep}")
+                continue
+            runs.append(replace(measured, speedup=measured.tokens_per_s / base.tokens_per_s))
+        return runs
+
+    def _drop(self, method: str, why: str) -> None:
+        del self.methods[method]
+        release_memory()
+        self.failures[method] = why
+
+
+def describe(err: BaseException) -> str:
+    """An exception on one line: its type and the first line of its message."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+# --- `specops bench` --------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -68,28 +288,6 @@ class BenchPrompt(Protocol):
     chat: bool  # wrap in the model's chat template
 
 
-Runner = Callable[[list[list[int]], int], tuple[list[list[int]], list[GenerationMetrics], float]]
-
-
-def _engine_runner(engine: Engine, spec: BenchSpec) -> Runner:
-    def run(prompts: list[list[int]], seed: int) -> tuple[list[list[int]], list[GenerationMetrics], float]:
-        reqs = [Request(p, spec.max_new_tokens, spec.sampling, seed + i) for i, p in enumerate(prompts)]
-        start = time.perf_counter()
-        gens = engine.generate(reqs)
-        return [g.token_ids for g in gens], [g.metrics for g in gens], time.perf_counter() - start
-
-    return run
-
-
-def _hf_runner(hf: HFGenerator, spec: BenchSpec) -> Runner:
-    def run(prompts: list[list[int]], seed: int) -> tuple[list[list[int]], list[GenerationMetrics], float]:
-        start = time.perf_counter()
-        outs = [hf.generate(p, spec.max_new_tokens, spec.sampling, seed + i) for i, p in enumerate(prompts)]
-        return outs, [], time.perf_counter() - start
-
-    return run
-
-
 def stock_twin(target: LoadedModel) -> LoadedModel:
     """The target as Hugging Face users run it: on CPU a second copy with the stock
     kernels (speccore's own copy runs row-invariant ones), elsewhere the same model."""
@@ -99,20 +297,20 @@ def stock_twin(target: LoadedModel) -> LoadedModel:
     return load_model(target.ref, device="cpu", dtype=dtype, row_invariant=False)
 
 
-def build_runners(target: LoadedModel, spec: BenchSpec) -> dict[str, Runner]:
-    runners: dict[str, Runner] = {}
+def build_methods(target: LoadedModel, spec: BenchSpec) -> dict[str, Method]:
+    methods: dict[str, Method] = {}
     stock: LoadedModel | None = None
     for method in spec.methods:
         if method in HF_METHODS:
             k = spec.k or HF_DEFAULT_K.get(method, 1)
             stock = stock or stock_twin(target)
-            runners[method] = _hf_runner(HFGenerator(method, stock, k, spec.draft), spec)
+            methods[method] = hf_method(HFGenerator(method, stock, k, spec.draft))
             continue
         k = spec.k or default_k(method)
         head = head_for(method, spec.heads, target.ref)
         cfg = ProposerConfig(k=k, draft=spec.draft, datastore=spec.datastore, head=head, **spec.tree)
-        runners[method] = _engine_runner(Engine(target, method, cfg), spec)
-    return runners
+        methods[method] = engine_method(Engine(target, method, cfg))
+    return methods
 
 
 def run_bench(
@@ -121,53 +319,35 @@ def run_bench(
     prompts: Sequence[BenchPrompt],
     log: Callable[[str], None] = print,
 ) -> dict[str, object]:
-    """Measure every method of `spec` on `prompts` (a rest method needs spec.datastore)."""
+    """Measure every method of `spec` on `prompts` (a rest method needs spec.datastore).
+
+    A method that fails is left out of ``methods`` and named under ``failures``
+    with its error; the others are measured as usual.
+    """
     if "rest" in spec.methods and spec.datastore is None:
         raise SpecError("the rest method needs a datastore")
-    encoded = [target.encode_prompt(p.text, p.chat) for p in prompts]
-    batches = [encoded[i : i + spec.batch_size] for i in range(0, len(encoded), spec.batch_size)]
-    runners = build_runners(target, spec)
-
-    for method, run in runners.items():  # warm-up: allocator, kernels, caches
-        log(f"warm-up {method}")
-        run([encoded[0][:64]], spec.seed)
-
-    tokens = {m: [0] * spec.reps for m in runners}
-    seconds = {m: [0.0] * spec.reps for m in runners}
-    outputs: dict[str, list[list[int]]] = {m: [] for m in runners}
-    metrics: dict[str, list[GenerationMetrics]] = {m: [] for m in runners}
-    identical = {m: True for m in runners}
-    order = list(runners)
-    for rep in range(spec.reps):
-        for b, batch in enumerate(batches):
-            shift = (rep + b) % len(order)
-            for method in order[shift:] + order[:shift]:
-                outs, ms, dt = runners[method](batch, spec.seed + b * spec.batch_size)
-                tokens[method][rep] += sum(len(o) for o in outs)
-                seconds[method][rep] += dt
-                if rep == 0:
-                    outputs[method].extend(outs)
-                    metrics[method].extend(ms)
-            log(f"rep {rep + 1}/{spec.reps} batch {b + 1}/{len(batches)} done")
-        for method in order:
-            if outputs[method][: len(outputs["none"])] != outputs["none"]:
-                identical[method] = False
-
-    bandwidth = measure_read_bandwidth()
-    none_tps = [t / s for t, s in zip(tokens["none"], seconds["none"], strict=True)]
-    results: dict[str, dict[str, Any]] = {}
-    for method in order:
-        tps = [t / s for t, s in zip(tokens[method], seconds[method], strict=True)]
-        results[method] = {
-            "tokens_per_s_median": statistics.median(tps),
-            "tokens_per_s_reps": tps,
-            "speedup_vs_none": statistics.median(t / n for t, n in zip(tps, none_tps, strict=True)),
-            "new_tokens": tokens[method][0],
-            **_acceptance(metrics[method]),
-            **({"identical_to_baseline": identical[method]} if spec.sampling.greedy else {}),
-        }
+    schedule = Schedule(
+        prompts=[target.encode_prompt(p.text, p.chat) for p in prompts],
+        reps=spec.reps,
+        max_new_tokens=spec.max_new_tokens,
+        sampling=spec.sampling,
+        seed=spec.seed,
+        batch_size=spec.batch_size,
+    )
+    runs: dict[str, list[RepRun]] = {m: [] for m in spec.methods}
+    methods = build_methods(target, spec)
+    failures = interleave(
+        schedule, methods, lambda run: runs[run.method].append(run), baseline="none", log=log
+    )
+    none = runs["none"][0]
+    results = {
+        method: _summary(measured, none, greedy=spec.sampling.greedy)
+        for method, measured in runs.items()
+        if method not in failures
+    }
     if spec.batch_size == 1:
-        _add_free_drafting_limits(results, seconds["none"][0])
+        _add_free_drafting_limits(results, none.seconds)
+    bandwidth = measure_read_bandwidth()
     return {
         "speccore_version": __version__,
         "machine": _machine(),
@@ -180,6 +360,21 @@ def run_bench(
             "tokens_per_s": decode_limit_tokens_per_s(target.weight_bytes, bandwidth),
         },
         "methods": results,
+        **({"failures": failures} if failures else {}),
+    }
+
+
+def _summary(runs: list[RepRun], none: RepRun, *, greedy: bool) -> dict[str, Any]:
+    """One method's results: tokens/s and speedup over the reps, the rest from the first rep."""
+    first = runs[0]
+    tps = [r.tokens_per_s for r in runs]
+    return {
+        "tokens_per_s_median": statistics.median(tps),
+        "tokens_per_s_reps": tps,
+        "speedup_vs_none": statistics.median(1.0 if r.speedup is None else r.speedup for r in runs),
+        "new_tokens": first.new_tokens,
+        **_acceptance(first.metrics),
+        **({"identical_to_baseline": first.token_ids == none.token_ids} if greedy else {}),
     }
 
 

@@ -55,6 +55,13 @@ def failed(event: Envelope[BenchRequested], error: MeasureError) -> Envelope[Run
     return _derived(event, stop, "run.failed")
 
 
+def finished(
+    event: Envelope[BenchRequested], result: BenchOutcome | MeasureError
+) -> Envelope[BenchCompleted] | Envelope[RunFailed]:
+    """The bench's last event: its summary, or the run's failure when it could not be measured."""
+    return failed(event, result) if isinstance(result, MeasureError) else completed(event, result)
+
+
 def _derived(event: Envelope[BenchRequested], payload: P, key: str) -> Envelope[P]:
     follow = event.follow(payload, producer=PRODUCER)
     event_id = uuid.uuid5(EVENT_NAMESPACE, f"{event.payload.bench_id}/{key}")

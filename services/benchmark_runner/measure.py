@@ -1,9 +1,10 @@
 """Measure a bench plan on speccore: the baseline and every candidate, rep by rep.
 
-DESIGN.md §10: everything runs in one process on the fingerprint's prompts, after a
-warm-up; within a rep the methods take turns prompt by prompt, in an order that
-rotates, so machine noise hits them alike. A candidate's speedup in a rep is its
-tokens/s over the baseline's in that same rep; its summary takes the median.
+DESIGN.md §10: everything runs in one process on the fingerprint's prompts, through
+speccore's one measuring protocol (:func:`speccore.bench.interleave`: warm-up,
+rotating interleaved order, speedups as same-rep ratios, resume, a failing method
+dropped alone). This module maps a plan onto it (prompts, engines) and its runs onto
+the service's wire format (:class:`RepRow`, :class:`~specops_schemas.candidates.Measurement`).
 
 Resuming: reps already stored come back in ``done`` and are not rerun; summaries
 are computed from stored and new rows alike (:func:`summarise`). A rep with any
@@ -21,14 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
 from speccatalog.families.base import DraftSource
+from speccore.bench import BaselineFailed, Method, RepRun, Schedule, describe, engine_method, interleave
 from speccore.candidates import speccore_candidate
-from speccore.engine import Engine, Request
+from speccore.engine import Engine
 from speccore.errors import SpecError
 from speccore.metrics import GenerationMetrics
 from speccore.model_cache import ModelCache, ModelLoadError, release_memory
@@ -42,12 +42,6 @@ from specprompts.sets import encode_for, prompts_for_model
 
 # Rows of one generate() call in batch mode; interactive mode is batch=1.
 BATCH_SIZE = 8
-# Warm-up: one short generation per method (allocator, kernels, proposer caches).
-WARMUP_PROMPT_TOKENS = 64
-WARMUP_NEW_TOKENS = 8
-
-_R = TypeVar("_R")
-RepCallback = Callable[[str, int, RepMetrics, float | None], None]
 
 
 class MeasureError(Exception):
@@ -76,6 +70,10 @@ class RepRow:
     speedup: float | None  # tokens/s over the baseline's in the same rep; None for the baseline
 
 
+# Called once per newly measured row, at the end of its rep, the baseline first.
+RepCallback = Callable[[RepRow], None]
+
+
 @dataclass(frozen=True, slots=True)
 class BenchOutcome:
     """The measured fields of a ``BenchCompleted`` payload."""
@@ -94,40 +92,43 @@ def measure(
     device: str = "auto",
     dtype: str = "auto",
 ) -> BenchOutcome:
-    """Measure every rep of `plan` not in `done`, reporting each through `on_rep`.
+    """Measure every rep of `plan` not in `done`, reporting each new row through `on_rep`.
 
-    on_rep(candidate_id, rep, metrics, speedup) is called once per new row, at the
-    end of its rep, the baseline first; an exception it raises stops the bench.
+    An exception `on_rep` raises stops the bench.
     """
     stored = _check_done(plan, done)
     rows = list(stored.values())
     failures: dict[str, CandidateFailure] = {}
     candidates = {c.candidate_id: c for c in plan.candidates}
-    methods = [BASELINE_ID, *candidates]
-    pending = [r for r in range(plan.reps) if any((m, r) not in stored for m in methods)]
+    pending = [r for r in range(plan.reps) if any((m, r) not in stored for m in [BASELINE_ID, *candidates])]
     if pending:
         try:
             target = model_cache.get(plan.target.model_ref, device, dtype)
         except ModelLoadError as err:
             raise TargetLoadError(str(err)) from err
-        bench = _Bench(plan, target)
-        engines = {BASELINE_ID: Engine(target)}
-        needed = [c for c in candidates.values() if any((c.candidate_id, r) not in stored for r in pending)]
-        for candidate in needed:
+        schedule, prompt_ids = _schedule(plan, target)
+        methods: dict[str, Method] = {BASELINE_ID: engine_method(Engine(target))}
+        for cid, candidate in candidates.items():
+            if all((cid, r) in stored for r in pending):
+                continue
             try:
-                engines[candidate.candidate_id] = _engine(target, candidate, plan, bench.prompt_ids)
+                methods[cid] = engine_method(_engine(target, candidate, plan, prompt_ids))
             except _CandidateFailed as err:
-                failures[candidate.candidate_id] = err.failure(candidate.candidate_id)
-        for method in list(engines):
-            _run_or_fail(method, engines, failures, bench.warm_up)
-        for rep in pending:
-            todo = [BASELINE_ID, *(m for m in engines if m != BASELINE_ID and (m, rep) not in stored)]
-            if len(todo) == 1 and (BASELINE_ID, rep) in stored:
-                continue  # only failed candidates were left in this rep
-            for row in bench.rep(rep, todo, engines, failures):
-                if (row.candidate_id, rep) not in stored:
-                    on_rep(row.candidate_id, rep, row.metrics, row.speedup)
-                    rows.append(row)
+                failures[cid] = err.failure(cid)
+
+        def report(run: RepRun) -> None:
+            row = RepRow(run.method, run.rep, rep_metrics(run.metrics, run.seconds), run.speedup)
+            on_rep(row)
+            rows.append(row)
+
+        try:
+            dropped = interleave(
+                schedule, methods, report, baseline=BASELINE_ID, stored=lambda m, r: (m, r) in stored
+            )
+        except BaselineFailed as err:
+            raise MeasureError(ErrorStage.BENCHMARK, str(err)) from err
+        for cid, why in dropped.items():
+            failures[cid] = CandidateFailure(candidate_id=cid, error_stage=ErrorStage.BENCHMARK, message=why)
     by_method: dict[str, list[RepRow]] = {}
     for row in rows:
         by_method.setdefault(row.candidate_id, []).append(row)
@@ -219,93 +220,27 @@ def sampling_params(sampling: Sampling) -> SamplingParams:
     return SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)
 
 
-# --- one bench -------------------------------------------------------------------------
-
-
-class _Bench:
-    """The plan's prompts, encoded once, and the interleaved rep loop over them."""
-
-    def __init__(self, plan: BenchPlan, target: LoadedModel) -> None:
-        self.plan = plan
-        self.sampling = sampling_params(plan.sampling)
-        try:
-            prompts = prompts_for_model(
-                target,
-                str(plan.fingerprint),
-                plan.n_prompts,
-                max_new_tokens=plan.max_new_tokens,
-                seed=plan.seed,
-            )
-        except SpecError as err:
-            raise MeasureError(ErrorStage.VALIDATION, f"no prompt set for this plan: {err}") from err
-        self.prompt_ids = frozenset(p.id for p in prompts)
-        encoded = [encode_for(target, p) for p in prompts]
-        size = BATCH_SIZE if plan.mode == Mode.BATCH else 1
-        self.batches = [(i, encoded[i : i + size]) for i in range(0, len(encoded), size)]
-
-    def warm_up(self, engine: Engine) -> None:
-        first = self.batches[0][1][0][:WARMUP_PROMPT_TOKENS]
-        engine.generate([Request(first, min(self.plan.max_new_tokens, WARMUP_NEW_TOKENS), self.sampling)])
-
-    def rep(
-        self, rep: int, todo: list[str], engines: dict[str, Engine], failures: dict[str, CandidateFailure]
-    ) -> list[RepRow]:
-        """Run `todo` (baseline first) over every prompt batch; return its rows, baseline first."""
-        generated: dict[str, list[GenerationMetrics]] = {m: [] for m in todo}
-        wall = dict.fromkeys(todo, 0.0)
-        for b, (first, batch) in enumerate(self.batches):
-            shift = (rep + b) % len(todo)
-            for method in todo[shift:] + todo[:shift]:
-                if method in failures:
-                    continue
-                requests = [
-                    Request(ids, self.plan.max_new_tokens, self.sampling, self.plan.seed + first + i)
-                    for i, ids in enumerate(batch)
-                ]
-                start = time.perf_counter()
-                gens = _run_or_fail(method, engines, failures, Engine.generate, requests)
-                wall[method] += time.perf_counter() - start
-                generated[method].extend(g.metrics for g in gens or ())
-        base = rep_metrics(generated[BASELINE_ID], wall[BASELINE_ID])
-        if base.tokens_per_s <= 0:
-            raise MeasureError(ErrorStage.BENCHMARK, f"the baseline generated no tokens in rep {rep}")
-        rows = [RepRow(BASELINE_ID, rep, base, None)]
-        for method in todo[1:]:
-            if method in failures:
-                continue
-            metrics = rep_metrics(generated[method], wall[method])
-            if metrics.tokens_per_s <= 0:
-                failures[method] = CandidateFailure(
-                    candidate_id=method,
-                    error_stage=ErrorStage.BENCHMARK,
-                    message=f"generated no tokens in rep {rep}",
-                )
-                continue
-            rows.append(RepRow(method, rep, metrics, metrics.tokens_per_s / base.tokens_per_s))
-        return rows
-
-
-def _run_or_fail(
-    method: str,
-    engines: dict[str, Engine],
-    failures: dict[str, CandidateFailure],
-    step: Callable[..., _R],
-    *args: object,
-) -> _R | None:
-    """Run one method's step; a candidate's error disqualifies it, the baseline's ends the bench."""
+def _schedule(plan: BenchPlan, target: LoadedModel) -> tuple[Schedule, frozenset[str]]:
+    """The plan's prompts, encoded for the target, as speccore measures them; and their ids."""
     try:
-        return step(engines[method], *args)
-    # Anything a candidate's proposer raises (bad draft, OOM, a bug) costs that
-    # candidate, not the whole bench.
-    except Exception as err:
-        if method == BASELINE_ID:
-            raise MeasureError(ErrorStage.BENCHMARK, f"the baseline failed: {_describe(err)}") from err
-        del engines[method]
-        release_memory()
-        failures[method] = CandidateFailure(
-            candidate_id=method, error_stage=ErrorStage.BENCHMARK, message=_describe(err)
+        prompts = prompts_for_model(
+            target,
+            str(plan.fingerprint),
+            plan.n_prompts,
+            max_new_tokens=plan.max_new_tokens,
+            seed=plan.seed,
         )
-        return None
+    except SpecError as err:
+        raise MeasureError(ErrorStage.VALIDATION, f"no prompt set for this plan: {err}") from err
+    schedule = Schedule(
+        prompts=[encode_for(target, p) for p in prompts],
+        reps=plan.reps,
+        max_new_tokens=plan.max_new_tokens,
+        sampling=sampling_params(plan.sampling),
+        seed=plan.seed,
+        batch_size=BATCH_SIZE if plan.mode == Mode.BATCH else 1,
+    )
+    return schedule, frozenset(p.id for p in prompts)
 
 
 # --- candidates -> speccore -----------------------------------------------------------
@@ -337,7 +272,7 @@ def _engine(target: LoadedModel, candidate: Candidate, plan: BenchPlan, prompt_i
     except (SpecError, OSError, RuntimeError, MemoryError) as err:
         release_memory()
         raise _CandidateFailed(
-            ErrorStage.MODEL_LOAD, f"cannot load its draft source: {_describe(err)}"
+            ErrorStage.MODEL_LOAD, f"cannot load its draft source: {describe(err)}"
         ) from err
 
 
@@ -361,8 +296,3 @@ def _sum_lists(lists: Iterable[list[int]]) -> list[int]:
         for i, v in enumerate(values):
             total[i] += v
     return total
-
-
-def _describe(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

@@ -46,7 +46,7 @@ def _run(
     outcome = measure(
         plan,
         model_cache=cache,
-        on_rep=lambda cid, rep, metrics, speedup: calls.append(RepRow(cid, rep, metrics, speedup)),
+        on_rep=calls.append,
         done=done,
         device="cpu",
         dtype="float32",
