@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -21,9 +21,6 @@ from speccore.errors import SpecError
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
 from speccore.tree import chain_parents
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass(slots=True)
