@@ -154,6 +154,9 @@ async def dead_letter(conn: db.Connection, letter: DeadLetter, parked: Envelope[
     if run_id is None:
         log.info("dead letter of %s %s belongs to no run; skipped", parked.type, parked.event_id)
         return []
+    if isinstance(parked.payload, RunRequested):
+        # The request itself proves the run, even if its receipt (`received`) never committed.
+        await db.record_run(conn, run_id, parked.tenant_id)
     # Locked first, as the answering steps do: whichever commits second sees the other.
     bench = await db.lock_bench(conn, logic.bench_id_for(run_id))
     run = await db.lock_run(conn, run_id, parked.tenant_id)

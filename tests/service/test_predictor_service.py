@@ -399,6 +399,21 @@ async def test_a_parked_bench_fails_its_run_once_and_the_gateway_shows_it(
     assert bus.sql(db, answered, (run_id,)) == [(True, True)]
 
 
+async def test_a_parked_request_fails_its_run_though_the_predictor_never_took_it(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    # E.g. the database was down through every delivery of the request to the predictor.
+    requested = _requested(db, _request())
+    run_id = requested.correlation_id
+    async with _predictor(db, nats_url):
+        letter = _letter(requested.to_json_bytes())
+        await publish_raw(js, dlq_subject("predictor"), letter, {MSG_ID: "parked-request"})
+        [failed] = await bus.events(js, f"spec.run.{run_id}.failed")
+    assert failed.payload.error_stage == ErrorStage.DEAD_LETTER
+    assert failed.causation_id == requested.event_id
+    assert await bus.count(js, f"spec.run.{run_id}.predicted") == 0
+
+
 async def test_a_run_another_service_failed_is_not_failed_again_by_a_dead_letter(
     db: str, nats_url: str, js: JetStreamContext
 ) -> None:
