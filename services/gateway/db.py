@@ -1,4 +1,5 @@
-"""All of the gateway's SQL (tables of schemas/sql/001_core.sql and 003_gateway.sql).
+"""All of the gateway's SQL (tables of schemas/sql/001_core.sql and 003_gateway.sql): tenants,
+api_tokens, idempotency_keys, runs, run_events and winner_cache, which it alone writes.
 
 Functions take an open connection and run inside the caller's transaction; tenant-facing
 ones expect `specplatform.db.tenant_transaction`, whose row-level security is the second wall
@@ -8,6 +9,7 @@ behind the explicit `tenant_id` filters here.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -17,8 +19,9 @@ from psycopg.types.json import Jsonb
 from specbus.envelope import Envelope
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import Role, RunStatus
+from specops_schemas.events import RunCompleted
+from specops_services.gateway.cache import CACHE_TTL, KEY_COLUMNS
 from specops_services.gateway.logic import RunState, StoredResponse
-from specops_services.predictor.cache import KEY_COLUMNS
 from specplatform.db import Connection, connect
 
 # --- tokens ------------------------------------------------------------------------------
@@ -264,7 +267,7 @@ async def run_status(conn: Connection, run_id: str) -> RunStatus | None:
 # --- winner cache --------------------------------------------------------------------------
 
 
-async def cached_winner(conn: Connection, key: dict[str, str]) -> dict[str, Any] | None:
+async def cached_winner(conn: Connection, key: Mapping[str, str]) -> dict[str, Any] | None:
     """The unexpired winner_cache row under `key` (cache.key_columns), or None."""
     cur = await conn.execute(
         """SELECT winner, candidates, pareto_front, measured FROM winner_cache
@@ -273,6 +276,37 @@ async def cached_winner(conn: Connection, key: dict[str, str]) -> dict[str, Any]
         [key[column] for column in KEY_COLUMNS],
     )
     return await cur.fetchone()
+
+
+async def store_winner(
+    conn: Connection, key: Mapping[str, str], answer: RunCompleted, *, source_run_id: str
+) -> None:
+    """Upsert the 30-day winner cache under `key` (cache.key_columns).
+
+    A predicted answer never replaces a live measured one.
+    """
+    await conn.execute(
+        """INSERT INTO winner_cache (cache_scope, model_ref, gpu, engine, engine_version, fingerprint,
+               mode, quality_gate, winner, candidates, pareto_front, measured, source_run_id, created_at,
+               expires_at)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now(), now() + %s)
+           ON CONFLICT (cache_scope, model_ref, gpu, engine, engine_version, fingerprint, mode, quality_gate)
+           DO UPDATE SET
+               winner = EXCLUDED.winner, candidates = EXCLUDED.candidates,
+               pareto_front = EXCLUDED.pareto_front, measured = EXCLUDED.measured,
+               source_run_id = EXCLUDED.source_run_id, created_at = EXCLUDED.created_at,
+               expires_at = EXCLUDED.expires_at
+           WHERE EXCLUDED.measured OR NOT winner_cache.measured OR winner_cache.expires_at <= now()""",
+        (
+            *(key[column] for column in KEY_COLUMNS),
+            Jsonb(answer.winner.model_dump(mode="json")) if answer.winner is not None else None,
+            Jsonb([c.model_dump(mode="json") for c in answer.candidates]),
+            Jsonb(list(answer.pareto_front)),
+            answer.measured,
+            source_run_id,
+            CACHE_TTL,
+        ),
+    )
 
 
 RUN_EVENTS_CHANNEL = "run_events"  # pg_notify channel of the trigger in 003_gateway.sql

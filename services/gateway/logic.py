@@ -240,6 +240,20 @@ def fold(state: RunState, envelope: Envelope[Any]) -> RunState:
     return replace(state, status=status)
 
 
+def answer_to_cache(before: RunState, after: RunState, envelope: Envelope[Any]) -> RunCompleted | None:
+    """The answer a folded event leaves to the winner cache, or None.
+
+    That is a `run.completed` that completed the run (not a late one after a failure)
+    and was not itself answered from the cache: its row is the one it came from.
+    """
+    payload = envelope.payload
+    if not isinstance(payload, RunCompleted) or payload.cache_hit:
+        return None
+    if before.status == RunStatus.COMPLETED or after.status != RunStatus.COMPLETED:
+        return None
+    return payload
+
+
 def run_response(
     *,
     run_id: str,

@@ -1,10 +1,12 @@
-"""The projector: folds the flow's bus events into `runs` and `run_events` (what GET and SSE read).
+"""The projector: folds the flow's bus events into `runs` and `run_events` (what GET and SSE read),
+and a run's answer into `winner_cache` (what the next identical POST is answered from).
 
 It runs inside the gateway process on the durable consumer `gateway-projector` (replicas
 share it). An event belongs to the run its envelope's `correlation_id` names; events of
 other flows (a tune session's benches) and of unknown runs are acknowledged and skipped.
 Redeliveries are no-ops: `run_events.event_id` is unique and the append is what decides
-whether the run row moves.
+whether the run row moves. The winner is cached in the transaction that completes the
+run, so a client that sees the run completed finds its answer cached.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from faststream.nats import NatsBroker
 from specbus.consumer import RetryPolicy, subscriber
 from specbus.envelope import Envelope
 from specops_schemas.events import EVENT_TYPES, RunRequested
-from specops_services.gateway import db, logic
+from specops_services.gateway import cache, db, logic
 from specplatform.db import Pool, tenant_transaction
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,10 @@ async def project(pool: Pool, event: Envelope[Any]) -> bool:
         state = logic.fold(run.state, event)
         if state != run.state:
             await db.update_run(conn, run_id, state)
+        answer = logic.answer_to_cache(run.state, state, event)
+        if answer is not None:
+            key = cache.key_columns(run.request, tenant_id=event.tenant_id)
+            await db.store_winner(conn, key, answer, source_run_id=run_id)
     return True
 
 

@@ -27,11 +27,10 @@ from specops_schemas.api import (
 )
 from specops_schemas.catalog import RunStatus
 from specops_schemas.events import RunCompleted, RunQueued, RunRequested
-from specops_services.gateway import db, engine_flags, logic
+from specops_services.gateway import cache, db, engine_flags, logic
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import ProblemError, problem
-from specops_services.predictor import cache
 from specplatform.db import Connection, Pool, tenant_transaction
 
 log = logging.getLogger(__name__)

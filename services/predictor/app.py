@@ -1,12 +1,13 @@
 """The predictor service: plans T1 runs and answers them once measured and gated.
 
-Four durable consumers (replicas share each): `<service>-plan` on run.requested,
+Five durable consumers (replicas share each): `<service>-plan` on run.requested,
 `<service>-bench_completed` on bench.completed, `<service>-gate_evaluated` on
-gate.evaluated, and `<service>-dead_letter` on every service's dead letters
+gate.evaluated, `<service>-dead_letter` on every service's dead letters
 (`spec.dlq.>`): as the runs' orchestrator, the predictor fails a run whose event a
-service gave up on, which would otherwise wait forever. Every handler writes Postgres
-and queues its events in one inbox transaction (steps.py); the outbox relay publishes
-them.
+service gave up on, which would otherwise wait forever; and `<service>-run_failed` on
+run.failed, so that it knows which runs other services ended (it reads no other
+service's table). Every handler writes Postgres and queues its events in one inbox
+transaction (steps.py); the outbox relay publishes them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from specbus import RetryPolicy, consumer_name, dead_letter_subscriber, make_bro
 from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope
 from specops_schemas import MIGRATIONS
-from specops_schemas.events import BenchCompleted, GateEvaluated, RunRequested
+from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
 from specops_services.predictor import logic, steps
 from specops_services.predictor.host import host_info
 from specops_services.predictor.settings import predictor_settings
@@ -47,14 +48,14 @@ def subscribe(
     retry: RetryPolicy = RETRY,
     fetch_timeout_s: float = 5.0,
 ) -> None:
-    """Register the predictor's four handlers on `broker` (before it starts)."""
+    """Register the predictor's five handlers on `broker` (before it starts)."""
 
     on = partial(subscriber, broker, service=service, retry=retry, fetch_timeout_s=fetch_timeout_s)
 
     @on(events=RunRequested)
     async def plan(event: Envelope[RunRequested]) -> None:
         """Rank the candidates, then request a bench or answer with the predicted best."""
-        await steps.queue(pool, [logic.predicting(event)])
+        await steps.received(pool, event)
         target = await steps.load_target(event.payload.request.target.model_ref)
         await _once(
             pool, consumer_name(service, "plan"), event, lambda c: steps.plan(c, event, planner, target)
@@ -73,6 +74,11 @@ def subscribe(
         await _once(
             pool, consumer_name(service, "gate_evaluated"), event, lambda c: steps.gate_evaluated(c, event)
         )
+
+    @on(events=RunFailed)
+    async def run_failed(event: Envelope[RunFailed]) -> None:
+        """Note that the run has ended, whoever failed it, so that no dead letter fails it again."""
+        await steps.run_failed(pool, event)
 
     @dead_letter_subscriber(broker, service=service, retry=retry, fetch_timeout_s=fetch_timeout_s)
     async def dead_letter(letter: DeadLetter) -> None:

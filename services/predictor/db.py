@@ -1,5 +1,5 @@
-"""All of the predictor's SQL (001_core: candidates, gate_results, winner_cache,
-measured_history, and the status of runs; 005_predictor and 006_dead_letters: benches).
+"""All of the predictor's SQL: the tables it owns (001_core: candidates, measured_history;
+005_predictor to 007_one_writer: benches, predictor_runs). It reads no other service's table.
 
 Functions take an open connection and run inside the caller's transaction (the
 inbox transaction of `specbus.process_once`). The predictor works across tenants, as
@@ -8,7 +8,7 @@ the owning role, so row-level security does not apply to it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -18,16 +18,16 @@ from pydantic import TypeAdapter
 
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import GateOutcome, Measurement, RankedCandidate
-from specops_schemas.catalog import Family, Fingerprint, RunStatus
-from specops_schemas.events import BenchPlan, CandidateFailure, RunCompleted
-from specops_services.predictor.cache import CACHE_TTL, KEY_COLUMNS
-from specops_services.predictor.logic import Bench
+from specops_schemas.catalog import Family, Fingerprint
+from specops_schemas.events import BenchPlan, CandidateFailure
+from specops_services.predictor.logic import Bench, RequestedRun
 from specops_services.predictor.model import HistoryRow, temperature_bucket
 
 Connection = AsyncConnection[Any]
 
 _MEASUREMENTS = TypeAdapter(list[Measurement])
 _FAILURES = TypeAdapter(list[CandidateFailure])
+_VERDICTS = TypeAdapter(dict[str, GateOutcome])
 
 
 async def _rows(conn: Connection, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
@@ -35,6 +35,37 @@ async def _rows(conn: Connection, sql: str, params: Sequence[Any]) -> list[dict[
     async with conn.cursor(row_factory=dict_row) as cur:
         await cur.execute(sql, params)
         return await cur.fetchall()
+
+
+# --- runs ------------------------------------------------------------------------------------
+
+
+async def record_run(conn: Connection, run_id: str, tenant_id: str) -> None:
+    """Remember a run as requested here (a redelivered run.requested changes nothing)."""
+    await conn.execute(
+        "INSERT INTO predictor_runs (run_id, tenant_id) VALUES (%s, %s) ON CONFLICT (run_id) DO NOTHING",
+        (run_id, tenant_id),
+    )
+
+
+async def lock_run(conn: Connection, run_id: str, tenant_id: str) -> RequestedRun | None:
+    """The tenant's run as requested here, locked until the transaction ends; None if it never was."""
+    rows = await _rows(
+        conn,
+        """SELECT ended_at IS NOT NULL AS ended FROM predictor_runs
+           WHERE run_id = %s AND tenant_id = %s FOR UPDATE""",
+        (run_id, tenant_id),
+    )
+    return RequestedRun(run_id, tenant_id, ended=rows[0]["ended"]) if rows else None
+
+
+async def mark_ended(conn: Connection, run_id: str, tenant_id: str) -> None:
+    """The run's run.completed or run.failed is out (ours, or another service's)."""
+    await conn.execute(
+        """UPDATE predictor_runs SET ended_at = coalesce(ended_at, now())
+           WHERE run_id = %s AND tenant_id = %s""",
+        (run_id, tenant_id),
+    )
 
 
 # --- planning --------------------------------------------------------------------------------
@@ -166,42 +197,17 @@ async def complete_bench(
     )
 
 
-async def save_gate(
-    conn: Connection, *, bench_id: str, run_id: str, candidate_id: str, outcome: GateOutcome
-) -> None:
-    """Store a verdict as the quality gate does (it may have stored this very one already).
+async def verdicts(conn: Connection, bench_id: str) -> dict[str, GateOutcome]:
+    """The gate.evaluated verdicts received for a bench, by candidate_id."""
+    rows = await _rows(conn, "SELECT verdicts FROM benches WHERE bench_id = %s", (bench_id,))
+    return _VERDICTS.validate_python(rows[0]["verdicts"]) if rows else {}
 
-    A verdict is final; only a `pending` placeholder is replaced, by a verdict.
-    """
+
+async def save_verdicts(conn: Connection, bench_id: str, received: dict[str, GateOutcome]) -> None:
     await conn.execute(
-        """INSERT INTO gate_results
-               (bench_id, candidate_id, run_id, method, passed, score, threshold, details)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
-           ON CONFLICT (bench_id, candidate_id) DO UPDATE SET
-               method = EXCLUDED.method, passed = EXCLUDED.passed, score = EXCLUDED.score,
-               threshold = EXCLUDED.threshold, details = EXCLUDED.details, evaluated_at = now()
-           WHERE gate_results.passed IS NULL AND EXCLUDED.passed IS NOT NULL""",
-        (
-            bench_id,
-            candidate_id,
-            run_id,
-            outcome.method.value,
-            outcome.passed,
-            outcome.score,
-            outcome.threshold,
-            Jsonb(outcome.details),
-        ),
+        "UPDATE benches SET verdicts = %s WHERE bench_id = %s",
+        (Jsonb({cid: outcome.model_dump(mode="json") for cid, outcome in received.items()}), bench_id),
     )
-
-
-async def gate_outcomes(conn: Connection, bench_id: str) -> dict[str, GateOutcome]:
-    rows = await _rows(
-        conn,
-        """SELECT candidate_id, method, passed, score, threshold, details
-           FROM gate_results WHERE bench_id = %s""",
-        (bench_id,),
-    )
-    return {r.pop("candidate_id"): GateOutcome.model_validate(r) for r in rows}
 
 
 async def mark_finalized(conn: Connection, bench_id: str) -> None:
@@ -213,47 +219,7 @@ async def mark_failed(conn: Connection, bench_id: str) -> None:
     await conn.execute("UPDATE benches SET failed_at = now() WHERE bench_id = %s", (bench_id,))
 
 
-# --- dead letters ------------------------------------------------------------------------------
-
-
-async def run_status(conn: Connection, run_id: str, tenant_id: str) -> RunStatus | None:
-    """The status of the tenant's run as the gateway's projector left it; None if it has no such run."""
-    rows = await _rows(conn, "SELECT status FROM runs WHERE id = %s AND tenant_id = %s", (run_id, tenant_id))
-    return RunStatus(rows[0]["status"]) if rows else None
-
-
 # --- what an answer teaches ---------------------------------------------------------------------
-
-
-async def store_winner(
-    conn: Connection, key: Mapping[str, str], answer: RunCompleted, *, source_run_id: str
-) -> None:
-    """Upsert the 30-day winner cache under `key` (cache.key_columns).
-
-    A predicted answer never replaces a live measured one.
-    """
-    await conn.execute(
-        """INSERT INTO winner_cache (cache_scope, model_ref, gpu, engine, engine_version, fingerprint,
-               mode, quality_gate, winner, candidates, pareto_front, measured, source_run_id, created_at,
-               expires_at)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now(), now() + %s)
-           ON CONFLICT (cache_scope, model_ref, gpu, engine, engine_version, fingerprint, mode, quality_gate)
-           DO UPDATE SET
-               winner = EXCLUDED.winner, candidates = EXCLUDED.candidates,
-               pareto_front = EXCLUDED.pareto_front, measured = EXCLUDED.measured,
-               source_run_id = EXCLUDED.source_run_id, created_at = EXCLUDED.created_at,
-               expires_at = EXCLUDED.expires_at
-           WHERE EXCLUDED.measured OR NOT winner_cache.measured OR winner_cache.expires_at <= now()""",
-        (
-            *(key[column] for column in KEY_COLUMNS),
-            Jsonb(answer.winner.model_dump(mode="json")) if answer.winner is not None else None,
-            Jsonb([c.model_dump(mode="json") for c in answer.candidates]),
-            Jsonb(list(answer.pareto_front)),
-            answer.measured,
-            source_run_id,
-            CACHE_TTL,
-        ),
-    )
 
 
 async def append_history(conn: Connection, rows: Sequence[HistoryRow], *, run_id: str, bench_id: str) -> None:

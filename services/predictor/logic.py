@@ -10,6 +10,8 @@ Per run (all events carry correlation_id = run id):
   once the bench is completed and every measured candidate has a final verdict.
 - a dead letter (`spec.dlq.<service>`) holding one of the run's events ->
   `run.failed(dead_letter)`, unless the run has ended: nothing would carry it on.
+  Whether it has is the predictor's own record (`RequestedRun`): its own answers, and
+  the `run.failed` other services publish.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from speccatalog.hardware import resolve_profile
 from speccatalog.targets import TargetInfo
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import CandidateResult, GateOutcome, Measurement, RankedCandidate
-from specops_schemas.catalog import ErrorStage, GateMethod, RunStatus
+from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.events import (
     BenchPlan,
     BenchRequested,
@@ -200,6 +202,20 @@ def is_ready(bench: Bench, gates: Mapping[str, GateOutcome]) -> bool:
     return all(settled(gates.get(m.candidate_id)) for m in bench.results)
 
 
+def with_verdict(
+    received: Mapping[str, GateOutcome], candidate_id: str, outcome: GateOutcome
+) -> dict[str, GateOutcome] | None:
+    """The bench's verdicts with one more; None when it changes nothing.
+
+    A verdict is final (a redelivered or repeated one is ignored); only a `pending`
+    placeholder is replaced, by a verdict.
+    """
+    before = received.get(candidate_id)
+    if before is not None and (before.passed is not None or outcome.passed is None):
+        return None
+    return {**received, candidate_id: outcome}
+
+
 def measured_answer(
     bench: Bench, ranked: Sequence[RankedCandidate], gates: Mapping[str, GateOutcome]
 ) -> RunCompleted:
@@ -265,16 +281,23 @@ def parked_run(parked: Envelope[Any]) -> str | None:
     return parked.correlation_id
 
 
-def can_fail(status: RunStatus | None, bench: Bench | None) -> bool:
-    """Whether a run may still be failed: it exists and neither its row nor its bench says it ended.
+@dataclass(frozen=True, slots=True)
+class RequestedRun:
+    """A run as the predictor knows it: requested here (run.requested), and whether it has ended."""
 
-    `status` is the run's row as the gateway projects it (None: no such run of the
-    tenant, e.g. a tune session's bench); a finalized bench is a run this predictor
-    answered already, whose answer may not be projected yet.
+    run_id: str
+    tenant_id: str
+    ended: bool
+
+
+def can_fail(run: RequestedRun | None) -> bool:
+    """Whether a dead letter may still fail a run: it was requested here and has not ended.
+
+    None is no run of the tenant that was requested here (e.g. a tune session's bench);
+    an ended run was answered (by this predictor, whose answer may not be projected yet)
+    or failed by another service.
     """
-    if status is None or status in (RunStatus.COMPLETED, RunStatus.FAILED):
-        return False
-    return bench is None or not bench.finalized
+    return run is not None and not run.ended
 
 
 def dead_letter_failed(letter: DeadLetter, parked: Envelope[Any]) -> Envelope[RunFailed]:

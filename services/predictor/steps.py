@@ -4,7 +4,8 @@ write (db), and return the events to queue in the outbox with it.
 Each step runs under `specbus.process_once`, so a redelivered event changes nothing
 and a crash before commit leaves no trace; a bench's steps lock the bench row first
 (`db.lock_bench`), so bench.completed, the gate verdicts and a dead letter of the run,
-handled in any order and on any replica, answer the run exactly once.
+handled in any order and on any replica, answer the run exactly once. Every step that
+publishes a run's end marks the run ended (`db.mark_ended`) in the same transaction.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from specbus.envelope import Envelope
 from speccatalog.targets import TargetError, TargetInfo
 from specops_schemas.candidates import GateOutcome
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
-from specops_services.predictor import cache, db, logic
+from specops_services.predictor import db, logic
 from specops_services.predictor.host import local_target
 from specops_services.predictor.plan import HostInfo
 from specplatform.db import Pool
@@ -47,11 +48,22 @@ async def load_target(model_ref: str) -> TargetInfo | logic.PlanFailure | None:
         return logic.failure(exc)
 
 
-async def queue(pool: Pool, events: Events) -> None:
-    """Queue events in a transaction of their own (ids derived, so queueing twice is a no-op)."""
+async def received(pool: Pool, event: Envelope[RunRequested]) -> None:
+    """Record the run as requested here and queue its `run.running(predicting)`, before planning.
+
+    In a transaction of their own, so that a run whose planning keeps failing (until its
+    request is parked) is still a run this predictor knows, and fails on that dead letter.
+    The event's id is derived, so a redelivery queues nothing new.
+    """
     async with pool.connection() as conn, conn.transaction():
-        for event in events:
-            await outbox.add(conn, event)
+        await db.record_run(conn, event.payload.run_id, event.tenant_id)
+        await outbox.add(conn, logic.predicting(event))
+
+
+async def run_failed(pool: Pool, event: Envelope[RunFailed]) -> None:
+    """Mark a run ended by a `run.failed` (the benchmark-runner's, the quality gate's, ours)."""
+    async with pool.connection() as conn, conn.transaction():
+        await db.mark_ended(conn, event.payload.run_id, event.tenant_id)
 
 
 async def plan(
@@ -67,6 +79,7 @@ async def plan(
         return []
     if isinstance(target, logic.PlanFailure):
         _log_failure(run_id, target)
+        await db.mark_ended(conn, run_id, event.tenant_id)
         return [logic.failed(event, target)]
     history = await db.recent_history(conn, request.workload.fingerprint, planner.history_rows)
     planned = logic.make_plan(
@@ -79,12 +92,12 @@ async def plan(
     )
     if isinstance(planned, logic.PlanFailure):
         _log_failure(run_id, planned)
+        await db.mark_ended(conn, run_id, event.tenant_id)
         return [logic.failed(event, planned)]
     await db.save_candidates(conn, run_id, planned.ranked)
     if planned.bench_plan is None:
         answer = logic.predicted_answer(planned, request)
-        key = cache.key_columns(request, tenant_id=event.tenant_id)
-        await db.store_winner(conn, key, answer, source_run_id=run_id)
+        await db.mark_ended(conn, run_id, event.tenant_id)
         return logic.answered_events(event, planned, answer)
     bench_id = logic.bench_id_for(run_id)
     await db.create_bench(conn, logic.Bench(bench_id, run_id, event.tenant_id, request, planned.bench_plan))
@@ -114,7 +127,7 @@ async def bench_completed(conn: db.Connection, event: Envelope[BenchCompleted]) 
         results=list(done.results),
         failures=list(done.failures),
     )
-    return await _answer_if_ready(conn, completed, event)
+    return await _answer_if_ready(conn, completed, await db.verdicts(conn, bench.bench_id), event)
 
 
 async def gate_evaluated(conn: db.Connection, event: Envelope[GateEvaluated]) -> Events:
@@ -127,10 +140,12 @@ async def gate_evaluated(conn: db.Connection, event: Envelope[GateEvaluated]) ->
     if bench.finalized:
         return []
     outcome = GateOutcome.model_validate(verdict.model_dump(exclude={"bench_id", "candidate_id"}))
-    await db.save_gate(
-        conn, bench_id=bench.bench_id, run_id=bench.run_id, candidate_id=verdict.candidate_id, outcome=outcome
-    )
-    return await _answer_if_ready(conn, bench, event)
+    gates = await db.verdicts(conn, bench.bench_id)
+    updated = logic.with_verdict(gates, verdict.candidate_id, outcome)
+    if updated is not None:
+        await db.save_verdicts(conn, bench.bench_id, updated)
+        gates = updated
+    return await _answer_if_ready(conn, bench, gates, event)
 
 
 async def dead_letter(conn: db.Connection, letter: DeadLetter, parked: Envelope[Any]) -> Events:
@@ -139,24 +154,30 @@ async def dead_letter(conn: db.Connection, letter: DeadLetter, parked: Envelope[
     if run_id is None:
         log.info("dead letter of %s %s belongs to no run; skipped", parked.type, parked.event_id)
         return []
+    if isinstance(parked.payload, RunRequested):
+        # The request itself proves the run, even if its receipt (`received`) never committed.
+        await db.record_run(conn, run_id, parked.tenant_id)
     # Locked first, as the answering steps do: whichever commits second sees the other.
     bench = await db.lock_bench(conn, logic.bench_id_for(run_id))
-    status = await db.run_status(conn, run_id, parked.tenant_id)
-    if not logic.can_fail(status, bench):
-        state = "answered" if bench is not None and bench.finalized else status or "unknown"
+    run = await db.lock_run(conn, run_id, parked.tenant_id)
+    if not logic.can_fail(run):
+        state = "unknown here" if run is None else "ended"
         log.info("dead letter of %s: run %s is %s; nothing to fail", parked.type, run_id, state)
         return []
     if bench is not None:
         # Failed now, so a bench.completed or verdict arriving later does not answer it too.
         await db.mark_failed(conn, bench.bench_id)
+    await db.mark_ended(conn, run_id, parked.tenant_id)
     return [logic.dead_letter_failed(letter, parked)]
 
 
-async def _answer_if_ready(conn: db.Connection, bench: logic.Bench, trigger: Envelope[Any]) -> Events:
-    gates = await db.gate_outcomes(conn, bench.bench_id)
+async def _answer_if_ready(
+    conn: db.Connection, bench: logic.Bench, gates: dict[str, GateOutcome], trigger: Envelope[Any]
+) -> Events:
     if not logic.is_ready(bench, gates):
         return []
     await db.mark_finalized(conn, bench.bench_id)
+    await db.mark_ended(conn, bench.run_id, bench.tenant_id)
     ranked = await db.ranked_candidates(conn, bench.run_id)
     try:
         answer = logic.measured_answer(bench, ranked, gates)
@@ -167,8 +188,6 @@ async def _answer_if_ready(conn: db.Connection, bench: logic.Bench, trigger: Env
         _log_failure(bench.run_id, problem)
         failed = RunFailed(run_id=bench.run_id, error_stage=problem.stage, message=problem.message)
         return [logic.answer_event(bench, trigger, failed)]
-    key = cache.key_columns(bench.request, tenant_id=bench.tenant_id)
-    await db.store_winner(conn, key, answer, source_run_id=bench.run_id)
     await db.append_history(conn, learned, run_id=bench.run_id, bench_id=bench.bench_id)
     return [logic.answer_event(bench, trigger, answer)]
 

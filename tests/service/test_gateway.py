@@ -429,6 +429,37 @@ async def test_cache_hit_completes_at_once_and_is_recorded(gw: Gateway) -> None:
     assert (await gw.create("other", body=run_body(gpu="h100"))).status_code == 202
 
 
+async def test_a_completed_run_answers_the_next_identical_post(gw: Gateway) -> None:
+    # Two runs of one request, both queued before either completes (nothing cached yet).
+    measured_id = (await gw.create()).json()["id"]
+    predicted_id = (await gw.create()).json()["id"]
+    await bus.publish_all(gw.nats_url, flow(measured_id))
+    await gw.wait_status(measured_id, "completed")
+    # A predicted answer of the same request does not replace the measured one.
+    guess = RunCompleted(
+        run_id=predicted_id,
+        cache_hit=False,
+        measured=False,
+        winner=OTHER,
+        candidates=[OTHER],
+        pareto_front=["eagle3-tree"],
+    )
+    await bus.publish_all(
+        gw.nats_url, [new_event(guess, tenant_id="acme", correlation_id=predicted_id, producer="predictor")]
+    )
+    await gw.wait_status(predicted_id, "completed")
+    source = "SELECT source_run_id FROM winner_cache WHERE cache_scope = 'acme'"
+    assert bus.sql(gw.dsn, source) == [(measured_id,)]
+
+    hit = await gw.create(body=run_body(gpu="h100"))
+    assert hit.status_code == 200, hit.text
+    run = hit.json()
+    assert run["cache_hit"] is True and run["measured"] is True
+    assert run["winner"] == WINNER.model_dump(mode="json")
+    # Another tenant's identical request does not see acme's winner (F-S1).
+    assert (await gw.create("other", body=run_body(gpu="h100"))).status_code == 202
+
+
 # --- SSE resume -----------------------------------------------------------------------------------
 
 

@@ -1,7 +1,7 @@
 """The predictor service on a real nats-server and PostgreSQL; the benchmark-runner and the
 quality gate are played by the test, which publishes their events as they would (or, for
-the dead letters, by a benchmark-runner whose every attempt fails, and the gateway shows
-the run)."""
+the dead letters, by a benchmark-runner whose every attempt fails). Where a user would see
+the outcome through the gateway (its winner cache, a failed run), the gateway runs too."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from specops_schemas.events import (
     BenchPlan,
     BenchRequested,
     GateEvaluated,
+    RunFailed,
     RunQueued,
     RunRequested,
     parse_event,
@@ -148,7 +149,7 @@ async def test_measured_run_completes_once_every_verdict_is_in(
 ) -> None:
     requested = _requested(db, _request())
     run_id = requested.correlation_id
-    async with _predictor(db, nats_url) as service:
+    async with running_gateway(db, nats_url) as gw, _predictor(db, nats_url) as service:
         await publish(js, requested)
         bench = await _planned(js, run_id)
         stream = await _run_events(js, run_id, at_least=3)
@@ -170,6 +171,9 @@ async def test_measured_run_completes_once_every_verdict_is_in(
         assert bus.sql(db, "SELECT count(*) FROM outbox WHERE subject LIKE 'spec.run.%.completed'") == [(0,)]
         await publish(js, verdicts[third])
         [completed] = await bus.events(js, f"spec.run.{run_id}.completed")
+        await gw.wait_status(run_id, "completed")
+        # The identical request right after is answered from the winner cache.
+        hit = await gw.create(body=run_body(model_ref=SMOLLM, gpu="cpu", engine="speccore"))
 
     answer = completed.payload
     assert answer.measured is True and answer.cache_hit is False
@@ -180,15 +184,14 @@ async def test_measured_run_completes_once_every_verdict_is_in(
     assert measured == set(speedups)
     assert second in answer.pareto_front
 
-    [(winner, is_measured, source)] = bus.sql(
-        db,
-        """SELECT winner, measured, source_run_id FROM winner_cache
-           WHERE cache_scope = %s AND model_ref = %s AND gpu = 'cpu' AND engine = 'speccore'
-             AND engine_version = '' AND fingerprint = 'chat' AND mode = 'interactive'
-             AND quality_gate = 'topk5' AND expires_at > now() + interval '29 days'""",
-        (TENANT, SMOLLM),
-    )
-    assert winner["candidate"]["candidate_id"] == second and is_measured and source == run_id
+    assert hit.status_code == 200, hit.text
+    cached = hit.json()
+    assert cached["status"] == "completed" and cached["cache_hit"] is True and cached["measured"] is True
+    assert cached["winner"] == answer.winner.model_dump(mode="json")
+    # Cached for 30 days, from this run.
+    fresh = """SELECT count(*) FROM winner_cache
+               WHERE source_run_id = %s AND expires_at > now() + interval '29 days'"""
+    assert bus.sql(db, fresh, (run_id,)) == [(1,)]
     history = bus.sql(
         db, "SELECT family, k, acceptance_rate, gpu FROM measured_history WHERE run_id = %s", (run_id,)
     )
@@ -256,19 +259,24 @@ async def test_a_target_not_measurable_here_gets_the_predicted_best(
 ) -> None:
     requested = _requested(db, _request(LLAMA_70B, gpu="H100-80GB", engine="vllm"))
     run_id = requested.correlation_id
-    async with _predictor(db, nats_url):
+    async with running_gateway(db, nats_url) as gw, _predictor(db, nats_url):
         await publish(js, requested)
         [completed] = await bus.events(js, f"spec.run.{run_id}.completed")
         stream = await _run_events(js, run_id, at_least=3)
         assert await bus.count(js, "spec.bench.*.requested") == 0
+        await gw.wait_status(run_id, "completed")
+        # The same request right after (`h100` is the same profile) is answered from the cache.
+        hit = await gw.create(body=run_body(model_ref=LLAMA_70B, gpu="h100", engine="vllm"))
 
     answer = completed.payload
     assert answer.measured is False and answer.cache_hit is False
     assert answer.winner is not None and answer.winner.measurement is None
     assert stream[0].type == "run.running" and stream[0].payload.stage == "predicting"
     assert sorted(e.type for e in stream) == ["run.completed", "run.predicted", "run.running"]
-    rows = bus.sql(db, "SELECT measured, gpu, engine FROM winner_cache WHERE source_run_id = %s", (run_id,))
-    assert rows == [(False, "H100-80GB", "vllm")]
+    assert hit.status_code == 200, hit.text
+    cached = hit.json()
+    assert cached["cache_hit"] is True and cached["measured"] is False
+    assert cached["winner"] == answer.winner.model_dump(mode="json")
 
 
 async def test_an_unknown_gpu_fails_the_run_as_validation(
@@ -389,6 +397,44 @@ async def test_a_parked_bench_fails_its_run_once_and_the_gateway_shows_it(
     # Failed, so the bench cannot be answered later as well.
     answered = "SELECT finalized_at IS NULL, failed_at IS NOT NULL FROM benches WHERE run_id = %s"
     assert bus.sql(db, answered, (run_id,)) == [(True, True)]
+
+
+async def test_a_parked_request_fails_its_run_though_the_predictor_never_took_it(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    # E.g. the database was down through every delivery of the request to the predictor.
+    requested = _requested(db, _request())
+    run_id = requested.correlation_id
+    async with _predictor(db, nats_url):
+        letter = _letter(requested.to_json_bytes())
+        await publish_raw(js, dlq_subject("predictor"), letter, {MSG_ID: "parked-request"})
+        [failed] = await bus.events(js, f"spec.run.{run_id}.failed")
+    assert failed.payload.error_stage == ErrorStage.DEAD_LETTER
+    assert failed.causation_id == requested.event_id
+    assert await bus.count(js, f"spec.run.{run_id}.predicted") == 0
+
+
+async def test_a_run_another_service_failed_is_not_failed_again_by_a_dead_letter(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    requested = _requested(db, _request())
+    run_id = requested.correlation_id
+    async with _predictor(db, nats_url) as predictor:
+        await publish(js, requested)
+        bench = await _planned(js, run_id)
+        # The benchmark-runner cannot load the target: it ends the run itself.
+        stop = bench.follow(
+            RunFailed(run_id=run_id, error_stage=ErrorStage.MODEL_LOAD, message="no weights"),
+            producer="benchmark-runner",
+        )
+        await bus.acked(js, consumer_name(predictor, "run_failed"), await publish(js, stop))
+        # Then a service gives up on one of the run's events.
+        letter = _letter(bench.to_json_bytes())
+        ack = await publish_raw(js, dlq_subject("quality_gate"), letter, {MSG_ID: "late-letter"})
+        await bus.acked(js, consumer_name(predictor, "dead_letter"), ack)
+        await asyncio.sleep(0.6)  # time for the relay to publish anything that queued
+        [failed] = await bus.events(js, f"spec.run.{run_id}.failed")
+    assert failed.event_id == stop.event_id
 
 
 _SERVE = (

@@ -1,9 +1,8 @@
-"""The T1 predictor's pure logic: catalog pruning, the acceptance model, scoring, cache, plan."""
+"""The T1 predictor's pure logic: catalog pruning, the acceptance model, scoring, plan."""
 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -33,7 +32,6 @@ from specops_schemas.api import Priorities, RunCreateRequest
 from specops_schemas.candidates import Candidate, GateOutcome, Measurement, Prediction, RankedCandidate
 from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, GateMethod, Mode
 from specops_schemas.events import CandidateFailure, RunCompleted
-from specops_services.predictor.cache import CACHE_TTL, cache_key, is_fresh, request_cache_key
 from specops_services.predictor.catalog import build_catalog, enumerate_candidates, known_for
 from specops_services.predictor.model import (
     Estimate,
@@ -518,53 +516,6 @@ def test_unmeasurable_target_wins_with_the_predicted_best() -> None:
     assert decision.winner.candidate == plan.ranked[0].candidate
     assert decision.winner.measurement is None
     completed(decision)
-
-
-# --- winner cache -----------------------------------------------------------------------------
-
-KEY_FIELDS = {
-    "model_ref": "m",
-    "gpu": "cpu",
-    "engine": Engine.SPECCORE,
-    "engine_version": "0.1.0",
-    "fingerprint": Fingerprint.CHAT,
-    "mode": Mode.INTERACTIVE,
-    "quality_gate": GateMethod.TOPK5,
-}
-OTHER_VALUES = {
-    "model_ref": "m2",
-    "gpu": "H100-80GB",
-    "engine": Engine.VLLM,
-    "engine_version": "0.1.1",
-    "fingerprint": Fingerprint.CODE,
-    "mode": Mode.BATCH,
-    "quality_gate": GateMethod.EXACT,
-}
-
-
-def test_cache_key_is_stable_and_changes_with_each_field() -> None:
-    base = cache_key(**KEY_FIELDS)
-    assert base == cache_key(**KEY_FIELDS)
-    assert re.fullmatch("[0-9a-f]{64}", base)
-    for name, value in OTHER_VALUES.items():
-        assert cache_key(**(KEY_FIELDS | {name: value})) != base, name
-    assert cache_key(**KEY_FIELDS, tenant_id="t1") != base
-
-
-def test_request_cache_key_canonicalises_the_gpu_and_resolves_the_engine_version() -> None:
-    a = request_cache_key(request(LLAMA_70B, gpu="h100", engine="vllm"), "0.8.0")
-    b = request_cache_key(request(LLAMA_70B, gpu="H100-80GB", engine="vllm"), "0.8.0")
-    assert a == b
-    assert request_cache_key(request(LLAMA_70B, gpu="H100-80GB", engine="vllm"), "0.9.0") != b
-
-
-def test_cache_entries_expire_after_30_days() -> None:
-    now = datetime(2026, 11, 23, tzinfo=UTC)
-    assert timedelta(days=30) == CACHE_TTL
-    assert is_fresh(now - timedelta(days=29, hours=23), now)
-    assert not is_fresh(now - timedelta(days=30), now)
-    with pytest.raises(ValueError, match="timezone"):
-        is_fresh(datetime(2026, 11, 1), now)
 
 
 # --- plan -------------------------------------------------------------------------------------

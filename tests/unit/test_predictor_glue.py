@@ -1,4 +1,4 @@
-"""The predictor service's glue without servers: host detection, readiness, the cache key,
+"""The predictor service's glue without servers: host detection, verdicts and readiness,
 dead letters."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from specbus.envelope import Envelope, new_event
 from speccatalog.hardware import UnknownHardware
 from specops_schemas.api import RunCreateRequest, Target
 from specops_schemas.candidates import GateOutcome, Measurement
-from specops_schemas.catalog import ErrorStage, GateMethod, RunStatus
+from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.events import BenchPlan, RunFailed, RunRunning
-from specops_services.predictor import cache, host, logic
+from specops_services.predictor import host, logic
 from specops_services.predictor.settings import PredictorSettings
 
 
@@ -43,27 +43,6 @@ def test_host_gpu_setting_overrides_detection(monkeypatch: pytest.MonkeyPatch) -
     assert host.host_info(PredictorSettings(host_gpu="auto")).cuda is False
     with pytest.raises(UnknownHardware):
         host.host_info(PredictorSettings(host_gpu="TPU-v9"))
-
-
-def test_cache_key_columns_are_the_canonical_key_the_gateway_looks_up() -> None:
-    request = RunCreateRequest.model_validate(
-        {
-            "target": {"model_ref": "smollm2-135m-instruct", "gpu": "h100", "engine": "speccore"},
-            "workload": {"fingerprint": "code"},
-        }
-    )
-    key = cache.key_columns(request, tenant_id="acme")
-    assert key == {
-        "cache_scope": "acme",
-        "model_ref": "smollm2-135m-instruct",
-        "gpu": "H100-80GB",
-        "engine": "speccore",
-        "engine_version": "",
-        "fingerprint": "code",
-        "mode": "interactive",
-        "quality_gate": "topk5",
-    }
-    assert tuple(key) == cache.KEY_COLUMNS
 
 
 def _measured(cid: str) -> Measurement:
@@ -115,6 +94,18 @@ def test_pending_verdicts_are_final_only_under_the_pending_method(method: GateMe
     )
 
 
+def test_a_verdict_is_final_and_only_replaces_a_pending_one() -> None:
+    pending = GateOutcome(method=GateMethod.PENDING, passed=None)
+    passed = GateOutcome(method=GateMethod.TOPK5, passed=True, score=0.99, threshold=0.95)
+    failed = GateOutcome(method=GateMethod.TOPK5, passed=False, score=0.5, threshold=0.95)
+    assert logic.with_verdict({}, "a", pending) == {"a": pending}
+    assert logic.with_verdict({"a": pending}, "a", passed) == {"a": passed}
+    assert logic.with_verdict({"a": pending}, "b", failed) == {"a": pending, "b": failed}
+    assert logic.with_verdict({"a": passed}, "a", failed) is None
+    assert logic.with_verdict({"a": passed}, "a", pending) is None
+    assert logic.with_verdict({"a": pending}, "a", pending) is None
+
+
 def _parked(payload: Any, run_id: str = "r1") -> Envelope[Any]:
     return new_event(payload, tenant_id="acme", correlation_id=run_id, producer="benchmark-runner")
 
@@ -146,15 +137,10 @@ def test_a_dead_letter_names_the_run_its_event_would_leave_unfinished() -> None:
 
 
 def test_only_a_run_that_has_not_ended_can_be_failed_by_a_dead_letter() -> None:
-    plan, request = _plan(GateMethod.TOPK5)
-    open_bench = logic.Bench("b1", "r1", "acme", request, plan)
-    answered = logic.Bench("b1", "r1", "acme", request, plan, finalized=True)
-    assert logic.can_fail(RunStatus.RUNNING, open_bench)
-    assert logic.can_fail(RunStatus.QUEUED, None)
-    assert not logic.can_fail(RunStatus.RUNNING, answered)  # answered, not projected yet
-    assert not logic.can_fail(RunStatus.COMPLETED, open_bench)
-    assert not logic.can_fail(RunStatus.FAILED, None)
-    assert not logic.can_fail(None, None)  # no such run of the tenant
+    assert logic.can_fail(logic.RequestedRun("r1", "acme", ended=False))
+    # Answered here (perhaps not projected yet), or failed by another service.
+    assert not logic.can_fail(logic.RequestedRun("r1", "acme", ended=True))
+    assert not logic.can_fail(None)  # no run of the tenant was requested here
 
 
 def test_every_dead_letter_of_a_run_fails_it_with_one_event() -> None:

@@ -1,7 +1,8 @@
 """The 30-day winner cache: its key and its freshness rule (seed 000, T1).
 
-The predictor stores winners under `key_columns` and the gateway looks them up under
-the same function, so a stored winner is always found again.
+The gateway owns winner_cache: its projector stores a run's answer under `key_columns`
+of the run's request when it records the run's run.completed, and POST /runs looks a
+request up under the same function, so a stored winner is always found again.
 """
 
 from __future__ import annotations
