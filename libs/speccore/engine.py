@@ -2,6 +2,17 @@
 
 Plain autoregressive decoding is the method ``none``: the same loop with an
 empty draft, so every speedup is measured against the same machinery.
+
+Glossary (one step of a padded batch; block, accepted, recovered and bonus
+tokens as in verify.py):
+- active row: a row not finished before the step. Finished rows ride along in
+  the batch, but nothing of theirs is accepted, committed, counted or emitted.
+- new tokens: a row's accepted draft tokens, then its recovered or bonus token.
+- kept tokens: the new tokens a row keeps, cut at EOS, max tokens or a stop
+  string; they go to ``on_tokens``.
+- draft time: propose, plus observe and the bookkeeping before it; verify time:
+  building the block, the target's forward pass over it, the verifier and the
+  KV commit.
 """
 
 from __future__ import annotations
@@ -9,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,7 +34,10 @@ from speccore.runner import ModelRunner, pad_rows
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
 from speccore.tree import ancestor_mask, block_parents, depths
-from speccore.verify import verify_block
+from speccore.verify import Block, Verdict, verify_block
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Room for one verify block beyond prompt + new tokens.
 BLOCK_HEADROOM = 128
@@ -54,6 +69,23 @@ class _Run:
     start: float
     on_tokens: TokenCallback | None
     on_logits: LogitsCallback | None
+
+
+@dataclass(slots=True)
+class Verified:
+    """One step's block after the target has scored it and the verifier has ruled."""
+
+    block: Block
+    logits: torch.Tensor  # [batch, q, vocab] target logits at every block node, on the CPU
+    features: torch.Tensor | None  # [batch, q, F] what the proposer reads at every block node, or None
+    verdict: Verdict
+    active: list[bool]  # per row: not finished before the step
+
+    def committed_paths(self) -> list[list[int]]:
+        """The block nodes each row keeps in the KV cache: its accepted path, or none if inactive."""
+        return [
+            path if act else [] for path, act in zip(self.verdict.accepted_nodes, self.active, strict=True)
+        ]
 
 
 @dataclass(slots=True)
@@ -128,7 +160,14 @@ class Engine:
             m.new_tokens = len(seq.output_ids)
             m.extra_memory_bytes = extra
             text = str(self.target.tokenizer.decode(seq.output_ids, skip_special_tokens=True))
-            results.append(Generation(seq.output_ids, text, seq.finish_reason or "length", m))
+            results.append(
+                Generation(
+                    token_ids=seq.output_ids,
+                    text=text,
+                    finish_reason=seq.finish_reason or "length",
+                    metrics=m,
+                )
+            )
         return results
 
     def _validate(self, requests: list[Request]) -> list[Sequence]:
@@ -152,7 +191,14 @@ class Engine:
             if not r.sampling.greedy:
                 gen = torch.Generator()
                 gen.manual_seed(r.seed if r.seed is not None else int(torch.randint(0, 2**62, ()).item()))
-            seqs.append(Sequence(list(r.prompt_ids), r.max_new_tokens, r.sampling, gen))
+            seqs.append(
+                Sequence(
+                    prompt_ids=list(r.prompt_ids),
+                    max_new_tokens=r.max_new_tokens,
+                    sampling=r.sampling,
+                    generator=gen,
+                )
+            )
         return seqs
 
     def _prefill(self, run: _Run) -> torch.Tensor | None:
@@ -178,96 +224,131 @@ class Engine:
         return hidden, tapped if tapped is not None else hidden
 
     def _step(self, run: _Run) -> None:
-        seqs, cache, metrics, sampling = run.seqs, run.cache, run.metrics, run.sampling
-        batch = len(seqs)
-        active = [not s.finished for s in seqs]
+        """propose -> verify -> commit, then count, emit and let the proposer observe."""
+        active = [not s.finished for s in run.seqs]
         t0 = time.perf_counter()
-        ctx = StepContext(sampling, [s.generator for s in seqs])
-        tree = self.proposer.propose(seqs, ctx) if self.proposer is not None else DraftTree.empty(batch)
+        ctx = StepContext(sampling=run.sampling, generators=[s.generator for s in run.seqs])
+        tree = self._propose(run.seqs, ctx)
         t1 = time.perf_counter()
-
-        pending = torch.tensor([[s.pending] for s in seqs], dtype=torch.long)
-        tokens = torch.cat([pending, tree.tokens], dim=1)  # [batch, q]
-        parents = block_parents(tree.parents)
-        acceptable = torch.cat([torch.zeros(batch, 1, dtype=torch.bool), tree.acceptable], dim=1)
-        hidden, features = self._forward(cache, tokens, parents if tree.size else None)
-        logits = self.runner.logits(hidden).cpu()  # [batch, q, vocab]
-        verdict = verify_block(
-            logits,
-            tokens,
-            parents,
-            acceptable,
-            sampling,
-            ctx.generators,
-            tree.draft_probs,
-            active,
-            self.lossy_accept_threshold,
-        )
-        cache.commit_paths(
-            [path if act else [] for path, act in zip(verdict.accepted_nodes, active, strict=True)]
-        )
+        step = self._verify(run.cache, block_of(run.seqs, tree), ctx, active)
+        run.cache.commit_paths(step.committed_paths())
         t2 = time.perf_counter()
 
-        depth = (depths(ancestor_mask(parents)) * acceptable).max(1).values.tolist()
-        drafted = acceptable.sum(1).tolist()
-        tok_rows = tokens.tolist()
-        for row, seq in enumerate(seqs):
-            if not active[row]:
-                continue
-            path = verdict.accepted_nodes[row]
-            m = metrics[row]
-            m.record_step(drafted[row], depth[row], len(path) - 1)
-            m.draft_time_s += t1 - t0
-            m.verify_time_s += t2 - t1
-            new = [tok_rows[row][node] for node in path[1:]] + [verdict.next_tokens[row]]
-            if run.on_logits is not None:
-                run.on_logits(row, logits[row, path])
-            self._emit(row, seq, run.requests[row], new, run.on_tokens)
-            now = time.perf_counter()
-            m.ttft_s = m.ttft_s or now - run.start
-            if seq.finished:
-                m.total_time_s = now - run.start
+        record_step(run.metrics, step, draft_s=t1 - t0, verify_s=t2 - t1)
+        for row, new in enumerate(new_tokens(step)):
+            if active[row]:
+                self._emit(run, row, new, step)
         if self.proposer is not None:
-            outcome = StepOutcome(
-                tokens,
-                logits,
-                verdict.accepted_nodes,
-                verdict.next_tokens,
-                features,
-            )
-            self.proposer.observe(seqs, outcome)
-            observe_time = time.perf_counter() - t2
-            for row, act in enumerate(active):
-                if act:
-                    metrics[row].draft_time_s += observe_time
+            self.proposer.observe(run.seqs, outcome_of(step))
+            add_draft_time(run.metrics, active, time.perf_counter() - t2)
 
-    def _emit(
-        self, row: int, seq: Sequence, req: Request, new: list[int], on_tokens: TokenCallback | None
-    ) -> None:
-        """Append tokens to a sequence, stopping at EOS, max tokens or a stop string."""
-        kept: list[int] = []
-        for token in new:
-            if token in self.target.eos_token_ids:
-                seq.finished, seq.finish_reason = True, "stop"
-                break
-            kept.append(token)
-            if len(seq.output_ids) + len(kept) >= seq.max_new_tokens:
-                seq.finished, seq.finish_reason = True, "length"
-                break
-        seq.output_ids.extend(kept)
-        if req.stop and kept:
-            kept = self._cut_at_stop(seq, req.stop, len(kept))
-        if on_tokens is not None and kept:
-            on_tokens(row, kept)
+    def _propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
+        return self.proposer.propose(seqs, ctx) if self.proposer is not None else DraftTree.empty(len(seqs))
 
-    def _cut_at_stop(self, seq: Sequence, stops: tuple[str, ...], n_new: int) -> list[int]:
-        """Stop before the token that completes a stop string; return the new tokens still kept."""
-        decode = self.target.tokenizer.decode
-        start = len(seq.output_ids) - n_new
-        for end in range(start + 1, len(seq.output_ids) + 1):
-            text = decode(seq.output_ids[:end], skip_special_tokens=True)
-            if any(s in text for s in stops):
-                del seq.output_ids[end - 1 :]
-                seq.finished, seq.finish_reason = True, "stop"
-                return seq.output_ids[start:]
-        return seq.output_ids[start:]
+    def _verify(self, cache: StaticKVCache, block: Block, ctx: StepContext, active: list[bool]) -> Verified:
+        """The target scores the block (its KV written to the cache, not committed); the verifier rules."""
+        drafted = block.tokens.shape[1] > 1
+        hidden, features = self._forward(cache, block.tokens, block.parents if drafted else None)
+        logits = self.runner.logits(hidden).cpu()  # [batch, q, vocab]
+        verdict = verify_block(
+            block,
+            logits,
+            ctx.sampling,
+            ctx.generators,
+            active=active,
+            lossy_accept_threshold=self.lossy_accept_threshold,
+        )
+        return Verified(block=block, logits=logits, features=features, verdict=verdict, active=active)
+
+    def _emit(self, run: _Run, row: int, new: list[int], step: Verified) -> None:
+        """A row's new tokens: their logits to on_logits, the kept ones to the sequence and on_tokens,
+        and the time they reached the caller to the row's metrics."""
+        if run.on_logits is not None:
+            run.on_logits(row, step.logits[row, step.verdict.accepted_nodes[row]])
+        seq = run.seqs[row]
+        kept = append_until_done(seq, new, self.target.eos_token_ids)
+        stops = run.requests[row].stop
+        if stops and kept:
+            kept = cut_at_stop(seq, stops, len(kept), self.target.tokenizer)
+        if run.on_tokens is not None and kept:
+            run.on_tokens(row, kept)
+        run.metrics[row].mark_emitted(time.perf_counter() - run.start, finished=seq.finished)
+
+
+def block_of(seqs: list[Sequence], tree: DraftTree) -> Block:
+    """The block of every row: its pending token as the root, the draft tree below it."""
+    batch = len(seqs)
+    pending = torch.tensor([[s.pending] for s in seqs], dtype=torch.long)
+    return Block(
+        tokens=torch.cat([pending, tree.tokens], dim=1),
+        parents=block_parents(tree.parents),
+        acceptable=torch.cat([torch.zeros(batch, 1, dtype=torch.bool), tree.acceptable], dim=1),
+        draft_probs=tree.draft_probs,
+    )
+
+
+def new_tokens(step: Verified) -> list[list[int]]:
+    """Per row: the accepted draft tokens then the next token (inactive rows: none)."""
+    verdict = step.verdict
+    rows = zip(
+        step.block.tokens.tolist(), verdict.accepted_nodes, verdict.next_tokens, step.active, strict=True
+    )
+    return [[toks[node] for node in path[1:]] + [nxt] if act else [] for toks, path, nxt, act in rows]
+
+
+def outcome_of(step: Verified) -> StepOutcome:
+    return StepOutcome(
+        block_tokens=step.block.tokens,
+        logits=step.logits,
+        accepted_nodes=step.verdict.accepted_nodes,
+        next_tokens=step.verdict.next_tokens,
+        hidden=step.features,
+    )
+
+
+def record_step(metrics: list[GenerationMetrics], step: Verified, *, draft_s: float, verify_s: float) -> None:
+    """Count each active row's drafted nodes, draft depth and accepted tokens, and the step's times."""
+    block = step.block
+    depth = (depths(ancestor_mask(block.parents)) * block.acceptable).max(1).values.tolist()
+    drafted = block.acceptable.sum(1).tolist()
+    for row, m in enumerate(metrics):
+        if step.active[row]:
+            m.record_step(drafted[row], depth[row], len(step.verdict.accepted_nodes[row]) - 1)
+            m.draft_time_s += draft_s
+            m.verify_time_s += verify_s
+
+
+def add_draft_time(metrics: list[GenerationMetrics], active: list[bool], seconds: float) -> None:
+    """The proposer's observe, and the bookkeeping before it, is drafting work of every active row."""
+    for m, act in zip(metrics, active, strict=True):
+        if act:
+            m.draft_time_s += seconds
+
+
+def append_until_done(seq: Sequence, new: list[int], eos_ids: set[int]) -> list[int]:
+    """Append tokens up to EOS (not kept) or max tokens, where the sequence finishes; return those kept."""
+    kept: list[int] = []
+    for token in new:
+        if token in eos_ids:
+            seq.finished, seq.finish_reason = True, "stop"
+            break
+        kept.append(token)
+        if len(seq.output_ids) + len(kept) >= seq.max_new_tokens:
+            seq.finished, seq.finish_reason = True, "length"
+            break
+    seq.output_ids.extend(kept)
+    return kept
+
+
+def cut_at_stop(
+    seq: Sequence, stops: tuple[str, ...], n_new: int, tokenizer: PreTrainedTokenizerBase
+) -> list[int]:
+    """Stop before the token that completes a stop string; return the new tokens still kept."""
+    start = len(seq.output_ids) - n_new
+    for end in range(start + 1, len(seq.output_ids) + 1):
+        text = tokenizer.decode(seq.output_ids[:end], skip_special_tokens=True)
+        if any(s in text for s in stops):
+            del seq.output_ids[end - 1 :]
+            seq.finished, seq.finish_reason = True, "stop"
+            return seq.output_ids[start:]
+    return seq.output_ids[start:]

@@ -35,6 +35,13 @@ class GenerationMetrics:
             self.drafted_per_position[pos] += 1
             self.accepted_per_position[pos] += int(pos < accepted)
 
+    def mark_emitted(self, elapsed_s: float, *, finished: bool) -> None:
+        """Tokens reached the caller `elapsed_s` after the start: the first such time is the
+        TTFT, the one that finishes the sequence its total time."""
+        self.ttft_s = self.ttft_s or elapsed_s
+        if finished:
+            self.total_time_s = elapsed_s
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0

@@ -1,13 +1,14 @@
 """Lossless verification of a block of draft candidates against target logits.
 
 Glossary (per row, per verify step):
-- block: the pending token (root, index 0) followed by the draft nodes.
+- block: the pending token (root, index 0) followed by the draft nodes (``Block``).
 - accepted tokens: draft nodes on the path the target agrees with.
 - recovered token: at the first rejection, a token drawn from the residual
   distribution norm(max(0, p - q)) (Leviathan et al. 2023, arXiv 2211.17192;
   Chen et al. 2023, arXiv 2302.01318).
 - bonus token: when a leaf is reached, a token drawn from the target at that leaf.
-Either the recovered or the bonus token becomes the new pending token.
+  Either the recovered or the bonus token becomes the new pending token.
+- inactive row: a row that finished before this step; it accepts nothing.
 
 Greedy (temperature 0) accepts a child whose token equals the target argmax.
 Sampling walks the tree: at a node, children are tried in order; a child d is
@@ -33,7 +34,19 @@ from speccore.tree import children_lists
 
 
 @dataclass(slots=True)
+class Block:
+    """One verify step's candidates for a batch: the pending token, then the draft nodes."""
+
+    tokens: torch.Tensor  # [batch, q] int64 block tokens, root first
+    parents: torch.Tensor  # [batch, q] int64 block-relative parents, root -1
+    acceptable: torch.Tensor  # [batch, q] bool, root False
+    draft_probs: torch.Tensor | None = None  # [batch, q-1, vocab] q each draft node was sampled from
+
+
+@dataclass(slots=True)
 class Verdict:
+    """Per row, what the target keeps of a block."""
+
     accepted_nodes: list[list[int]]  # per row: block indices of the accepted path, root first
     next_tokens: list[int]  # per row: recovered or bonus token
 
@@ -51,25 +64,23 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def verify_block(
+    block: Block,
     logits: torch.Tensor,  # [batch, q, vocab] target logits at every block node
-    tokens: torch.Tensor,  # [batch, q] block tokens (root first)
-    block_parents: torch.Tensor,  # [batch, q] block-relative parents, root -1
-    acceptable: torch.Tensor,  # [batch, q] bool, root False
     params: SamplingParams,
     generators: list[torch.Generator | None],
-    draft_probs: torch.Tensor | None = None,  # [batch, q-1, vocab] q each draft node was sampled from
-    active: list[bool] | None = None,
+    *,
+    active: list[bool] | None = None,  # per row; inactive rows accept nothing (path [0], next 0)
     lossy_accept_threshold: float | None = None,
 ) -> Verdict:
-    toks = tokens.tolist()
-    parents = block_parents.tolist()
-    ok = acceptable.tolist()
+    toks = block.tokens.tolist()
+    parents = block.parents.tolist()
+    ok = block.acceptable.tolist()
     greedy_ids = logits.argmax(-1).tolist() if params.greedy else None
     lossy = lossy_accept_threshold
     loose_probs = logits.softmax(-1) if lossy is not None and params.greedy else None  # [batch, q, vocab]
     paths: list[list[int]] = []
     nexts: list[int] = []
-    for row in range(tokens.shape[0]):
+    for row in range(len(toks)):
         if active is not None and not active[row]:
             paths.append([0])
             nexts.append(0)
@@ -77,19 +88,22 @@ def verify_block(
         kids = [[c for c in cs if ok[row][c]] for cs in children_lists(parents[row])]
         if greedy_ids is not None:
             row_p = loose_probs[row] if loose_probs is not None else None
-            path, nxt = _walk_greedy(greedy_ids[row], toks[row], kids, row_p, lossy)
+            path, nxt = _walk_greedy(greedy_ids[row], toks[row], kids, loose_probs=row_p, lossy=lossy)
         else:
-            row_q = draft_probs[row] if draft_probs is not None else None
-            path, nxt = _walk_sampled(logits[row], toks[row], kids, params, generators[row], row_q, lossy)
+            row_q = block.draft_probs[row] if block.draft_probs is not None else None
+            path, nxt = _walk_sampled(
+                logits[row], toks[row], kids, params, generators[row], q_probs=row_q, lossy=lossy
+            )
         paths.append(path)
         nexts.append(nxt)
-    return Verdict(paths, nexts)
+    return Verdict(accepted_nodes=paths, next_tokens=nexts)
 
 
 def _walk_greedy(
     argmax: list[int],
     toks: list[int],
     kids: list[list[int]],
+    *,
     loose_probs: torch.Tensor | None = None,  # [q, vocab], only with the lossy threshold
     lossy: float | None = None,
 ) -> tuple[list[int], int]:
@@ -111,6 +125,7 @@ def _walk_sampled(
     kids: list[list[int]],
     params: SamplingParams,
     gen: torch.Generator | None,
+    *,
     q_probs: torch.Tensor | None,  # [q-1, vocab] or None for deterministic drafts
     lossy: float | None = None,
 ) -> tuple[list[int], int]:

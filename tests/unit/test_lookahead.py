@@ -29,7 +29,7 @@ def make_seq(prompt: list[int], output: list[int], max_new: int = 100) -> Sequen
 
 
 def ctx(batch: int) -> StepContext:
-    return StepContext(GREEDY, [None] * batch)
+    return StepContext(sampling=GREEDY, generators=[None] * batch)
 
 
 def paths(tree: DraftTree, row: int) -> list[list[int]]:
@@ -58,7 +58,9 @@ def outcome_for(tree: DraftTree, pending: list[int], argmax: dict[tuple[int, int
     for (row, block), tok in argmax.items():
         logits[row, block, tok] = 1.0
     block = torch.cat([torch.tensor(pending)[:, None], tree.tokens], dim=1)
-    return StepOutcome(block, logits, [[0] for _ in range(batch)], [0] * batch)
+    return StepOutcome(
+        block_tokens=block, logits=logits, accepted_nodes=[[0] for _ in range(batch)], next_tokens=[0] * batch
+    )
 
 
 def test_window_nodes_follow_the_jacobi_diagonals() -> None:

@@ -16,7 +16,7 @@ import torch
 from speccore.candidates import ignored_options
 from speccore.errors import SpecError
 from speccore.sampling import SamplingParams
-from speccore.verify import verify_block
+from speccore.verify import Block, verify_block
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import GateMethod
 from specops_services.quality_gate.constraints import violations
@@ -116,8 +116,12 @@ def test_answer_letter_is_the_first_standalone_one() -> None:
 def test_lossy_acceptance_is_opt_in() -> None:
     # Target argmax is token 1 everywhere; the draft guesses token 2, which the target gives ~24 %.
     logits = torch.tensor([[[0.0, 2.0, 1.0, -5.0]] * 2])  # [1, 2, vocab]
-    block = torch.tensor([[0, 2]])
-    args = (logits, block, torch.tensor([[-1, 0]]), torch.tensor([[False, True]]), SamplingParams(), [None])
+    block = Block(
+        tokens=torch.tensor([[0, 2]]),
+        parents=torch.tensor([[-1, 0]]),
+        acceptable=torch.tensor([[False, True]]),
+    )
+    args = (block, logits, SamplingParams(), [None])
     assert verify_block(*args).accepted_nodes == [[0]]
     assert verify_block(*args, lossy_accept_threshold=0.2).accepted_nodes == [[0, 1]]
     assert verify_block(*args, lossy_accept_threshold=0.5).accepted_nodes == [[0]]

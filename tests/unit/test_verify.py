@@ -9,7 +9,7 @@ from stats import chi_square_pvalue
 
 import speccore.verify
 from speccore.sampling import SamplingParams
-from speccore.verify import verify_block
+from speccore.verify import Block, verify_block
 
 V = 8  # vocabulary of the synthetic tests
 GREEDY = SamplingParams()
@@ -33,15 +33,8 @@ def _greedy(
     active: list[bool] | None = None,
 ) -> tuple[list[list[int]], list[int]]:
     ok = torch.tensor(acceptable) if acceptable is not None else torch.tensor(parents) >= 0
-    verdict = verify_block(
-        _argmax_logits(argmax),
-        torch.tensor(tokens),
-        torch.tensor(parents),
-        ok,
-        GREEDY,
-        [None] * len(tokens),
-        active=active,
-    )
+    block = Block(tokens=torch.tensor(tokens), parents=torch.tensor(parents), acceptable=ok)
+    verdict = verify_block(block, _argmax_logits(argmax), GREEDY, [None] * len(tokens), active=active)
     return verdict.accepted_nodes, verdict.next_tokens
 
 
@@ -130,7 +123,8 @@ def _sampled_case(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, tor
 def _verify_seeded(case: tuple[torch.Tensor, ...], seeds: list[int]) -> tuple[list[list[int]], list[int]]:
     logits, tokens, parents, q = case
     gens = [torch.Generator().manual_seed(s) for s in seeds]
-    verdict = verify_block(logits, tokens, parents, parents >= 0, SAMPLED, gens, q)
+    block = Block(tokens=tokens, parents=parents, acceptable=parents >= 0, draft_probs=q)
+    verdict = verify_block(block, logits, SAMPLED, gens)
     return verdict.accepted_nodes, verdict.next_tokens
 
 
@@ -159,7 +153,8 @@ def _first_tokens(
     parents = torch.tensor([[-1] + [0] * m] * rows)
     draft_probs = cand_q.expand(rows, m, V) if cand_q is not None else None
     gen = torch.Generator().manual_seed(seed)
-    verdict = verify_block(logits, tokens, parents, parents >= 0, SAMPLED, [gen] * rows, draft_probs)
+    block = Block(tokens=tokens, parents=parents, acceptable=parents >= 0, draft_probs=draft_probs)
+    verdict = verify_block(block, logits, SAMPLED, [gen] * rows)
     return [
         row[path[1]] if len(path) > 1 else nxt
         for row, path, nxt in zip(tokens.tolist(), verdict.accepted_nodes, verdict.next_tokens, strict=True)
@@ -247,7 +242,8 @@ def test_two_token_chain_follows_the_target_joint_distribution() -> None:
     logits = torch.stack([p0.log().expand(DRAWS, V), p1[d1].log(), torch.zeros(DRAWS, V)], 1)
     draft_probs = torch.stack([q0.expand(DRAWS, V), q1[d1]], 1)
     parents = torch.tensor([[-1, 0, 1]] * DRAWS)
-    verdict = verify_block(logits, tokens, parents, parents >= 0, SAMPLED, [gen] * DRAWS, draft_probs)
+    block = Block(tokens=tokens, parents=parents, acceptable=parents >= 0, draft_probs=draft_probs)
+    verdict = verify_block(block, logits, SAMPLED, [gen] * DRAWS)
 
     pairs = []
     for row, (path, nxt) in enumerate(zip(verdict.accepted_nodes, verdict.next_tokens, strict=True)):

@@ -45,7 +45,7 @@ class DraftTree:
     @classmethod
     def empty(cls, batch: int) -> DraftTree:
         none = torch.zeros(batch, 0, dtype=torch.long)
-        return cls(none, none.clone(), torch.zeros(batch, 0, dtype=torch.bool))
+        return cls(tokens=none, parents=none.clone(), acceptable=torch.zeros(batch, 0, dtype=torch.bool))
 
     @classmethod
     def from_chains(cls, chains: list[list[int]]) -> DraftTree:
@@ -53,7 +53,9 @@ class DraftTree:
         n = max((len(c) for c in chains), default=0)
         tokens = torch.tensor([c + [0] * (n - len(c)) for c in chains], dtype=torch.long).view(len(chains), n)
         acceptable = torch.tensor([[i < len(c) for i in range(n)] for c in chains], dtype=torch.bool)
-        return cls(tokens, chain_parents(len(chains), n), acceptable.view(len(chains), n))
+        return cls(
+            tokens=tokens, parents=chain_parents(len(chains), n), acceptable=acceptable.view(len(chains), n)
+        )
 
     @classmethod
     def from_row_trees(cls, rows: list[tuple[list[int], list[int]]]) -> DraftTree:
@@ -68,7 +70,7 @@ class DraftTree:
             tokens[row, : len(toks)] = torch.tensor(toks, dtype=torch.long)
             parents[row, : len(pars)] = torch.tensor(pars, dtype=torch.long)
             acceptable[row, : len(toks)] = True
-        return cls(tokens, parents, acceptable)
+        return cls(tokens=tokens, parents=parents, acceptable=acceptable)
 
 
 @dataclass(slots=True)
@@ -76,8 +78,7 @@ class StepContext:
     """What a proposer may read when drafting."""
 
     sampling: SamplingParams
-    generators: list[torch.Generator | None]
-    hidden: torch.Tensor | None = None  # [batch, hidden] target hidden state under the pending token's parent
+    generators: list[torch.Generator | None]  # per row: the request's own RNG, None when greedy
 
 
 @dataclass(slots=True)

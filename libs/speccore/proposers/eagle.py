@@ -103,7 +103,7 @@ class EagleProposer(Proposer):
         if self.last is None or depth <= 0:
             return DraftTree.empty(len(seqs))
         tokens, parents, depths = self._grow(self.last, depth)
-        return DraftTree(tokens, parents, depths < room[:, None])
+        return DraftTree(tokens=tokens, parents=parents, acceptable=depths < room[:, None])
 
     def _commit_queued(self) -> None:
         """Run the layer over the queued entries, a chain block per row, and commit them."""

@@ -233,7 +233,7 @@ class LookaheadProposer(Proposer):
             tokens[b, : len(toks)] = torch.tensor(toks, dtype=torch.long)
             parents[b, : len(pars)] = torch.tensor(pars, dtype=torch.long)
             acceptable[b, n_window : len(toks)] = True
-        return DraftTree(tokens, parents, acceptable)
+        return DraftTree(tokens=tokens, parents=parents, acceptable=acceptable)
 
     def observe(self, seqs: list[Sequence], outcome: StepOutcome) -> None:
         jacobi: list[list[int]] | None = None
