@@ -26,7 +26,12 @@ its attention sums in another order: equal within rounding, not bit for bit.)
   get slices of one computation.
 - attention runs as batched matmuls with the query heads of one key/value head
   folded into rows, padded to at least ``MIN_QUERY_ROWS`` (matmuls of fewer rows
-  take other code paths). The value sum runs over fixed chunks of
+  take other code paths). The query-key products sum over the head dimension in
+  fixed chunks of ``HEAD_DIM_CHUNK``, added in order: on CPUs with AVX-512/AMX a
+  GEMM over a longer reduction (gemma's 256) splits it differently for 8 query rows
+  than for 40, so a token's scores would depend on the size of its block (measured
+  on the project's Xeon hosts; 64-wide reductions give the same bits for any row
+  count). The value sum runs over fixed chunks of
   ``kv_cache.KV_BLOCK`` key columns, one matmul per chunk, and adds the chunks in
   order: a GEMM picks its reduction blocking from the reduction length, so one
   matmul over the whole width would sum a row differently when a draft block
@@ -51,6 +56,7 @@ ATTENTION_NAME = "speccore_row_invariant"
 ROWS_HINT = 16
 MIN_LINEAR_ROWS = 4
 MIN_QUERY_ROWS = 8
+HEAD_DIM_CHUNK = 64
 # Projections that read one input and are packed into one matmul (Llama-family names).
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -181,7 +187,7 @@ def row_invariant_attention(
     n_rows = bias.shape[2]
     if n_rows > groups * q:
         folded = torch.cat([folded, folded.new_zeros(batch, kv_heads, n_rows - groups * q, dim)], dim=2)
-    scores = folded @ key.transpose(-1, -2) * (scaling if scaling is not None else dim**-0.5)
+    scores = _chunked_scores(folded, key) * (scaling if scaling is not None else dim**-0.5)
     probs = (scores.float() + bias).softmax(-1).to(value.dtype)  # [batch, kv_heads, rows, width]
     if width % KV_BLOCK == 0:
         chunks = width // KV_BLOCK
@@ -193,6 +199,17 @@ def row_invariant_attention(
         out = probs @ value
     out = out[:, :, : groups * q]  # [batch, kv_heads, groups*q, dim]
     return out.reshape(batch, heads, q, dim).transpose(1, 2), None
+
+
+def _chunked_scores(folded: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """[batch, kv_heads, rows, width] query-key products, summed over HEAD_DIM_CHUNK-wide
+    slices of the head dimension in order (one matmul when the head is no wider)."""
+    dim = folded.shape[-1]
+    scores = folded[..., :HEAD_DIM_CHUNK] @ key[..., :HEAD_DIM_CHUNK].transpose(-1, -2)
+    for start in range(HEAD_DIM_CHUNK, dim, HEAD_DIM_CHUNK):
+        end = start + HEAD_DIM_CHUNK
+        scores += folded[..., start:end] @ key[..., start:end].transpose(-1, -2)
+    return scores
 
 
 AttentionInterface.register(ATTENTION_NAME, row_invariant_attention)
