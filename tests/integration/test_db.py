@@ -5,27 +5,13 @@ from __future__ import annotations
 import asyncio
 import shutil
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from fixtures.postgres import PostgresCluster
 
-from specops.runtime import postgres_server
 from specops_schemas import MIGRATIONS
-from specplatform.db import MigrationError, connect, create_pool, migrate, tenant_transaction, with_database
-
-
-@pytest.fixture
-def empty_db(embedded_postgres: PostgresCluster) -> Iterator[str]:
-    """A database with no migrations applied (template0, not the migrated template)."""
-    name = f"empty_{uuid.uuid4().hex[:12]}"
-    postgres_server.create_database(embedded_postgres.admin_url, name, template="template0")
-    try:
-        yield with_database(embedded_postgres.admin_url, name)
-    finally:
-        embedded_postgres.drop(name)
+from specplatform.db import MigrationError, connect, create_pool, migrate, tenant_transaction
 
 
 def _copy_migrations(tmp_path: Path) -> Path:

@@ -4,31 +4,16 @@ predictor knew of them through tables it no longer reads."""
 from __future__ import annotations
 
 import shutil
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-import pytest
-from fixtures.postgres import PostgresCluster
 from psycopg.types.json import Jsonb
 from pydantic import TypeAdapter
 
-from specops.runtime import postgres_server
 from specops_schemas import MIGRATIONS
 from specops_schemas.candidates import GateOutcome
 from specops_schemas.catalog import GateMethod
-from specplatform.db import migrate, with_database
-
-
-@pytest.fixture
-def empty_db(embedded_postgres: PostgresCluster) -> Iterator[str]:
-    name = f"empty_{uuid.uuid4().hex[:12]}"
-    postgres_server.create_database(embedded_postgres.admin_url, name, template="template0")
-    try:
-        yield with_database(embedded_postgres.admin_url, name)
-    finally:
-        embedded_postgres.drop(name)
+from specplatform.db import migrate
 
 
 def _bench(conn: psycopg.Connection[tuple[object, ...]], run_id: str, *, finalized: bool = False) -> None:
