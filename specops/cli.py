@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from speccatalog import families
-from speccatalog.families.base import FamilyError
+from speccatalog.families.base import DraftSource, FamilyError
 from speccore.errors import SpecError
 
 
@@ -249,7 +249,7 @@ def _read_prompt(path: Path) -> str:
 
 def _bench(args: argparse.Namespace) -> int:
     from speccore.bench import BenchSpec, default_output, run_bench
-    from specprompts.corpora import default_datastore
+    from specprompts.corpora import builtin_datastore
     from specprompts.sets import file_prompts, load_prompts
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -275,9 +275,12 @@ def _bench(args: argparse.Namespace) -> int:
         else load_prompts(spec.workload, spec.n_prompts, seed=spec.seed)
     )
     target = _load(args)
-    if "rest" in spec.methods and spec.datastore is None:
-        # Built from a corpus that leaves out the measured prompts' conversations.
-        spec.datastore = str(default_datastore(target, spec.workload, frozenset(p.id for p in prompts)))
+    if any(_reads_datastore(method) for method in spec.methods):
+        # The workload's built-in datastore (or --datastore builtin:<workload>), built from a
+        # corpus that leaves out the measured prompts' conversations.
+        built = builtin_datastore(target, spec.datastore, spec.workload, frozenset(p.id for p in prompts))
+        if built is not None:
+            spec.datastore = str(built)
     result = run_bench(target, spec, prompts, log=lambda msg: print(msg, file=sys.stderr))
     out = args.json or default_output(spec, args.model)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -285,6 +288,11 @@ def _bench(args: argparse.Namespace) -> int:
     print(_table(result), file=sys.stderr)
     print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def _reads_datastore(method: str) -> bool:
+    spec = families.families().get(method)
+    return spec is not None and spec.draft_source == DraftSource.DATASTORE
 
 
 def _table(result: dict) -> str:

@@ -319,13 +319,11 @@ def run_bench(
     prompts: Sequence[BenchPrompt],
     log: Callable[[str], None] = print,
 ) -> dict[str, object]:
-    """Measure every method of `spec` on `prompts` (a rest method needs spec.datastore).
+    """Measure every method of `spec` on `prompts`.
 
     A method that fails is left out of ``methods`` and named under ``failures``
     with its error; the others are measured as usual.
     """
-    if "rest" in spec.methods and spec.datastore is None:
-        raise SpecError("the rest method needs a datastore")
     schedule = Schedule(
         prompts=[target.encode_prompt(p.text, p.chat) for p in prompts],
         reps=spec.reps,

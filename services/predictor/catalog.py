@@ -71,17 +71,9 @@ def engine_rejects(cand: Candidate, engine: Engine, *, gpu_kind: str) -> str | N
     return families.family(cand.family).engine_refusal(cand, str(engine), gpu_kind=gpu_kind)
 
 
-def build_catalog(
-    deployment: Deployment,
-    fingerprint: Fingerprint,
-    engine: Engine,
-    *,
-    heads: Iterable[HeadRef] = (),
-    datastores: Iterable[DatastoreRef] = (),
-    enable_cascade: bool = False,
-) -> Catalog:
-    """Enumerate for the deployment's target, then prune by workload, target, engine and memory."""
-    known = known_for(deployment.target, heads=heads, datastores=datastores, enable_cascade=enable_cascade)
+def build_catalog(deployment: Deployment, fingerprint: Fingerprint, engine: Engine, known: Known) -> Catalog:
+    """Enumerate for the deployment's target (`known`: its drafts, heads and datastores), then
+    prune by workload, target, engine and memory."""
     kept: list[Candidate] = []
     pruned: list[Pruned] = []
     for cand in enumerate_candidates(known):

@@ -203,18 +203,11 @@ def plan_run(
     if request.target.engine == Engine.SPECCORE and info.local:
         stores += _builtin_datastores(info, fingerprint)
         heads += _builtin_heads(info)
-    catalog = build_catalog(
-        dep,
-        fingerprint,
-        request.target.engine,
-        heads=heads,
-        datastores=stores,
-        enable_cascade=enable_cascade,
-    )
+    known = known_for(info, heads=heads, datastores=stores, enable_cascade=enable_cascade)
+    catalog = build_catalog(dep, fingerprint, request.target.engine, known)
     if not catalog.kept:
         reasons = sorted({p.reason for p in catalog.pruned})
         raise NoFeasibleCandidate(f"no candidate survives pruning: {'; '.join(reasons)}")
-    known = known_for(info, heads=heads, datastores=stores, enable_cascade=enable_cascade)
     estimates = [predict(c, dep, workload, known, gpu=profile.name, history=history) for c in catalog.kept]
     ranked = rank(estimates, request.goal.priorities, request.mode)
     reason = _why_not_measurable(request, info, host)

@@ -147,7 +147,7 @@ def test_cascade_only_behind_its_flag() -> None:
     # No engine implements cascade today, so the flag alone adds nothing to a real plan.
     dep = deploy(target, resolve_profile("H200"), context_tokens=4096, batch=1)
     assert Family.CASCADE not in families(
-        build_catalog(dep, Fingerprint.CHAT, Engine.SGLANG, enable_cascade=True).kept
+        build_catalog(dep, Fingerprint.CHAT, Engine.SGLANG, known_for(target, enable_cascade=True)).kept
     )
 
 
