@@ -17,6 +17,7 @@ from specbus.broker import SpecBroker, ensure_stream, jetstream, make_broker, st
 from specbus.consumer import (
     RawMessage,
     RetryPolicy,
+    Unprocessable,
     consumer_name,
     dead_letter_subscriber,
     raw_subscriber,
@@ -32,6 +33,7 @@ __all__ = [
     "RawMessage",
     "RetryPolicy",
     "SpecBroker",
+    "Unprocessable",
     "consumer_name",
     "dead_letter_subscriber",
     "ensure_stream",

@@ -13,7 +13,14 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DiscardPolicy, RetentionPolicy, StorageType, StreamConfig, StreamInfo
 from nats.js.errors import BadRequestError, NotFoundError
 
-from specbus.subjects import STREAM, STREAM_SUBJECTS
+from specbus.subjects import (
+    INTAKE_PREFIX,
+    INTAKE_STREAM,
+    RESULTS_PREFIX,
+    RESULTS_STREAM,
+    STREAM,
+    STREAM_SUBJECTS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +29,10 @@ log = logging.getLogger(__name__)
 DUPLICATE_WINDOW_S = 120.0
 # The stream is the event log that audit replays, so it keeps events for a long time.
 MAX_AGE_S = 365 * 24 * 3600.0
+# Upstream requests and the copies of their runs' events are kept a week: long enough to
+# read back after an outage; the record that lasts is SPEC (the gateway re-publishes an
+# accepted request there as `run.requested`).
+UPSTREAM_MAX_AGE_S = 7 * 24 * 3600.0
 
 RECONNECT_BASE_S = 0.25
 RECONNECT_CAP_S = 5.0
@@ -44,21 +55,44 @@ def stream_config(*, max_age_s: float = MAX_AGE_S) -> StreamConfig:
     )
 
 
-async def ensure_stream(js: JetStreamContext, *, max_age_s: float = MAX_AGE_S) -> StreamInfo:
-    """Create the SPEC stream if it is missing; an existing one is left exactly as it is.
+def upstream_stream_configs() -> list[StreamConfig]:
+    """SPEC_INTAKE (what tenants publish) and SPEC_RESULTS (what they read back)."""
+    return [
+        StreamConfig(
+            name=name,
+            description=description,
+            subjects=[f"{prefix}.>"],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.OLD,
+            max_age=UPSTREAM_MAX_AGE_S,
+            duplicate_window=DUPLICATE_WINDOW_S,
+        )
+        for name, prefix, description in (
+            (INTAKE_STREAM, INTAKE_PREFIX, "run requests of upstream systems, one subject per tenant"),
+            (RESULTS_STREAM, RESULTS_PREFIX, "each tenant's runs' events and intake rejections"),
+        )
+    ]
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig | None = None) -> StreamInfo:
+    """Create a stream (SPEC unless `config` says otherwise) if it is missing; an existing
+    one is left exactly as it is.
 
     Several services start at once and the runtime creates the stream too, so losing a
     creation race is expected: the winner's stream is then used as it is.
     """
+    config = config or stream_config()
+    name = str(config.name)
     try:
-        return await js.stream_info(STREAM)
+        return await js.stream_info(name)
     except NotFoundError:
         pass
-    log.info("creating JetStream stream %s on %s", STREAM, STREAM_SUBJECTS)
+    log.info("creating JetStream stream %s on %s", name, ", ".join(config.subjects or ()))
     try:
-        return await js.add_stream(stream_config(max_age_s=max_age_s))
+        return await js.add_stream(config)
     except BadRequestError:
-        return await js.stream_info(STREAM)
+        return await js.stream_info(name)
 
 
 def reconnect_delay(servers: list[Server], server_info: dict[str, Any]) -> tuple[Server | None, float]:
@@ -73,38 +107,53 @@ def reconnect_delay(servers: list[Server], server_info: dict[str, Any]) -> tuple
 
 
 class SpecBroker(NatsBroker):
-    """A NatsBroker that declares the SPEC stream and its durable consumers before binding to them."""
+    """A NatsBroker that declares its streams and durable consumers before binding to them."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.consumer_configs: list[ConsumerConfig] = []
+        self.consumer_configs: list[tuple[str, ConsumerConfig]] = []
+        self.stream_configs: list[StreamConfig] = [stream_config()]
 
-    def declare_consumer(self, config: ConsumerConfig) -> None:
-        """Create or update this durable consumer on start.
+    def declare_consumer(self, config: ConsumerConfig, *, stream: str = STREAM) -> None:
+        """Create or update this durable consumer of `stream` on start.
 
         FastStream only creates a missing consumer, so without this a changed ack_wait
         or filter (a handler taking a new event type) would never reach a deployed one.
         """
-        self.consumer_configs.append(config)
+        self.consumer_configs.append((stream, config))
+
+    def declare_streams(self, configs: Sequence[StreamConfig]) -> None:
+        """Also create these streams on start if they are missing (SPEC always is)."""
+        self.stream_configs.extend(configs)
 
     async def start(self) -> None:
         await self.connect()
         js = jetstream(self)
-        await ensure_stream(js)
-        for config in self.consumer_configs:
-            await js.add_consumer(STREAM, config=config)
+        for stream in self.stream_configs:
+            await ensure_stream(js, stream)
+        for stream_name, config in self.consumer_configs:
+            await js.add_consumer(stream_name, config=config)
         await super().start()
 
 
+def inbox_prefix(service: str) -> str:
+    """The reply subjects of `service`'s connections: its NATS user may subscribe to these only."""
+    return f"_INBOX.svc.{service}"
+
+
 def make_broker(servers: str | Sequence[str], *, service: str, **options: Any) -> SpecBroker:
-    """The broker a service runs on; `options` pass through to FastStream's NatsBroker.
+    """The broker a service runs on; `options` pass through to FastStream's NatsBroker
+    (credentials among them: `nkeys_seed=PATH` or `user_credentials=PATH`).
 
     Services must survive a NATS restart, so reconnection never gives up
     (`max_reconnect_attempts=-1`) and backs off (`reconnect_delay`); the first connect
-    retries the same way, so a service may start before NATS does.
+    retries the same way, so a service may start before NATS does. Replies (PubAcks,
+    pulled messages) come back on `inbox_prefix(service)`, the only inboxes its NATS user
+    may read.
     """
     settings: dict[str, Any] = {
         "name": service,
+        "inbox_prefix": inbox_prefix(service),
         "allow_reconnect": True,
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 1,

@@ -30,7 +30,7 @@ from nats.errors import Error as NatsError
 from nats.js.api import ConsumerConfig
 from opentelemetry import propagate, trace
 
-from specbus.broker import SpecBroker
+from specbus.broker import SpecBroker, inbox_prefix
 from specbus.dlq import DeadLetter, park
 from specbus.envelope import Envelope, EventPayload, decode_event
 from specbus.publish import MSG_ID, publish
@@ -90,6 +90,14 @@ class RawMessage:
 
 
 RawHandler: TypeAlias = Callable[[RawMessage], Awaitable[Reply]]
+
+
+class Unprocessable(ValueError):
+    """Raised by a handler for a message that no retry can fix (it is parked at once).
+
+    The handler has done whatever answering it does (e.g. told the publisher why, through
+    the outbox) before raising; the bus then parks the message and terminates it.
+    """
 
 
 def consumer_name(service: str, handler: str) -> str:
@@ -169,17 +177,20 @@ def raw_subscriber(
     service: str,
     name: str,
     subjects: str | Sequence[str] = STREAM_SUBJECTS,
+    stream: str = STREAM,
     retry: RetryPolicy = RetryPolicy(),
     max_workers: int = 1,
     fetch_timeout_s: float = 5.0,
 ) -> Callable[[RawHandler], RawHandler]:
-    """Register `handler(message) -> next events` on `<service>-<name>`, over `subjects` undecoded.
+    """Register `handler(message) -> next events` on `<service>-<name>`, over `subjects` of
+    `stream` undecoded.
 
     The handler gets every message as a `RawMessage` (events, dead letters, bodies that
     are not JSON), so none is malformed to the bus: a message is parked only after
-    `retry.max_deliver` failed attempts, and never under `max_deliver=None`. Messages
-    are fetched one at a time, so with one worker the handler sees them in stream order
-    (a message waiting out its backoff is overtaken by the ones behind it).
+    `retry.max_deliver` failed attempts, never under `max_deliver=None`, and at once when
+    the handler raises `Unprocessable`. Messages are fetched one at a time, so with one
+    worker the handler sees them in stream order (a message waiting out its backoff is
+    overtaken by the ones behind it).
     """
     filters = [subjects] if isinstance(subjects, str) else list(subjects)
     if not filters:
@@ -188,7 +199,7 @@ def raw_subscriber(
     def register(handler: RawHandler) -> RawHandler:
         delivery = _Delivery(broker, service, "message", _raw, handler, retry)
         durable = consumer_name(service, name)
-        _bind(broker, durable, filters, delivery, handler.__doc__, max_workers, fetch_timeout_s)
+        _bind(broker, durable, filters, delivery, handler.__doc__, max_workers, fetch_timeout_s, stream)
         return handler
 
     return register
@@ -222,8 +233,9 @@ def _bind(
     doc: str | None,
     max_workers: int,
     fetch_timeout_s: float,
+    stream: str = STREAM,
 ) -> None:
-    """Subscribe `delivery` on the durable pull consumer `durable` filtered on `subjects`."""
+    """Subscribe `delivery` on the durable pull consumer `durable` of `stream` filtered on `subjects`."""
 
     async def consume(message: NatsMessage) -> None:
         await delivery.handle(message.raw_message)
@@ -243,13 +255,16 @@ def _bind(
         filter_subjects=list(subjects) if len(subjects) > 1 else None,
     )
     if isinstance(broker, SpecBroker):
-        broker.declare_consumer(config)
+        broker.declare_consumer(config, stream=stream)
     broker.subscriber(
         subjects[0] if len(subjects) == 1 else "",
-        stream=JStream(STREAM, declare=False),
+        stream=JStream(stream, declare=False),
         durable=durable,
         config=config,
         pull_sub=PullSub(batch_size=1, timeout=fetch_timeout_s),
+        # The pulled messages come back on the service's own inboxes, the only ones its
+        # NATS user may read (FastStream would otherwise use the default `_INBOX.`).
+        inbox_prefix=f"{inbox_prefix(delivery.service)}.".encode(),
         ack_policy=AckPolicy.MANUAL,
         max_workers=max_workers,
         no_reply=True,
@@ -289,6 +304,9 @@ class _Delivery(Generic[M]):
                     reply = await self.handler(message)
                     for follow in _as_events(reply):
                         await publish(self.broker, follow)
+        except Unprocessable as exc:
+            await self._give_up(msg, f"unprocessable {self.kind}: {exc}", deliveries)
+            return
         except Exception as exc:
             if self.retry.exhausted(deliveries):
                 log.exception("%s failed on delivery %d of %s", msg.subject, deliveries, message_id)

@@ -29,7 +29,9 @@ class DeadLetter(Model):
     data: Base64Bytes = Field(description="Its body, base64-encoded.")
     deliveries: int = Field(ge=1, description="Delivery attempts made before parking.")
     error: str = Field(description="The last error, e.g. a validation message or exception text.")
-    stream_sequence: int | None = Field(None, ge=1, description="Sequence in the SPEC stream, to replay it.")
+    stream_sequence: int | None = Field(
+        None, ge=1, description="Sequence in its stream (SPEC, or SPEC_INTAKE for an intake request)."
+    )
     parked_at: UtcDatetime = Field(default_factory=utc_now, description="When it was parked, UTC.")
 
 
@@ -57,9 +59,10 @@ async def park(
     never both unparked and dropped.
     """
     letter = dead_letter(service, msg, error=error, deliveries=deliveries)
-    # Keyed on the stream sequence: parking the same message again (the term was lost
-    # and it came back) is dropped by the broker's dedup window.
-    headers = {MSG_ID: f"dlq-{service}-{letter.stream_sequence}", "content-type": "application/json"}
+    # Keyed on the stream and sequence: parking the same message again (the term was
+    # lost and it came back) is dropped by the broker's dedup window.
+    origin = f"{msg.metadata.stream}-{letter.stream_sequence}"
+    headers = {MSG_ID: f"dlq-{service}-{origin}", "content-type": "application/json"}
     propagate.inject(headers)
     await publish_raw(target, dlq_subject(service), letter.model_dump_json().encode(), headers)
     log.error(

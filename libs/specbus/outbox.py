@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
@@ -26,23 +27,24 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from specbus.envelope import Envelope
-from specbus.publish import PUBLISH_TIMEOUT_S, envelope_headers, publish_raw
+from specbus.publish import MSG_ID, PUBLISH_TIMEOUT_S, envelope_headers, publish_raw
 
 log = logging.getLogger(__name__)
 
 CHANNEL = "outbox"  # pg_notify channel of the trigger in schemas/sql/002_bus.sql
 
 _INSERT = """
-    INSERT INTO outbox (id, subject, body, headers) VALUES (%s, %s, %s, %s)
+    INSERT INTO outbox (id, subject, body, headers, producer) VALUES (%s, %s, %s, %s, %s)
     ON CONFLICT (id) DO NOTHING
 """
 # SKIP LOCKED lets several relay replicas drain the table side by side without
-# publishing the same row twice at the same time.
+# publishing the same row twice at the same time. A relay publishes its own service's
+# rows (and rows older than the producer column); one without a producer, all rows.
 _PENDING = """
     SELECT id, subject, body, headers FROM outbox
-    WHERE published_at IS NULL
+    WHERE published_at IS NULL AND (%(producer)s::text IS NULL OR producer IS NULL OR producer = %(producer)s)
     ORDER BY seq
-    LIMIT %s
+    LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 """
 _MARK = "UPDATE outbox SET published_at = now() WHERE id = ANY(%s)"
@@ -58,9 +60,31 @@ async def add(conn: AsyncConnection[Any], envelope: Envelope[Any]) -> None:
     Headers are computed now, so the trace context is that of the work which caused
     the event. Adding the same event twice is a no-op.
     """
-    body = envelope.to_json_bytes()
-    headers = Jsonb(envelope_headers(envelope))
-    await conn.execute(_INSERT, (envelope.event_id, envelope.subject, body, headers))
+    await add_message(
+        conn,
+        message_id=envelope.event_id,
+        subject=envelope.subject,
+        body=envelope.to_json_bytes(),
+        headers=envelope_headers(envelope),
+        producer=envelope.producer,
+    )
+
+
+async def add_message(
+    conn: AsyncConnection[Any],
+    *,
+    message_id: str,
+    subject: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    producer: str,
+) -> None:
+    """Queue any message (e.g. a copy of an event on a tenant's result subject) like `add`.
+
+    `message_id` is its id in the outbox and its `Nats-Msg-Id`, replacing the header's.
+    """
+    wire = dict(headers) | {MSG_ID: message_id}
+    await conn.execute(_INSERT, (message_id, subject, body, Jsonb(wire), producer))
 
 
 class OutboxRelay:
@@ -78,6 +102,7 @@ class OutboxRelay:
         listen_conninfo: str | None = None,
         retention_s: float = RETENTION_S,
         purge_every_s: float = PURGE_EVERY_S,
+        producer: str | None = None,
     ) -> None:
         if batch_size < 1 or poll_interval_s <= 0:
             raise ValueError("batch_size must be >= 1 and poll_interval_s > 0")
@@ -89,6 +114,7 @@ class OutboxRelay:
         self.publish_timeout_s = publish_timeout_s
         self.retention_s = retention_s
         self.purge_every_s = purge_every_s
+        self.producer = producer
         # LISTEN needs a connection of its own, outside the pool.
         self.listen_conninfo = listen_conninfo or (pool.conninfo if isinstance(pool.conninfo, str) else None)
         self._listener: AsyncConnection[Any] | None = None
@@ -117,7 +143,8 @@ class OutboxRelay:
         async with self.pool.connection() as conn, conn.transaction():
             # Tuple rows whatever row factory the pool was configured with.
             async with conn.cursor(row_factory=tuple_row) as cursor:
-                rows = await (await cursor.execute(_PENDING, (self.batch_size,))).fetchall()
+                params = {"producer": self.producer, "limit": self.batch_size}
+                rows = await (await cursor.execute(_PENDING, params)).fetchall()
             for event_id, subject, body, headers in rows:
                 try:
                     await publish_raw(

@@ -12,7 +12,7 @@ from opentelemetry import propagate
 
 from specbus.broker import jetstream
 from specbus.envelope import CLOUDEVENTS_ATTRIBUTES, CLOUDEVENTS_SPEC_VERSION, Envelope
-from specbus.subjects import STREAM
+from specbus.subjects import stream_of
 
 MSG_ID = "Nats-Msg-Id"
 PUBLISH_TIMEOUT_S = 5.0
@@ -47,10 +47,11 @@ async def publish_raw(
     *,
     timeout: float = PUBLISH_TIMEOUT_S,
 ) -> PubAck:
-    """JetStream publish into SPEC; returns once the stream has stored it (or it was a duplicate)."""
+    """JetStream publish into the subject's stream (`stream_of`); returns once the stream
+    has stored it (or it was a duplicate)."""
     # nats-py adds its expected-stream header to the dict it is given, so pass a copy.
     return await jetstream(target).publish(
-        subject, body, timeout=timeout, stream=STREAM, headers=dict(headers)
+        subject, body, timeout=timeout, stream=stream_of(subject), headers=dict(headers)
     )
 
 

@@ -2,6 +2,12 @@
 
 One JetStream stream (``SPEC``) captures ``spec.>``; services filter on patterns
 such as ``spec.run.*.requested``.
+
+Upstream systems (one NATS user per tenant) publish run requests on
+``specops.intake.<tenant>.run.requested`` and read their runs' events back on
+``specops.results.<tenant>.>``. Each has a stream of its own (``SPEC_INTAKE``,
+``SPEC_RESULTS``), so nothing a tenant publishes lands in ``SPEC``: it cannot reach the
+services' consumers, nor pre-empt an event through ``SPEC``'s dedup window.
 """
 
 from __future__ import annotations
@@ -14,6 +20,12 @@ STREAM = "SPEC"
 STREAM_SUBJECTS = f"{PREFIX}.>"
 DLQ = "dlq"
 DLQ_SUBJECTS = f"{PREFIX}.{DLQ}.>"
+
+INTAKE_STREAM = "SPEC_INTAKE"
+INTAKE_PREFIX = "specops.intake"
+RESULTS_STREAM = "SPEC_RESULTS"
+RESULTS_PREFIX = "specops.results"
+INTAKE_REQUEST = "run.requested"
 
 AGGREGATES = ("run", "bench", "gate", "tune", "head", "registry", "security")
 
@@ -71,3 +83,48 @@ def parse(value: str) -> Subject:
     _, aggregate, id, event = tokens
     _check_aggregate(aggregate)
     return Subject(aggregate, _check("id", id, _ID), _check("event", event, _NAME))
+
+
+def intake_subject(tenant: str) -> str:
+    """Where `tenant`'s upstream systems publish run requests."""
+    return f"{INTAKE_PREFIX}.{_check('tenant', tenant, _ID)}.{INTAKE_REQUEST}"
+
+
+def intake_pattern() -> str:
+    """Every tenant's intake subject (the gateway's consumer filter)."""
+    return f"{INTAKE_PREFIX}.*.{INTAKE_REQUEST}"
+
+
+def intake_tenant(value: str) -> str:
+    """The tenant an intake subject belongs to; ValueError if it is not one.
+
+    The tenant is bound from the subject, never from the body: NATS lets a tenant's
+    user publish only on its own intake subject.
+    """
+    prefix, _, rest = value.partition(f".{INTAKE_REQUEST}")
+    head, _, tenant = prefix.rpartition(".")
+    if rest or head != INTAKE_PREFIX:
+        raise ValueError(f"{value!r} is not an intake subject ({INTAKE_PREFIX}.<tenant>.{INTAKE_REQUEST})")
+    return _check("tenant", tenant, _ID)
+
+
+def result_subject(tenant: str, run_id: str, event_type: str) -> str:
+    """Where a run's event is repeated for its tenant, e.g. `specops.results.acme.run.<id>.run.completed`."""
+    aggregate, _, event = event_type.partition(".")
+    _check_aggregate(aggregate)
+    where = f"{RESULTS_PREFIX}.{_check('tenant', tenant, _ID)}.run.{_check('id', run_id, _ID)}"
+    return f"{where}.{aggregate}.{_check('event', event, _NAME)}"
+
+
+def intake_answer_subject(tenant: str, answer: str) -> str:
+    """Where `tenant` hears that an intake request was `accepted` (and as which run) or `rejected`."""
+    return f"{RESULTS_PREFIX}.{_check('tenant', tenant, _ID)}.intake.{_check('answer', answer, _NAME)}"
+
+
+def stream_of(value: str) -> str:
+    """The stream that stores a subject this system publishes."""
+    if value.startswith(f"{RESULTS_PREFIX}."):
+        return RESULTS_STREAM
+    if value.startswith(f"{INTAKE_PREFIX}."):
+        return INTAKE_STREAM
+    return STREAM

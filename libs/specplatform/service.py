@@ -32,6 +32,7 @@ def service_app(
     *,
     migrations: Path,
     outbox: bool = True,
+    producer: str | None = None,
     logger: logging.Logger | None = None,
 ) -> FastStream:
     """The FastStream app of a service whose handlers are subscribed on `broker` already.
@@ -39,9 +40,11 @@ def service_app(
     `pool` is unopened (`specplatform.db.create_pool`) and `dsn` the database it connects to,
     brought up to date with the SQL files in `migrations` on start.
     `outbox`: run an OutboxRelay for the events the handlers commit (audit writes none).
+    `producer`: the relay publishes only the events of this producer (the service's own:
+    its NATS user may publish those subjects only).
     `logger`: FastStream's own log lines go there instead of to its default logger.
     """
-    relay = OutboxRelay(pool, broker) if outbox else None
+    relay = OutboxRelay(pool, broker, producer=producer) if outbox else None
     options: dict[str, Any] = {} if logger is None else {"logger": logger}
     app = FastStream(broker, **options)
 

@@ -58,6 +58,18 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("DATABASE_URL", "database_url"),
         description="libpq connection URI of the specops database.",
     )
+    # NATS credentials (a URL may carry user:password itself): an nkey seed file, as
+    # `specops up` gives each service, or a JWT .creds file, for an operator-mode server.
+    nats_nkey_seed_file: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("NATS_NKEY_SEED_FILE", "nats_nkey_seed_file"),
+        description="File holding this process's NATS nkey seed (SU...).",
+    )
+    nats_creds_file: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("NATS_CREDS_FILE", "nats_creds_file"),
+        description="NATS .creds file (user JWT + seed) for a server in operator mode.",
+    )
     gateway_host: str = Field("127.0.0.1", description="Interface the HTTP gateway binds.")
     gateway_port: int = Field(8787, ge=1, le=65535, description="Port of the HTTP gateway.")
 
@@ -71,6 +83,18 @@ class Settings(BaseSettings):
                 f"no NATS server configured: set NATS_URL or run `specops up` (state dir {self.state_dir})"
             )
         return self.nats_url
+
+    def nats_credentials(self) -> dict[str, str]:
+        """nats.connect / make_broker options for the configured credentials ({} without any)."""
+        for path, option in (
+            (self.nats_creds_file, "user_credentials"),
+            (self.nats_nkey_seed_file, "nkeys_seed"),
+        ):
+            if path is not None:
+                if not path.is_file():
+                    raise RuntimeSetupError(f"NATS credentials file {path} does not exist")
+                return {option: str(path)}
+        return {}
 
     def require_database_url(self) -> str:
         if not self.database_url:
@@ -116,7 +140,14 @@ def service_settings(cls: type[S], given: Settings | None = None) -> S:
     loaded = load_settings(given.state_dir if given is not None else None, cls=cls)
     if given is None:
         return loaded
-    return loaded.model_copy(update={"nats_url": given.nats_url, "database_url": given.database_url})
+    return loaded.model_copy(
+        update={
+            "nats_url": given.nats_url,
+            "database_url": given.database_url,
+            "nats_nkey_seed_file": given.nats_nkey_seed_file,
+            "nats_creds_file": given.nats_creds_file,
+        }
+    )
 
 
 def render_env_file(values: dict[str, str]) -> str:

@@ -53,7 +53,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     """The audit service process (`specops serve audit`)."""
     config = audit_settings(settings)
     dsn = config.require_database_url()
-    broker = make_broker(config.require_nats_url(), service=SERVICE)
+    broker = make_broker(config.require_nats_url(), service=SERVICE, **config.nats_credentials())
     pool = create_pool(dsn, min_size=1, max_size=config.audit_pool_size, name=SERVICE)
     subscribe(broker, pool)
     return service_app(broker, pool, dsn, migrations=MIGRATIONS, outbox=False)

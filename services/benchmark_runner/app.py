@@ -23,7 +23,7 @@ from specbus.envelope import Envelope
 from speccore.model_cache import ModelCache
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchRequested
-from specops_services.benchmark_runner import steps
+from specops_services.benchmark_runner import logic, steps
 from specops_services.benchmark_runner.runner import BenchRunner
 from specops_services.benchmark_runner.settings import runner_settings
 from specplatform.db import Pool, create_pool
@@ -73,10 +73,12 @@ def create_app(settings: Settings | None = None, *, models: ModelCache | None = 
     """The benchmark-runner process: its consumer, its outbox relay, a target kept loaded."""
     bench_settings = runner_settings(settings)
     dsn = bench_settings.require_database_url()
-    broker = make_broker(bench_settings.require_nats_url(), service=SERVICE)
+    broker = make_broker(
+        bench_settings.require_nats_url(), service=SERVICE, **bench_settings.nats_credentials()
+    )
     pool = create_pool(dsn, min_size=1, max_size=4, name=SERVICE)
     subscribe(broker, pool, BenchRunner(bench_settings, models))
-    return service_app(broker, pool, dsn, migrations=MIGRATIONS)
+    return service_app(broker, pool, dsn, migrations=MIGRATIONS, producer=logic.PRODUCER)
 
 
 def serve(settings: Settings | None = None) -> None:

@@ -17,6 +17,8 @@ from specops_schemas.events import BenchCompleted, BenchRepMeasured, BenchReques
 from specops_services.benchmark_runner.measure import BenchOutcome, MeasureError, RepRow
 
 PRODUCER = "benchmark-runner"
+# What this service publishes (its NATS user may publish these subjects only).
+PUBLISHES = (BenchRepMeasured, BenchCompleted, RunFailed)
 # uuid5 namespace of the event ids this service derives (any fixed UUID would do).
 EVENT_NAMESPACE = uuid.UUID("0c4f7b52-3e8d-4a61-9b27-d5e1f08a6c39")
 

@@ -11,11 +11,11 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from specbus.broker import make_broker
+from specbus.broker import make_broker, upstream_stream_configs
 from specbus.outbox import OutboxRelay
 from specops_schemas import MIGRATIONS
 from specops_schemas.api import Problem
-from specops_services.gateway import db, projector, routes
+from specops_services.gateway import db, intake, projector, results, routes
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import install, problem_response, responses
 from specops_services.gateway.settings import GatewaySettings, gateway_settings
@@ -59,9 +59,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     await migrate(dsn, MIGRATIONS)
     pool = create_pool(dsn, max_size=settings.gateway_pool_size, name="gateway")
     await pool.open(wait=True)
-    broker = make_broker(settings.require_nats_url(), service="gateway")
+    broker = make_broker(settings.require_nats_url(), service="gateway", **settings.nats_credentials())
+    broker.declare_streams(upstream_stream_configs())
     if settings.gateway_projector:
         projector.register(broker, pool)
+    if settings.gateway_intake:
+        intake.register(broker, pool, max_active_runs=settings.gateway_max_active_runs)
     tasks: list[asyncio.Task[None]] = []
     try:
         await broker.start()
@@ -70,7 +73,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks.append(_spawn(listener.run()))
         tasks.append(_spawn(_purge_keys(app)))
         if settings.gateway_relay:
-            tasks.append(_spawn(OutboxRelay(pool, broker).run()))
+            tasks.append(_spawn(OutboxRelay(pool, broker, producer=results.PRODUCER).run()))
         yield
     finally:
         await _stop(tasks)

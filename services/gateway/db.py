@@ -44,17 +44,42 @@ async def find_token(conn: Connection, secret_sha256: str) -> TokenRow | None:
     return None if row is None else TokenRow(row["id"], row["tenant_id"], Role(row["role"]))
 
 
+async def create_tenant(conn: Connection, tenant_id: str) -> None:
+    """The tenant's record, named after its id, unless it has one."""
+    await conn.execute(
+        "INSERT INTO tenants (id, name) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING", (tenant_id, tenant_id)
+    )
+
+
 async def create_token(
     conn: Connection, *, token_id: str, tenant_id: str, role: Role, secret_sha256: str, name: str | None
 ) -> None:
     """Insert a token, creating its tenant on first use."""
-    await conn.execute(
-        "INSERT INTO tenants (id, name) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING", (tenant_id, tenant_id)
-    )
+    await create_tenant(conn, tenant_id)
     await conn.execute(
         "INSERT INTO api_tokens (id, tenant_id, role, secret_sha256, name) VALUES (%s, %s, %s, %s, %s)",
         (token_id, tenant_id, role.value, secret_sha256, name),
     )
+
+
+async def tenant_exists(conn: Connection, tenant_id: str) -> bool:
+    cur = await conn.execute("SELECT 1 FROM tenants WHERE id = %s", (tenant_id,))
+    return await cur.fetchone() is not None
+
+
+async def active_runs(conn: Connection, tenant_id: str) -> int:
+    """The tenant's runs not yet completed or failed, counted under a per-tenant lock.
+
+    The lock (held to the end of the transaction) makes count-then-insert atomic across
+    gateway replicas, so a quota is never overrun by requests racing each other.
+    """
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('quota:' || %s, 0))", (tenant_id,))
+    cur = await conn.execute(
+        "SELECT count(*) AS n FROM runs WHERE tenant_id = %s AND status NOT IN ('completed', 'failed')",
+        (tenant_id,),
+    )
+    row = await cur.fetchone()
+    return int(row["n"]) if row else 0
 
 
 # --- idempotency keys ---------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The projector: folds the flow's bus events into `runs` and `run_events` (what GET and SSE read),
-and a run's answer into `winner_cache` (what the next identical POST is answered from).
+a run's answer into `winner_cache` (what the next identical POST is answered from), and
+repeats each recorded event to the run's tenant on NATS (`results`).
 
 It runs inside the gateway process on the durable consumer `gateway-projector` (replicas
 share it). An event belongs to the run its envelope's `correlation_id` names; events of
@@ -19,7 +20,7 @@ from faststream.nats import NatsBroker
 from specbus.consumer import RetryPolicy, subscriber
 from specbus.envelope import Envelope
 from specops_schemas.events import EVENT_TYPES, RunRequested
-from specops_services.gateway import cache, db, logic
+from specops_services.gateway import cache, db, logic, results
 from specplatform.db import Pool, tenant_transaction
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ async def project(pool: Pool, event: Envelope[Any]) -> bool:
             return False
         if await db.append_event(conn, run_id, event) is None:
             return False
+        await results.repeat(conn, event)
         state = logic.fold(run.state, event)
         if state != run.state:
             await db.update_run(conn, run_id, state)

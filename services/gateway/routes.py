@@ -60,14 +60,16 @@ def _json(reply: logic.Reply) -> JSONResponse:
             "description": "Accepted; follow `Location` or the run's event stream.",
             "headers": {"Location": {"description": "URL of the run.", "schema": {"type": "string"}}},
         },
-        **responses(400, 401, 403, 409, 422, 500),
+        **responses(400, 401, 403, 409, 422, 429, 500),
     },
 )
 async def create_run(
     body: RunCreateRequest, request: Request, principal: Developer, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
     key = _key(idempotency_key)
-    reply = await runs.create_run(pool_of(request), principal, body, key, await _fingerprint(request))
+    limit = request.app.state.settings.gateway_max_active_runs
+    fingerprint = await _fingerprint(request)
+    reply = await runs.create_run(pool_of(request), principal, body, key, fingerprint, max_active_runs=limit)
     return _json(reply)
 
 

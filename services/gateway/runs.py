@@ -7,6 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from specops_schemas.api import (
 )
 from specops_schemas.catalog import RunStatus
 from specops_schemas.events import RunCompleted, RunQueued, RunRequested
-from specops_services.gateway import cache, db, engine_flags, logic
+from specops_services.gateway import cache, db, engine_flags, logic, results
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import ProblemError, problem
@@ -35,7 +36,10 @@ from specplatform.db import Connection, Pool, tenant_transaction
 
 log = logging.getLogger(__name__)
 
-PRODUCER = "gateway"
+PRODUCER = results.PRODUCER
+# What the gateway publishes on SPEC (its NATS user may publish these subjects, and the
+# tenants' result subjects, only).
+PUBLISHES = (RunRequested, RunQueued, RunCompleted)
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 
 
@@ -47,12 +51,19 @@ def run_location(run_id: str) -> str:
 
 
 async def keyed(
-    pool: Pool, principal: Principal, key: str | None, fingerprint: str, work: Work
+    pool: Pool,
+    principal: Principal,
+    key: str | None,
+    fingerprint: str,
+    work: Work,
+    *,
+    ttl: timedelta = logic.IDEMPOTENCY_TTL,
 ) -> logic.Reply:
     """Run `work` in one tenant transaction, under the request's Idempotency-Key if it sent one.
 
     The key's advisory lock, the replay lookup, the work and the stored response share
-    that transaction, so a response is stored exactly when the work's writes commit.
+    that transaction, so a response is stored exactly when the work's writes commit;
+    it is replayed for `ttl`.
     """
     tenant = principal.tenant_id
     async with pool.connection() as conn, tenant_transaction(conn, tenant):
@@ -78,7 +89,7 @@ async def keyed(
         reply = await work(conn)
         if key is not None and logic.should_store(reply.status):
             response = logic.StoredResponse(fingerprint, reply.status, reply.body, reply.headers)
-            await db.store_response(conn, tenant, key, response, logic.IDEMPOTENCY_TTL)
+            await db.store_response(conn, tenant, key, response, ttl)
         return reply
 
 
@@ -136,8 +147,16 @@ def _local_config(ref: str) -> dict[str, Any] | None:
 
 
 async def create_run(
-    pool: Pool, principal: Principal, request: RunCreateRequest, key: str | None, fingerprint: str
+    pool: Pool,
+    principal: Principal,
+    request: RunCreateRequest,
+    key: str | None,
+    fingerprint: str,
+    *,
+    max_active_runs: int,
+    key_ttl: timedelta = logic.IDEMPOTENCY_TTL,
 ) -> logic.Reply:
+    """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too."""
     check_target(request)
 
     async def work(conn: Connection) -> logic.Reply:
@@ -146,6 +165,15 @@ async def create_run(
             RunQueued(run_id=run_id), tenant_id=principal.tenant_id, correlation_id=run_id, producer=PRODUCER
         )
         completed = await _cached_completion(conn, principal, request, run_id)
+        if completed is None:
+            active = await db.active_runs(conn, principal.tenant_id)
+            if active >= max_active_runs:
+                raise problem(
+                    429,
+                    f"the tenant has {active} runs queued or running, its limit; "
+                    "retry when one has completed or failed",
+                    type="urn:specops:problem:quota-exceeded",
+                )
         if completed is not None:
             done = queued.follow(completed, producer=PRODUCER)
             events: list[Envelope[Any]] = [queued, done]
@@ -167,12 +195,13 @@ async def create_run(
         )
         for event in events:
             await db.append_event(conn, run_id, event)
+            await results.repeat(conn, event)
         for event in published:
             await outbox.add(conn, event)
         body = _response(row).model_dump(mode="json")
         return logic.Reply(200 if completed else 202, body, {"Location": run_location(run_id)})
 
-    return await keyed(pool, principal, key, fingerprint, work)
+    return await keyed(pool, principal, key, fingerprint, work, ttl=key_ttl)
 
 
 async def _cached_completion(

@@ -23,6 +23,14 @@ class GatewaySettings(Settings):
         True, description="Run the outbox relay (outbox rows -> NATS) in this process."
     )
     gateway_pool_size: int = Field(10, ge=2, le=200, description="Largest number of Postgres connections.")
+    gateway_intake: bool = Field(
+        True, description="Take upstream systems' run requests from NATS (specops.intake.<tenant>.>)."
+    )
+    gateway_max_active_runs: int = Field(
+        32,
+        ge=1,
+        description="Runs a tenant may have queued or running at once; more are refused (429 or rejected).",
+    )
 
 
 def gateway_settings(given: Settings | None = None) -> GatewaySettings:

@@ -34,3 +34,11 @@ async def issue_token(dsn: str, *, tenant_id: str, role: Role, name: str | None 
             name=name,
         )
     return IssuedToken(token_id=token_id, tenant_id=tenant_id, role=role, secret=secret)
+
+
+async def ensure_tenant(dsn: str, tenant_id: str) -> None:
+    """Create the tenant's record if it has none (an upstream system's tenant needs one)."""
+    if not logic.is_spec_id(tenant_id):
+        raise ValueError(f"invalid tenant id {tenant_id!r}: use 1-128 of A-Z a-z 0-9 _ -")
+    async with await connect(dsn) as conn, conn.transaction():
+        await db.create_tenant(conn, tenant_id)

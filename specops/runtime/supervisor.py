@@ -17,8 +17,8 @@ from pathlib import Path
 
 from nats.errors import Error as NatsError
 
-from specbus.subjects import STREAM
-from specops.runtime import nats_server, postgres_server
+from specbus.subjects import RESULTS_PREFIX, STREAM, intake_subject
+from specops.runtime import nats_auth, nats_server, postgres_server
 from specops.runtime.state import ProcessRef, RuntimeState, ServerRecord, ServiceRecord, StateDir, terminate
 from specops.runtime.stream import apply_stream_config
 from specops_schemas import MIGRATIONS
@@ -120,24 +120,36 @@ def up(
         state.servers["postgres"] = postgres
         state_dir.save(state)
 
-        progress("migrating the database and ensuring the SPEC stream")
-        applied = asyncio.run(_prepare(nats.url, postgres.url))
+        keys = nats_auth.Keys(state_dir.root)
+        embedded = nats.process is not None
+        # The embedded server knows only nkey users: the runtime and the CLI act as admin,
+        # each service as its own user. A configured server's credentials are the user's.
+        admin = {"NATS_NKEY_SEED_FILE": str(keys.seed_file(nats_auth.ADMIN))} if embedded else {}
+        credentials = (
+            {"nkeys_seed": admin["NATS_NKEY_SEED_FILE"]} if embedded else settings.nats_credentials()
+        )
+        progress("migrating the database and ensuring the streams")
+        applied = asyncio.run(_prepare(nats.url, postgres.url, credentials))
         if applied:
             progress(f"applied migrations: {', '.join(applied)}")
         env_values = {"NATS_URL": nats.url, "DATABASE_URL": postgres.url}
-        state_dir.write_atomic(state_dir.root / RUNTIME_ENV_FILE, render_env_file(env_values))
+        state_dir.write_atomic(state_dir.root / RUNTIME_ENV_FILE, render_env_file(env_values | admin))
+
+        def service_env(service: str) -> dict[str, str]:
+            own = {"NATS_NKEY_SEED_FILE": str(keys.seed_file(service))} if embedded else {}
+            return env_values | own
 
         started = _reconcile_services(
-            settings, state, state_dir, counts, services, command, env_values, progress
+            settings, state, state_dir, counts, services, command, service_env, progress
         )
         state_dir.save(state)
         _check_started(started, start_grace_s)
     return status(settings)
 
 
-async def _prepare(nats_url: str, database_url: str) -> list[str]:
+async def _prepare(nats_url: str, database_url: str, credentials: Mapping[str, str]) -> list[str]:
     try:
-        await apply_stream_config(nats_url)
+        await apply_stream_config(nats_url, credentials)
     except (OSError, NatsError) as exc:
         raise RuntimeSetupError(
             f"cannot set up the {STREAM} stream on {nats_url}: {exc or type(exc).__name__}"
@@ -151,12 +163,19 @@ def _ensure_nats(
     if settings.nats_url and not _is_ours(state, "nats", settings.nats_url):
         progress(f"nats: using {settings.nats_url}")
         return ServerRecord(name="nats", url=settings.nats_url)
+    # Imported here: reading the services' code loads the engine, which `down` and
+    # `status` do not need.
+    from specops.runtime.topology import service_users
+
+    users = nats_auth.all_users(nats_auth.Keys(state_dir.root), service_users())
     current = state.servers.get("nats")
     if current is not None and current.process is not None and current.process.alive():
+        # Users may have changed (a new service, a new handler): the server reloads them.
+        nats_server.reload(state_dir, current, users)
         progress(f"nats: already running at {current.url}")
         return current
-    progress("nats: starting nats-server with JetStream")
-    record = nats_server.start(state_dir)
+    progress("nats: starting nats-server with JetStream and nkey users")
+    record = nats_server.start(state_dir, users)
     progress(f"nats: ready at {record.url}")
     return record
 
@@ -196,7 +215,7 @@ def _reconcile_services(
     counts: Mapping[str, int],
     services: Sequence[str],
     command: ServiceCommand,
-    env_values: Mapping[str, str],
+    service_env: Callable[[str], Mapping[str, str]],
     progress: Progress,
 ) -> list[ServiceRecord]:
     unknown = sorted(set(counts) - set(services))
@@ -219,7 +238,7 @@ def _reconcile_services(
             if (service, replica) in running:
                 progress(f"{service}[{replica}]: already running")
                 continue
-            record = _spawn(settings, state_dir, service, replica, command(service), env_values)
+            record = _spawn(settings, state_dir, service, replica, command(service), service_env(service))
             progress(f"{service}[{replica}]: started (pid {record.process.pid}, log {record.log})")
             started.append(record)
     state.services = keep + started
@@ -329,3 +348,45 @@ def status(settings: Settings) -> RuntimeStatus:
         ProcessStatus(r.service, r.replica, r.process.pid, r.process.alive(), r.log) for r in state.services
     ]
     return RuntimeStatus(str(settings.state_dir), settings.gateway_url, servers, processes)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantUser:
+    """An upstream system's NATS identity for one tenant."""
+
+    tenant: str
+    seed_file: str
+    public_key: str
+    nats_url: str | None
+    intake_subject: str
+    results_subjects: str
+    inbox_prefix: str
+    reloaded: bool
+    """Whether the embedded server took the new user at once (False: configure an external one)."""
+
+
+def add_tenant(settings: Settings, tenant: str) -> TenantUser:
+    """Create (or keep) the tenant's nkey user; the running embedded server reloads its users."""
+    from specops.runtime.topology import service_users
+
+    state_dir = StateDir(settings.state_dir)
+    keys = nats_auth.Keys(state_dir.root)
+    user = nats_auth.tenant_user(tenant)
+    with state_dir.locked():
+        state_dir.ensure()
+        public = keys.ensure(user)
+        state = state_dir.load()
+        nats = state.servers.get("nats")
+        running = nats is not None and nats.process is not None and nats.process.alive()
+        if running and nats is not None:
+            nats_server.reload(state_dir, nats, nats_auth.all_users(keys, service_users()))
+    return TenantUser(
+        tenant=tenant,
+        seed_file=str(keys.seed_file(user)),
+        public_key=public,
+        nats_url=nats.url if nats is not None else settings.nats_url,
+        intake_subject=intake_subject(tenant),
+        results_subjects=f"{RESULTS_PREFIX}.{tenant}.>",
+        inbox_prefix=nats_auth.inbox("tenant", tenant),
+        reloaded=running,
+    )

@@ -11,28 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 import torch
-from fixtures.postgres import server_tmpdir
+from fixtures.runtime import Runtime
 
 from specops.client import RunEvent, SpeculativeClient
-from specops.runtime.supervisor import down, up
 from specops_schemas.candidates import BASELINE_ID
 from specops_schemas.catalog import Role
 from specops_schemas.events import BenchRepMeasured, GateEvaluated, RunCompleted, RunPredicted
 from specops_services.gateway.tokens import issue_token
-from specplatform.settings import Settings
 
 pytestmark = [
     pytest.mark.slow,
@@ -41,68 +33,7 @@ pytestmark = [
 ]
 
 TARGET = {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"}
-READY_TIMEOUT_S = 120.0
 AUDIT_TIMEOUT_S = 30.0
-# Connection settings a developer's shell may carry; the test starts its own servers.
-FOREIGN_ENV = ("NATS_URL", "DATABASE_URL", "SPECOPS_URL", "SPECOPS_TOKEN", "SPECOPS_STATE_DIR")
-
-
-@dataclass(frozen=True)
-class Runtime:
-    settings: Settings
-    url: str
-    database_url: str
-
-    def logs(self) -> str:
-        tails = []
-        for log in sorted((self.settings.state_dir / "logs").glob("*.log")):
-            lines = log.read_text(errors="replace").splitlines()
-            tails.append(f"--- {log.name}\n" + "\n".join(lines[-30:]))
-        return "\n".join(tails)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(url: str, runtime_logs: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(
-        f"the gateway at {url} was not ready after {READY_TIMEOUT_S:g} s; logs in {runtime_logs}"
-    )
-
-
-@pytest.fixture
-def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
-    root = server_tmpdir("specops-test-t1-")
-    port = _free_port()
-    for name in FOREIGN_ENV:
-        monkeypatch.delenv(name, raising=False)
-    # The services inherit this environment: the gateway binds this port, not a shared 8787.
-    monkeypatch.setenv("SPECOPS_GATEWAY_HOST", "127.0.0.1")
-    monkeypatch.setenv("SPECOPS_GATEWAY_PORT", str(port))
-    settings = Settings(state_dir=root / "state", nats_url=None, database_url=None)
-    runtime = None
-    try:
-        result = up(settings)
-        postgres = next(s for s in result.servers if s.name == "postgres")
-        runtime = Runtime(settings, f"http://127.0.0.1:{port}", postgres.url)
-        _wait_ready(runtime.url, settings.state_dir / "logs")
-        yield runtime
-    finally:
-        if runtime is not None:
-            print(runtime.logs())  # shown by pytest when the test failed
-        down(settings)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _types(events: list[tuple[float, RunEvent]]) -> list[str]:
