@@ -136,9 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The services' commands live in specops/commands/, one module per area; each
     # parser sets `handler`.
-    from specops.commands import audit, db, heads, run, runtime, serve, tokens
+    from specops.commands import audit, db, deploy, heads, run, runtime, serve, tokens
 
-    for module in (runtime, db, tokens, audit, serve, run, heads):
+    for module in (runtime, db, tokens, audit, serve, run, heads, deploy):
         module.add_parsers(sub)
     return parser
 
