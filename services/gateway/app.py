@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
+import os
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,11 +17,11 @@ from specbus.outbox import OutboxRelay
 from specops_schemas import MIGRATIONS
 from specops_schemas.api import Problem
 from specops_services.gateway import db, projector, routes
+from specops_services.gateway.listen import claim_port, deployment_id, listening_socket
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import install, problem_response, responses
 from specops_services.gateway.settings import GatewaySettings, gateway_settings
 from specplatform.db import create_pool, migrate
-from specplatform.errors import RuntimeSetupError
 from specplatform.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -128,28 +128,19 @@ async def _readyz(request: Request) -> JSONResponse:
 def serve(settings: Settings | None = None) -> None:
     """`specops serve gateway`: run the app under uvicorn on the configured host and port.
 
-    The port is bound with SO_REUSEPORT, so replicas of the gateway on one host
-    (`specops up --replicas gateway=N`) all listen on it and the kernel spreads new
-    connections over them; anything the gateway keeps between requests (idempotency
-    keys, runs, the SSE feed) is in Postgres, so any replica answers any request.
+    Replicas of the gateway on one host (`specops up --replicas gateway=N`) all listen
+    on that port (listen.py) and the kernel spreads new connections over them; what the
+    gateway keeps between requests (idempotency keys, runs, the SSE feed) is in
+    Postgres, so any replica answers any request.
     """
     import uvicorn
 
     gateway = gateway_settings(settings)
-    sock = listening_socket(gateway.gateway_host, gateway.gateway_port)
-    config = uvicorn.Config(create_app(gateway), host=gateway.gateway_host, port=gateway.gateway_port)
-    uvicorn.Server(config).run(sockets=[sock])
-
-
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to host:port that other processes may bind too (SO_REUSEPORT)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    host, port = gateway.gateway_host, gateway.gateway_port
+    deployment = deployment_id(gateway.require_database_url(), gateway.require_nats_url())
+    claim = claim_port(host, port, deployment)
     try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise RuntimeSetupError(f"gateway cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
+        sock = listening_socket(host, port)
+        uvicorn.Server(uvicorn.Config(create_app(gateway), host=host, port=port)).run(sockets=[sock])
+    finally:
+        os.close(claim)
