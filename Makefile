@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench lint asyncapi
+.PHONY: setup test demo bench lint asyncapi scale-check
 
 setup: $(STAMP)
 
@@ -45,6 +45,12 @@ bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(BENCH) --workload chat --methods none,hf --n-prompts 5 --reps 2 \
 		--json $(RESULTS)-chat-passive-greedy-cpu2.json
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
+
+# Two live replicas of every service (the gateway's share its port), six runs at once:
+# each completes once, every replica handles work, measurements never overlap. Part of
+# `make test` too; this target runs it alone and writes its report.
+scale-check: setup
+	SPECOPS_SCALE_REPORT=bench/results/scale-check.json $(PY) -m pytest -q -s tests/integration/test_scaling.py
 
 lint: setup
 	$(VENV)/bin/ruff check libs specops schemas services tests scripts

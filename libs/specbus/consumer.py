@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -136,8 +137,8 @@ def subscriber(
     subjects = filter_subjects(accepted)
 
     def register(handler: Handler[P]) -> Handler[P]:
-        delivery = _Delivery(broker, service, "event", _event_decoder(accepted), handler, retry)
         durable = consumer_name(service, name or handler.__name__)
+        delivery = _Delivery(broker, service, durable, "event", _event_decoder(accepted), handler, retry)
         _bind(broker, durable, subjects, delivery, handler.__doc__, max_workers, fetch_timeout_s)
         return handler
 
@@ -163,8 +164,8 @@ def dead_letter_subscriber(
     """
 
     def register(handler: LetterHandler) -> LetterHandler:
-        delivery = _Delivery(broker, service, "dead letter", _decode_letter, handler, retry)
         durable = consumer_name(service, name)
+        delivery = _Delivery(broker, service, durable, "dead letter", _decode_letter, handler, retry)
         _bind(broker, durable, [DLQ_SUBJECTS], delivery, handler.__doc__, max_workers, fetch_timeout_s)
         return handler
 
@@ -197,8 +198,8 @@ def raw_subscriber(
         raise ValueError("raw_subscriber needs at least one subject")
 
     def register(handler: RawHandler) -> RawHandler:
-        delivery = _Delivery(broker, service, "message", _raw, handler, retry)
         durable = consumer_name(service, name)
+        delivery = _Delivery(broker, service, durable, "message", _raw, handler, retry)
         _bind(broker, durable, filters, delivery, handler.__doc__, max_workers, fetch_timeout_s, stream)
         return handler
 
@@ -277,6 +278,8 @@ class _Delivery(Generic[M]):
 
     broker: NatsBroker
     service: str
+    consumer: str
+    """The durable consumer it is delivered on; its replicas share it."""
     kind: str
     """What the handler takes ("event", "dead letter", "message"), for the DLQ's error text."""
     decode: Callable[[Msg], M]
@@ -285,18 +288,35 @@ class _Delivery(Generic[M]):
     retry: RetryPolicy
 
     async def handle(self, msg: Msg) -> None:
+        """Settle one delivery, then log one INFO line of what happened to it.
+
+        The line (prefixed with the process's service[replica] by `specops serve`) is how
+        an operator sees which replica of a service handled which message.
+        """
+        started = time.monotonic()
+        outcome = await self._settle_delivery(msg)
+        log.info(
+            "%s: %s delivery %d of %s: %s in %.3fs",
+            self.consumer,
+            msg.subject,
+            msg.metadata.num_delivered,
+            outcome.message_id,
+            outcome.verdict,
+            time.monotonic() - started,
+        )
+
+    async def _settle_delivery(self, msg: Msg) -> _Outcome:
         deliveries = msg.metadata.num_delivered
+        unknown = _message_id(msg, None)
         if self.retry.max_deliver is not None and deliveries > self.retry.max_deliver:
             # The last attempt never reported back: the process died or overran ack_wait.
             error = f"no attempt finished in {self.retry.max_deliver} deliveries"
-            await self._give_up(msg, error, deliveries)
-            return
+            return _Outcome(unknown, await self._give_up(msg, error, deliveries))
         try:
             message = self.decode(msg)
         except ValueError as exc:
             # Retrying cannot fix a malformed message: park it at once.
-            await self._give_up(msg, f"malformed {self.kind}: {exc}", deliveries)
-            return
+            return _Outcome(unknown, await self._give_up(msg, f"malformed {self.kind}: {exc}", deliveries))
         message_id = _message_id(msg, message)
         try:
             with self._span(msg, message_id):
@@ -305,31 +325,35 @@ class _Delivery(Generic[M]):
                     for follow in _as_events(reply):
                         await publish(self.broker, follow)
         except Unprocessable as exc:
-            await self._give_up(msg, f"unprocessable {self.kind}: {exc}", deliveries)
-            return
+            return _Outcome(
+                message_id, await self._give_up(msg, f"unprocessable {self.kind}: {exc}", deliveries)
+            )
         except Exception as exc:
             if self.retry.exhausted(deliveries):
                 log.exception("%s failed on delivery %d of %s", msg.subject, deliveries, message_id)
-                await self._give_up(msg, f"{type(exc).__name__}: {exc}", deliveries)
-            else:
-                delay = self.retry.delay(deliveries)
-                log.warning(
-                    "%s failed (delivery %d), retry in %.1fs: %r", msg.subject, deliveries, delay, exc
+                return _Outcome(
+                    message_id, await self._give_up(msg, f"{type(exc).__name__}: {exc}", deliveries)
                 )
-                await _settle(msg.nak(delay=delay))
-            return
+            delay = self.retry.delay(deliveries)
+            log.warning("%s failed (delivery %d), retry in %.1fs: %r", msg.subject, deliveries, delay, exc)
+            await _settle(msg.nak(delay=delay))
+            return _Outcome(message_id, f"failed, retry in {delay:g}s")
         # A lost ack only means a redelivery, which the consumer's inbox absorbs.
         await _settle(msg.ack_sync())
+        return _Outcome(message_id, "handled")
 
-    async def _give_up(self, msg: Msg, error: str, deliveries: int) -> None:
+    async def _give_up(self, msg: Msg, error: str, deliveries: int) -> str:
+        """Park the message and terminate it; what happened, for the delivery's log line."""
         try:
             await park(self.broker, self.service, msg, error=error, deliveries=deliveries)
         except Exception:
             # Not parked, so not terminated either: it comes back and parking is retried.
             log.exception("could not park %s; it will be redelivered", msg.subject)
-            await _settle(msg.nak(delay=self.retry.delay(deliveries)))
-            return
+            delay = self.retry.delay(deliveries)
+            await _settle(msg.nak(delay=delay))
+            return f"not parked, retry in {delay:g}s"
         await _settle(msg.term())
+        return "parked"
 
     def _span(self, msg: Msg, message_id: str) -> Any:
         # Continue the producer's trace (W3C traceparent header); a no-op without an OTel SDK.
@@ -362,6 +386,12 @@ class _Delivery(Generic[M]):
             task.cancel()
             with suppress(asyncio.CancelledError):
                 await task
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    message_id: str
+    verdict: str  # handled, failed (retry), parked, not parked
 
 
 def _message_id(msg: Msg, message: object) -> str:

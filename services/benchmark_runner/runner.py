@@ -15,19 +15,32 @@ from speccore.model_cache import ModelCache
 from specops_schemas.events import BenchPlan
 from specops_services.benchmark_runner.measure import BenchOutcome, RepCallback, RepRow, measure
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
+from specplatform.hostlock import DeviceLock, device_lock_name
 
 
 class BenchRunner:
-    """Measures one bench at a time (two would disturb each other's timings). Blocking; thread-safe."""
+    """Measures one bench at a time per device and host, whichever replica or process runs it
+    (two would disturb each other's timings): it holds the device's host lock
+    (specplatform.hostlock) while it measures. Blocking; thread-safe."""
 
     def __init__(self, settings: BenchmarkRunnerSettings, models: ModelCache | None = None) -> None:
         self.settings = settings
         self.models = models if models is not None else ModelCache(settings.bench_models)
-        self._lock = threading.Lock()
+        self.device_lock = DeviceLock(settings.measure_lock_dir, device_lock_name(settings.bench_device))
 
-    def measure(self, plan: BenchPlan, on_rep: RepCallback, done: Iterable[RepRow] = ()) -> BenchOutcome:
-        """`measure.measure` with this host's device, dtype and thread budget."""
-        with self._lock:
+    def measure(
+        self,
+        plan: BenchPlan,
+        on_rep: RepCallback,
+        done: Iterable[RepRow] = (),
+        stop: threading.Event | None = None,
+    ) -> BenchOutcome:
+        """`measure.measure` with this host's device, dtype and thread budget.
+
+        Waits for the device lock first; `stop` set meanwhile raises LockAbandoned.
+        """
+        # The target's load is inside the lock too: it loads the cores as much as a rep does.
+        with self.device_lock.held(f"bench of run {plan.run_id}", stop):
             # Worker threads start with PyTorch's default; the service's budget applies to each.
             torch.set_num_threads(self.settings.threads)
             return measure(

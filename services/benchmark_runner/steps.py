@@ -69,12 +69,13 @@ async def measure(
         asyncio.run_coroutine_threadsafe(store_rep(pool, event, row), loop).result()
 
     try:
-        return await asyncio.to_thread(runner.measure, event.payload.plan, on_rep, done)
+        return await asyncio.to_thread(runner.measure, event.payload.plan, on_rep, done, stopping)
     except MeasureError as err:
         log.error("bench %s failed at %s: %s", event.payload.bench_id, err.error_stage, err.message)
         return err
     except asyncio.CancelledError:
-        # The thread cannot be interrupted; it stops at its next rep instead.
+        # The thread cannot be interrupted; it stops at its next rep (or while it waits
+        # for the device lock) instead.
         stopping.set()
         raise
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
@@ -16,6 +17,7 @@ from specbus.outbox import OutboxRelay
 from specops_schemas import MIGRATIONS
 from specops_schemas.api import Problem
 from specops_services.gateway import db, intake, projector, results, routes
+from specops_services.gateway.listen import claim_port, deployment_id, listening_socket
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import install, problem_response, responses
 from specops_services.gateway.settings import GatewaySettings, gateway_settings
@@ -127,8 +129,21 @@ async def _readyz(request: Request) -> JSONResponse:
 
 
 def serve(settings: Settings | None = None) -> None:
-    """`specops serve gateway`: run the app under uvicorn on the configured host and port."""
+    """`specops serve gateway`: run the app under uvicorn on the configured host and port.
+
+    Replicas of the gateway on one host (`specops up --replicas gateway=N`) all listen
+    on that port (listen.py) and the kernel spreads new connections over them; what the
+    gateway keeps between requests (idempotency keys, runs, the SSE feed) is in
+    Postgres, so any replica answers any request.
+    """
     import uvicorn
 
     gateway = gateway_settings(settings)
-    uvicorn.run(create_app(gateway), host=gateway.gateway_host, port=gateway.gateway_port)
+    host, port = gateway.gateway_host, gateway.gateway_port
+    deployment = deployment_id(gateway.require_database_url(), gateway.require_nats_url())
+    claim = claim_port(host, port, deployment)
+    try:
+        sock = listening_socket(host, port)
+        uvicorn.Server(uvicorn.Config(create_app(gateway), host=host, port=port)).run(sockets=[sock])
+    finally:
+        os.close(claim)

@@ -7,6 +7,7 @@ is `auto`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -17,7 +18,7 @@ from typing import Any
 from speccatalog.hardware import resolve_profile
 from speccatalog.targets import TargetInfo, parse_hf_config
 from specops_services.predictor.logic import profile_of_gpu_name
-from specops_services.predictor.plan import HostInfo
+from specops_services.predictor.plan import CPU_BENCH, GPU_BENCH, BenchDefaults, HostInfo
 from specops_services.predictor.settings import PredictorSettings
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,20 @@ def gpu_name() -> str | None:
 
 def host_info(settings: PredictorSettings) -> HostInfo:
     """The host as planning sees it; UnknownHardware if SPECOPS_HOST_GPU names no profile."""
+    info = _host_hardware(settings)
+    sizes = (settings.bench_reps, settings.bench_prompts, settings.bench_new_tokens)
+    if sizes == (None, None, None):
+        return info
+    default = GPU_BENCH if info.cuda else CPU_BENCH
+    bench = BenchDefaults(
+        reps=settings.bench_reps or default.reps,
+        n_prompts=settings.bench_prompts or default.n_prompts,
+        max_new_tokens=settings.bench_new_tokens or default.max_new_tokens,
+    )
+    return dataclasses.replace(info, bench=bench)
+
+
+def _host_hardware(settings: PredictorSettings) -> HostInfo:
     if settings.host_gpu.lower() == AUTO:
         name = gpu_name()
         if name is None:

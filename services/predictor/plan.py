@@ -82,6 +82,7 @@ class HostInfo:
     cuda: bool
     gpu_profile: str | None = None  # L0 profile name of this host's GPU, if it has one
     hub_access: bool = False  # Hugging Face ids can be downloaded here
+    bench: BenchDefaults | None = None  # the bench size measured here; None: CPU_BENCH / GPU_BENCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +214,7 @@ def plan_run(
     reason = _why_not_measurable(request, info, host)
     bench = None
     if reason is None:
-        defaults = CPU_BENCH if profile.kind == "cpu" else GPU_BENCH
+        defaults = host.bench or (CPU_BENCH if profile.kind == "cpu" else GPU_BENCH)
         bench = BenchPlan(
             run_id=run_id,
             target=request.target,

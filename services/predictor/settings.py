@@ -26,6 +26,25 @@ class PredictorSettings(Settings):
         validation_alias=AliasChoices("ENABLE_L4_CASCADE", "enable_cascade"),
         description="ENABLE_L4_CASCADE: let the catalog propose cascade candidates (stretch).",
     )
+    bench_reps: int | None = Field(
+        None,
+        ge=1,
+        le=100,
+        description="SPECOPS_BENCH_REPS: reps per bench planned here (default 2 on CPU, 3 on GPU).",
+    )
+    bench_prompts: int | None = Field(
+        None,
+        ge=1,
+        le=10_000,
+        description="SPECOPS_BENCH_PROMPTS: prompts per bench (default 3 on CPU, 10 on GPU).",
+    )
+    bench_new_tokens: int | None = Field(
+        None,
+        ge=1,
+        le=32_768,
+        description="SPECOPS_BENCH_NEW_TOKENS: tokens per prompt (default 48 on CPU, 128 on GPU); smoke "
+        "tests and scaling checks shrink benches with these three, at the cost of noisier speedups.",
+    )
     predictor_history_rows: int = Field(
         500, ge=0, le=100_000, description="Newest measured_history rows of a fingerprint read per plan."
     )

@@ -23,6 +23,7 @@ from specops_services.quality_gate import logic
 from specops_services.quality_gate.gate import QualityGate, pending, skipped
 from specops_services.quality_gate.sample import GateSample, sampling_params
 from specops_services.quality_gate.settings import QualityGateSettings
+from specplatform.hostlock import DeviceLock, device_lock_name
 from specprompts.corpora import builtin_datastore
 from specprompts.sets import prompts_for_model
 
@@ -34,6 +35,7 @@ class GateRunner:
         self.settings = settings
         self.models = models if models is not None else ModelCache(settings.gate_models)
         self._lock = threading.Lock()
+        self.device_lock = DeviceLock(settings.measure_lock_dir, device_lock_name(settings.gate_device))
         self._gate: tuple[tuple[str, GateSample], QualityGate] | None = None
 
     def evaluate(self, plan: BenchPlan, candidate: Candidate) -> GateOutcome:
@@ -48,7 +50,10 @@ class GateRunner:
             return skipped()
         if method == GateMethod.PENDING:
             return pending()
-        with self._lock:
+        # The gate decodes on the same device a benchmark-runner measures on: a gate running
+        # beside a bench would skew its timings, so it takes the device's host lock as well.
+        purpose = f"gate of {candidate.candidate_id} in run {plan.run_id}"
+        with self._lock, self.device_lock.held(purpose):
             # Worker threads start with PyTorch's default; the service's budget applies to each.
             torch.set_num_threads(self.settings.threads)
             gate = self._gate_for(plan)

@@ -21,8 +21,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         action="extend",
         nargs="+",
         default=[],
-        metavar="SERVICE=N",
-        help="replicas per service (default 1 each; 0 leaves a service out)",
+        metavar="SERVICE=N[,SERVICE=N...]",
+        help="replicas per service, e.g. `--replicas predictor=2,benchmark-runner=2 gateway=2` "
+        "(default 1 each; 0 leaves a service out); gateway replicas share its port",
     )
     up.add_argument("--json", action="store_true", help="print the resulting status as JSON")
     up.set_defaults(handler=run_up)

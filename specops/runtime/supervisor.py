@@ -29,8 +29,6 @@ from specplatform.settings import RUNTIME_ENV_FILE, STATE_DIR_ENV, Settings, ren
 # The services of DESIGN.md §5, in start order (the gateway last, so that everything
 # that answers its requests is already subscribed); `down` stops them in reverse.
 SERVICES = ("audit", "quality-gate", "benchmark-runner", "predictor", "gateway")
-# Each replica would bind the same host:port; scale these behind a load balancer instead.
-SINGLE_INSTANCE = frozenset({"gateway"})
 # How long a freshly started service must stay alive to count as started.
 START_GRACE_S = 2.0
 
@@ -79,18 +77,23 @@ class RuntimeStatus:
 
 
 def parse_replicas(specs: Sequence[str], services: Sequence[str] = SERVICES) -> dict[str, int]:
-    """`["predictor=3", "audit=0"]` -> counts for every service (1 where not given)."""
+    """`["predictor=3", "audit=0"]` or `["predictor=3,audit=0"]` -> counts for every service
+    (1 where not given).
+
+    Every service scales, the gateway too: its replicas share one listening port
+    (SO_REUSEPORT, see specops_services.gateway.app.serve) and the kernel spreads the
+    connections over them.
+    """
     counts = dict.fromkeys(services, 1)
-    for spec in specs:
+    for spec in (part.strip() for given in specs for part in given.split(",")):
+        if not spec:
+            continue
         name, sep, value = spec.partition("=")
         if not sep or not value.strip().isdigit():
             raise RuntimeSetupError(f"--replicas {spec!r}: expected SERVICE=N with N >= 0")
         if name not in counts:
             raise RuntimeSetupError(f"--replicas {spec!r}: unknown service; services: {', '.join(services)}")
         counts[name] = int(value)
-    for name in SINGLE_INSTANCE & counts.keys():
-        if counts[name] > 1:
-            raise RuntimeSetupError(f"{name} binds one port, so it runs at most 1 replica here")
     return counts
 
 

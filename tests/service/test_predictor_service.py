@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -315,7 +316,13 @@ async def test_a_redelivered_request_is_planned_once(db: str, nats_url: str, js:
 class _BrokenRunner(BenchRunner):
     """A benchmark-runner on which every attempt fails, as with a bug or a dependency gone for good."""
 
-    def measure(self, plan: BenchPlan, on_rep: RepCallback, done: Iterable[RepRow] = ()) -> BenchOutcome:
+    def measure(
+        self,
+        plan: BenchPlan,
+        on_rep: RepCallback,
+        done: Iterable[RepRow] = (),
+        stop: threading.Event | None = None,
+    ) -> BenchOutcome:
         raise RuntimeError("boom")
 
 

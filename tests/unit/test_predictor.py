@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -43,7 +44,7 @@ from specops_services.predictor.model import (
     invert_mean_length,
     predict,
 )
-from specops_services.predictor.plan import HostInfo, Plan, error_stage, plan_run
+from specops_services.predictor.plan import BenchDefaults, HostInfo, Plan, error_stage, plan_run
 from specops_services.predictor.scoring import Decision, assemble_results, choose_winner, pareto_front, rank
 
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
@@ -534,6 +535,9 @@ def test_offline_alias_on_a_cpu_host_gets_a_quick_bench_of_distinct_families() -
     event = plan.run_predicted()
     assert event.candidates[0].prediction.rank == 1
     assert set(event.pareto_front) <= {r.candidate.candidate_id for r in event.candidates}
+    tiny = dataclasses.replace(CPU_HOST, bench=BenchDefaults(reps=1, n_prompts=1, max_new_tokens=8))
+    small = plan_run(request(fingerprint="code"), run_id="run-1", host=tiny).bench_plan
+    assert small is not None and (small.reps, small.n_prompts, small.max_new_tokens) == (1, 1, 8)
 
 
 def test_measurable_only_where_the_host_matches() -> None:

@@ -16,6 +16,7 @@ from specops_schemas.candidates import GateOutcome, Measurement
 from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.events import BenchPlan, RunFailed, RunRunning
 from specops_services.predictor import host, logic
+from specops_services.predictor.plan import CPU_BENCH, GPU_BENCH, BenchDefaults
 from specops_services.predictor.settings import PredictorSettings
 
 
@@ -43,6 +44,14 @@ def test_host_gpu_setting_overrides_detection(monkeypatch: pytest.MonkeyPatch) -
     assert host.host_info(PredictorSettings(host_gpu="auto")).cuda is False
     with pytest.raises(UnknownHardware):
         host.host_info(PredictorSettings(host_gpu="TPU-v9"))
+
+
+def test_bench_size_settings_override_the_profile_defaults() -> None:
+    assert host.host_info(PredictorSettings(host_gpu="cpu")).bench is None
+    small = host.host_info(PredictorSettings(host_gpu="cpu", bench_reps=1, bench_new_tokens=8)).bench
+    assert small == BenchDefaults(reps=1, n_prompts=CPU_BENCH.n_prompts, max_new_tokens=8)
+    gpu = host.host_info(PredictorSettings(host_gpu="h100", bench_prompts=2)).bench
+    assert gpu == BenchDefaults(reps=GPU_BENCH.reps, n_prompts=2, max_new_tokens=GPU_BENCH.max_new_tokens)
 
 
 def _measured(cid: str) -> Measurement:

@@ -103,8 +103,13 @@ def test_replica_specs() -> None:
     for bad, message in [("predictor", "SERVICE=N"), ("predictor=-1", "SERVICE=N"), ("nope=2", "unknown")]:
         with pytest.raises(RuntimeSetupError, match=message):
             parse_replicas([bad])
-    with pytest.raises(RuntimeSetupError, match="at most 1 replica"):
-        parse_replicas(["gateway=2"])
+    # Comma lists and repeated flags mix; every service scales, the gateway too.
+    counts = parse_replicas(["gateway=2,predictor=2", "benchmark-runner=3"])
+    assert counts == dict.fromkeys(SERVICES, 1) | {"gateway": 2, "predictor": 2, "benchmark-runner": 3}
+    assert _cli(["up", "--replicas", "audit=2,quality-gate=2", "gateway=2"]).replicas == [
+        "audit=2,quality-gate=2",
+        "gateway=2",
+    ]
 
 
 def _cli(argv: list[str]) -> argparse.Namespace:
