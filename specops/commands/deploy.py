@@ -7,8 +7,8 @@ services, Kubernetes as a Job. Services create what is missing themselves, but o
 
 `health` is the probe of a bus service, which serves no HTTP: exit 0 when NATS (a round
 trip, with the container's credentials) and Postgres answer within the timeout, 1 with
-one line on stderr naming what did not. It checks what the container can reach, not the service process itself;
-a process that dies ends its container.
+one line on stderr naming what did not. It checks what the container can reach, not the
+service process itself; a process that dies ends its container.
 
 Connections come from `specplatform.settings` (NATS_URL, NATS_NKEY_SEED_FILE or
 NATS_CREDS_FILE, DATABASE_URL).
