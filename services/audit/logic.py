@@ -359,10 +359,14 @@ class StreamChecker:
             recorded = sorted(self._seqs)
             for before, after in zip(recorded, recorded[1:], strict=False):
                 if after > before + 1:
-                    missing = f"{before + 1}" if after == before + 2 else f"{before + 1}..{after - 1}"
+                    missing = (
+                        f"message {before + 1} has"
+                        if after == before + 2
+                        else f"messages {before + 1}..{after - 1} have"
+                    )
                     broken = ChainBreak(
                         self._seqs[after],
-                        f"stream messages {missing} have no audit row (rows deleted, or not recorded yet)",
+                        f"stream {missing} no audit row (rows deleted, or not recorded yet)",
                     )
                     break
         return StreamReport(self._rows, broken)
