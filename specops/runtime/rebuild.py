@@ -20,7 +20,7 @@ with the live ones (`table_diff`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,7 +123,7 @@ async def rebuild(
     return report
 
 
-async def _read(conn: Connection, spec: TableSpec) -> list[Mapping[str, Any]]:
+async def _read(conn: Connection, spec: TableSpec) -> list[dict[str, Any]]:
     columns = sql.SQL(", ").join(map(sql.Identifier, (*spec.key, *spec.columns)))
     query = sql.SQL("SELECT {} FROM {}").format(columns, sql.Identifier(spec.name))
     cur = await conn.execute(query)
