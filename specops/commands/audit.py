@@ -130,7 +130,12 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     replay.set_defaults(audit_run=_replay)
 
     diff = actions.add_parser(
-        "diff", help="compare a database rebuilt from the stream with the live one (DATABASE_URL)"
+        "diff",
+        help="compare a database rebuilt from the stream with the live one (DATABASE_URL)",
+        description="Compare runs, run_events, candidates, bench_results, gate_results and "
+        "winner_cache of the live database with those `replay --rebuild` wrote, row by row on the "
+        "columns that carry meaning; print each difference (table, key, column, live vs rebuilt) "
+        "and exit 1, or 'no differences' and exit 0. Compare while no run is in flight.",
     )
     diff.add_argument("--into", metavar="DSN", required=True, help="the database --rebuild wrote")
     diff.add_argument("--json", action="store_true", help="one JSON object per difference")

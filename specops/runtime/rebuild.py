@@ -11,7 +11,9 @@ publishes the event (nothing is measured or predicted again):
 - benchmark-runner (`benchmark_runner.projection`): `bench.rep_measured` -> `bench_results`;
 - quality gate (`quality_gate.projection`): `gate.evaluated` -> `gate_results`.
 
-Dead letters and messages that are no event write nothing. An event that cannot be
+Dead letters, messages that are no event, and events on a subject other than their own
+(an upstream request on its intake subject, which the gateway answers with events of
+its own) write nothing: no service wrote a row for them as they are. An event that cannot be
 written (as it could not live: a `run.predicted` of a run no gateway opened) is
 counted and named, and the rebuild goes on. The diff then compares the rebuilt tables
 with the live ones (`table_diff`).
@@ -110,6 +112,8 @@ async def rebuild(
                 event = parse_event(message.data)
             except ValueError:
                 continue  # a dead letter or a malformed message: no service wrote anything for it
+            if event.subject != message.subject:
+                continue
             try:
                 await _project_owned(conn, event)
             except psycopg.Error as exc:
