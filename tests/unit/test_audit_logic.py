@@ -178,3 +178,16 @@ def test_rows_missing_between_stream_messages_and_rows_without_a_message_are_nam
     assert "at seq 2: stream message 3 has no audit row" in _check(gap, _stream_of(gap))
     assert "stream holds no message 30" in _check([*rows[:2], replace(rows[2], stream_seq=30)], stream)
     assert "has no stream_seq" in _check([replace(rows[0], stream_seq=None)], {})
+
+
+def test_a_version_1_run_queued_is_recorded_with_the_bytes_it_was_published_with() -> None:
+    # Published before run.queued carried the request (version 1): decoding and
+    # re-serialising it must not add the new field, or every old row would differ from
+    # its stream message under `verify --against-stream`.
+    published = (
+        b'{"causation_id":null,"correlation_id":"r1","event_id":"7f0c7a3e-0d7e-4a4e-9a55-1d3c9e0b6a10",'
+        b'"occurred_at":"2026-11-20T10:00:00Z","payload":{"run_id":"r1"},"producer":"gateway",'
+        b'"schema_version":1,"tenant_id":"acme","type":"run.queued"}'
+    )
+    entry = entry_from_message("spec.run.r1.queued", published, stream_seq=7)
+    assert entry.type == "run.queued" and entry.payload == published
