@@ -26,9 +26,6 @@ GRANT specops_audit_writer TO CURRENT_USER;
 GRANT USAGE ON SCHEMA public TO specops_audit_writer;
 REVOKE ALL ON audit_log, audit_chain_head FROM specops_audit_writer;
 GRANT SELECT, INSERT ON audit_log TO specops_audit_writer;
--- 001's default privileges gave specops_app INSERT on every later table, audit_log's
--- head included; nobody but the trigger's owner writes it.
-REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON audit_chain_head FROM specops_app;
 
 ALTER TABLE audit_log DROP CONSTRAINT audit_log_event_id_key;
 CREATE INDEX audit_log_event_id ON audit_log (event_id);

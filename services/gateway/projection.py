@@ -67,13 +67,14 @@ async def apply(conn: Connection, event: Envelope[Any]) -> db.RunRow | None:
     if await db.append_event(conn, run_id, event) is None:
         return None
     state = logic.fold(run.state, event)
-    if state != run.state:
-        await db.update_run(conn, run_id, state)
+    if state == run.state:
+        return run
+    await db.update_run(conn, run_id, state)
     answer = logic.answer_to_cache(run.state, state, event)
     if answer is not None:
         key = cache.key_columns(run.request, tenant_id=event.tenant_id)
         await db.store_winner(conn, key, answer, source_run_id=run_id, stored_at=event.occurred_at)
-    return await db.get_run(conn, event.tenant_id, run_id)
+    return await db.get_run(conn, event.tenant_id, run_id)  # as updated (updated_at included)
 
 
 async def rebuild(conn: Connection, event: Envelope[Any]) -> None:

@@ -6,8 +6,8 @@ share it). An event belongs to the run its envelope's `correlation_id` names; ev
 other flows (a tune session's benches) and of unknown runs are acknowledged and skipped.
 Redeliveries are no-ops: `run_events.event_id` is unique and the append is what decides
 whether the run row moves. What an event writes is `projection.apply`, the code a
-rebuild from the stream runs too. The winner is cached in the transaction that completes the
-run, so a client that sees the run completed finds its answer cached.
+rebuild from the stream runs too. The winner is cached in the transaction that
+completes the run, so a client that sees the run completed finds its answer cached.
 """
 
 from __future__ import annotations
