@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from specbus.envelope import Envelope, EventPayload, decode_event
 from specops_schemas.api import RunCreateRequest, Target
@@ -54,9 +54,25 @@ class RunRequested(RunEvent):
 
 
 class RunQueued(RunEvent):
-    """The run is accepted and waits for a predictor."""
+    """The run is accepted and waits for a predictor.
+
+    Version 2 carries the run's request, so the stream alone rebuilds every run (a
+    cache hit publishes no `run.requested`); version 1 events have none.
+    """
 
     event_type = "run.queued"
+    schema_version = 2
+    request: RunCreateRequest | None = Field(
+        None, description="The validated request body (always set by the gateway since version 2)."
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_missing_request(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A version 1 event serialises to the bytes it was published (and audited) with.
+        data: dict[str, Any] = handler(self)
+        if self.request is None:
+            data.pop("request", None)
+        return data
 
 
 class RunRunning(RunEvent):

@@ -42,7 +42,12 @@ PING_INTERVAL_S = 20
 
 
 def stream_config(*, max_age_s: float = MAX_AGE_S) -> StreamConfig:
-    """The SPEC stream: every `spec.>` event, limits retention, 2-minute dedup window."""
+    """The SPEC stream: every `spec.>` event, limits retention, 2-minute dedup window.
+
+    Messages cannot be deleted nor the stream purged: it is the record the audit log
+    is checked against (`specops audit verify --against-stream`) and rebuilt from.
+    Only max_age retires messages.
+    """
     return StreamConfig(
         name=STREAM,
         description="specops events (spec.<aggregate>.<id>.<event>) and dead letters",
@@ -52,6 +57,8 @@ def stream_config(*, max_age_s: float = MAX_AGE_S) -> StreamConfig:
         discard=DiscardPolicy.OLD,
         max_age=max_age_s,
         duplicate_window=DUPLICATE_WINDOW_S,
+        deny_delete=True,
+        deny_purge=True,
     )
 
 

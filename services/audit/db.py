@@ -1,8 +1,10 @@
 """SQL of the audit log: append one entry, stream the chain out for verification.
 
 The chaining itself (lock, prev_hash, seq, hash, duplicate skip) happens in the
-table's insert trigger (schemas/sql/004_audit.sql), so every writer, this service's
-replicas included, extends one chain and none can write a row that does not link.
+table's insert trigger (schemas/sql/004_audit.sql, 008_audit_role.sql), so every
+writer, this service's replicas included, extends one chain and none can write a row
+that does not link. Appends run as `WRITER_ROLE`, which may insert and nothing else:
+a compromised audit process cannot rewrite or delete what it recorded.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from specops_services.audit.logic import AuditEntry, AuditRow, ChainHead, ChainV
 
 # Rows fetched per round trip while verifying: memory stays flat for any table size.
 ITERSIZE = 2000
+# May INSERT into audit_log (and read it), nothing else (schemas/sql/008_audit_role.sql).
+WRITER_ROLE = "specops_audit_writer"
 
 _APPEND = """
     INSERT INTO audit_log (event_id, subject, type, tenant_id, payload, stream_seq)
@@ -32,7 +36,10 @@ _HEAD = "SELECT seq, hash FROM audit_chain_head"
 
 
 async def append(conn: AsyncConnection[Any], entry: AuditEntry) -> int | None:
-    """Record `entry`; its seq, or None when its event_id is already in the log (a redelivery)."""
+    """Record `entry`; its seq, or None when its stream message is already in the log (a redelivery).
+
+    An entry without a stream sequence is a duplicate by its event_id instead.
+    """
     params = (
         uuid.UUID(entry.event_id),
         entry.subject,
@@ -42,6 +49,7 @@ async def append(conn: AsyncConnection[Any], entry: AuditEntry) -> int | None:
         entry.stream_seq,
     )
     async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+        await cur.execute(f"SET LOCAL ROLE {WRITER_ROLE}")
         await cur.execute(_APPEND, params)
         row = await cur.fetchone()
     return None if row is None else int(row[0])

@@ -288,6 +288,90 @@ def entry_from_message(subject: str, data: bytes, stream_seq: int | None = None)
     return AuditEntry(event.event_id, subject, event.type, event.tenant_id, event.to_json_bytes(), stream_seq)
 
 
+@dataclass(frozen=True, slots=True)
+class StreamReport:
+    """`verify --against-stream`: whether every row records the stream message at its stream_seq."""
+
+    rows: int  # rows checked (up to and including the first that differs)
+    broken: ChainBreak | None  # the first row that differs, or the first message without a row
+
+    @property
+    def ok(self) -> bool:
+        return self.broken is None
+
+    def summary(self) -> str:
+        if self.broken is not None:
+            return f"audit log differs from the stream at seq {self.broken.seq}: {self.broken.reason}"
+        return f"audit log matches the stream: {self.rows} rows"
+
+    def to_dict(self) -> dict[str, Any]:
+        broken = None if self.broken is None else {"seq": self.broken.seq, "reason": self.broken.reason}
+        return {"ok": self.ok, "rows": self.rows, "broken": broken}
+
+
+def stream_mismatch(row: AuditRow, message: tuple[str, bytes] | None) -> str | None:
+    """Why `row` is not what the audit records for `message` (subject, data), the stream's
+    message at the row's stream_seq; None when it is."""
+    if row.stream_seq is None:
+        return "the row has no stream_seq, so no message of the stream vouches for it"
+    if message is None:
+        return f"the stream holds no message {row.stream_seq}"
+    entry = entry_from_message(message[0], message[1], row.stream_seq)
+    fields = (
+        ("subject", row.subject, entry.subject),
+        ("event_id", row.event_id, entry.event_id),
+        ("type", row.type, entry.type),
+        ("tenant_id", row.tenant_id, entry.tenant_id),
+        ("payload", row.payload, entry.payload),
+    )
+    differs = [name for name, stored, recorded in fields if stored != recorded]
+    if not differs:
+        return None
+    verb = "differs" if len(differs) == 1 else "differ"
+    return f"stream_seq {row.stream_seq}: {', '.join(differs)} {verb} from the stream's message"
+
+
+class StreamChecker:
+    """Rows against their stream messages, one at a time; then whether a message between the
+    first and the last recorded one has no row (a row deleted, the chain recomputed)."""
+
+    def __init__(self) -> None:
+        self._rows = 0
+        self._seqs: dict[int, int] = {}  # stream_seq -> row seq
+        self._broken: ChainBreak | None = None
+
+    def feed(self, row: AuditRow, message: tuple[str, bytes] | None) -> bool:
+        """Check the next row; False once one differs (later rows are not checked)."""
+        if self._broken is not None:
+            return False
+        self._rows += 1
+        reason = stream_mismatch(row, message)
+        if reason is not None:
+            self._broken = ChainBreak(row.seq, reason)
+            return False
+        if row.stream_seq is not None:
+            self._seqs[row.stream_seq] = row.seq
+        return True
+
+    def report(self) -> StreamReport:
+        broken = self._broken
+        if broken is None and self._seqs:
+            recorded = sorted(self._seqs)
+            for before, after in zip(recorded, recorded[1:], strict=False):
+                if after > before + 1:
+                    missing = (
+                        f"message {before + 1} has"
+                        if after == before + 2
+                        else f"messages {before + 1}..{after - 1} have"
+                    )
+                    broken = ChainBreak(
+                        self._seqs[after],
+                        f"stream {missing} no audit row (rows deleted, or not recorded yet)",
+                    )
+                    break
+        return StreamReport(self._rows, broken)
+
+
 def _json_object(data: bytes) -> dict[str, Any] | None:
     try:
         value = json.loads(data)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -51,6 +51,16 @@ class ReplayStart:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamMessage:
+    """One message of the SPEC stream as stored: what the audit recorded, or should have."""
+
+    seq: int
+    time: datetime
+    subject: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayedEvent:
     seq: int
     time: datetime
@@ -87,8 +97,12 @@ def consumer_config(start: ReplayStart, subject: str | None) -> ConsumerConfig:
     )
 
 
-async def connect(url: str) -> Client:
-    """A connection that fails fast: a CLI should say 'no server' rather than retry forever."""
+async def connect(url: str, credentials: Mapping[str, str] | None = None) -> Client:
+    """A connection that fails fast: a CLI should say 'no server' rather than retry forever.
+
+    `credentials`: nats.connect options (Settings.nats_credentials()) of a user that may
+    read the stream (the runtime's admin).
+    """
 
     async def quiet(_: Exception) -> None:
         # The failure is reported once, as ReplayError; nats-py would log every attempt.
@@ -103,6 +117,7 @@ async def connect(url: str) -> Client:
                 reconnect_time_wait=0.2,
                 allow_reconnect=False,
                 error_cb=quiet,
+                **(credentials or {}),
             ),
             timeout=3 * CONNECT_TIMEOUT_S,
         )
@@ -112,6 +127,17 @@ async def connect(url: str) -> Client:
 
 async def replay(nc: Client, start: ReplayStart, subject: str | None = None) -> AsyncIterator[ReplayedEvent]:
     """Every message of SPEC from `start` (matching `subject`) up to the stream's end when called."""
+    async for message in messages(nc, start, subject):
+        entry = entry_from_message(message.subject, message.data)
+        yield ReplayedEvent(
+            message.seq, message.time, message.subject, entry.type, entry.event_id, entry.tenant_id
+        )
+
+
+async def messages(
+    nc: Client, start: ReplayStart, subject: str | None = None
+) -> AsyncIterator[StreamMessage]:
+    """The messages of SPEC from `start` (matching `subject`), in stream order, up to its end when called."""
     js = nc.jetstream()
     try:
         last_seq = (await js.stream_info(STREAM)).state.last_seq
@@ -134,15 +160,7 @@ async def replay(nc: Client, start: ReplayStart, subject: str | None = None) -> 
                 raise ReplayError(f"replay interrupted: {exc}") from None
             for msg in msgs:
                 meta = msg.metadata
-                entry = entry_from_message(msg.subject, msg.data)
-                yield ReplayedEvent(
-                    meta.sequence.stream,
-                    meta.timestamp,
-                    msg.subject,
-                    entry.type,
-                    entry.event_id,
-                    entry.tenant_id,
-                )
+                yield StreamMessage(meta.sequence.stream, meta.timestamp, msg.subject, msg.data)
                 pending = meta.num_pending
                 # Events published while replaying are past the end asked for.
                 if meta.sequence.stream >= last_seq:
@@ -152,3 +170,18 @@ async def replay(nc: Client, start: ReplayStart, subject: str | None = None) -> 
     finally:
         with contextlib.suppress(nats.errors.Error):
             await js.delete_consumer(STREAM, consumer.name)  # else it expires after INACTIVE_S
+
+
+async def message_at(nc: Client, seq: int) -> StreamMessage | None:
+    """The stream's message at sequence `seq`; None when the stream holds none there (any more)."""
+    try:
+        msg = await nc.jetstream().get_msg(STREAM, seq=seq)
+    except NotFoundError:
+        return None
+    except nats.js.errors.APIError as exc:
+        raise ReplayError(f"JetStream refused message {seq}: {exc.description or exc}") from None
+    except nats.errors.Error as exc:
+        raise ReplayError(f"JetStream did not answer for message {seq}: {exc}") from None
+    if msg.seq is None or msg.subject is None or msg.time is None:
+        return None
+    return StreamMessage(msg.seq, msg.time, msg.subject, msg.data or b"")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -18,8 +19,9 @@ _STORED = """
 # The unique key is what makes a rep stored (and so announced) once, whichever process
 # or replica measured it.
 _INSERT = """
-    INSERT INTO bench_results (bench_id, candidate_id, rep, run_id, metrics, tokens_per_s, speedup)
-    VALUES (%s, %s, %s, %s, %s, %s, %s)
+    INSERT INTO bench_results
+        (bench_id, candidate_id, rep, run_id, metrics, tokens_per_s, speedup, recorded_at)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT ON CONSTRAINT bench_results_one_per_rep DO NOTHING
 """
 _PROCESSED = "SELECT 1 FROM inbox WHERE consumer = %s AND event_id = %s"
@@ -36,8 +38,10 @@ async def stored_reps(conn: AsyncConnection[Any], bench_id: str) -> list[RepRow]
     ]
 
 
-async def insert_rep(conn: AsyncConnection[Any], *, bench_id: str, run_id: str, row: RepRow) -> bool:
-    """Store one rep row; False if that (bench, candidate, rep) was stored already (nothing changed).
+async def insert_rep(
+    conn: AsyncConnection[Any], *, bench_id: str, run_id: str, row: RepRow, recorded_at: datetime
+) -> bool:
+    """Store one rep row measured at `recorded_at`; False if that (bench, candidate, rep) was stored already.
 
     A concurrent insert of the same key (another replica) waits for the first
     transaction and then gets False if it committed.
@@ -51,6 +55,7 @@ async def insert_rep(conn: AsyncConnection[Any], *, bench_id: str, run_id: str, 
         Jsonb(metrics.model_dump(mode="json")),
         metrics.tokens_per_s,
         row.speedup,
+        recorded_at,
     )
     cursor = await conn.execute(_INSERT, params)
     return cursor.rowcount == 1

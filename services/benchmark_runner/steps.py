@@ -17,7 +17,7 @@ from typing import Any
 from specbus import outbox, process_once
 from specbus.envelope import Envelope
 from specops_schemas.events import BenchRequested
-from specops_services.benchmark_runner import db, logic
+from specops_services.benchmark_runner import db, logic, projection
 from specops_services.benchmark_runner.measure import BenchOutcome, MeasureError, RepRow
 from specops_services.benchmark_runner.runner import BenchRunner
 from specplatform.db import Pool
@@ -43,11 +43,14 @@ async def stored_reps(pool: Pool, inbox: str, event: Envelope[BenchRequested]) -
 
 
 async def store_rep(pool: Pool, event: Envelope[BenchRequested], row: RepRow) -> None:
-    """Store one rep row and queue its `bench.rep_measured`, unless it was stored already."""
-    bench = event.payload
+    """Store one rep row and queue its `bench.rep_measured`, unless it was stored already.
+
+    The row is written from the event (`projection`), as a rebuild from the stream writes it.
+    """
+    measured = logic.rep_measured(event, row)
     async with pool.connection() as conn, conn.transaction():
-        if await db.insert_rep(conn, bench_id=bench.bench_id, run_id=bench.plan.run_id, row=row):
-            await outbox.add(conn, logic.rep_measured(event, row))
+        if await projection.project(conn, measured):
+            await outbox.add(conn, measured)
 
 
 async def measure(

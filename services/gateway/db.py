@@ -44,18 +44,11 @@ async def find_token(conn: Connection, secret_sha256: str) -> TokenRow | None:
     return None if row is None else TokenRow(row["id"], row["tenant_id"], Role(row["role"]))
 
 
-async def create_tenant(conn: Connection, tenant_id: str) -> None:
-    """The tenant's record, named after its id, unless it has one."""
-    await conn.execute(
-        "INSERT INTO tenants (id, name) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING", (tenant_id, tenant_id)
-    )
-
-
 async def create_token(
     conn: Connection, *, token_id: str, tenant_id: str, role: Role, secret_sha256: str, name: str | None
 ) -> None:
     """Insert a token, creating its tenant on first use."""
-    await create_tenant(conn, tenant_id)
+    await ensure_tenant(conn, tenant_id)
     await conn.execute(
         "INSERT INTO api_tokens (id, tenant_id, role, secret_sha256, name) VALUES (%s, %s, %s, %s, %s)",
         (token_id, tenant_id, role.value, secret_sha256, name),
@@ -80,6 +73,13 @@ async def active_runs(conn: Connection, tenant_id: str) -> int:
     )
     row = await cur.fetchone()
     return int(row["n"]) if row else 0
+
+
+async def ensure_tenant(conn: Connection, tenant_id: str) -> None:
+    """Create the tenant unless it exists (named by its id)."""
+    await conn.execute(
+        "INSERT INTO tenants (id, name) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING", (tenant_id, tenant_id)
+    )
 
 
 # --- idempotency keys ---------------------------------------------------------------------
@@ -193,10 +193,11 @@ def _result(state: RunState) -> Jsonb | None:
 
 async def insert_run(
     conn: Connection, *, run_id: str, tenant_id: str, request: RunCreateRequest, state: RunState
-) -> RunRow:
+) -> RunRow | None:
+    """Insert a run; None when a run with this id exists already (then nothing changed)."""
     cur = await conn.execute(
         f"""INSERT INTO runs (id, tenant_id, status, request, result, error, cache_hit, measured)
-            VALUES (%s, %s, %s, %s, %s, %s, %s, %s) RETURNING {_RUN_COLUMNS}""",
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (id) DO NOTHING RETURNING {_RUN_COLUMNS}""",
         (
             run_id,
             tenant_id,
@@ -209,9 +210,7 @@ async def insert_run(
         ),
     )
     row = await cur.fetchone()
-    if row is None:
-        raise RuntimeError("INSERT ... RETURNING returned no row")
-    return _run_row(row)
+    return None if row is None else _run_row(row)
 
 
 async def get_run(
@@ -304,9 +303,9 @@ async def cached_winner(conn: Connection, key: Mapping[str, str]) -> dict[str, A
 
 
 async def store_winner(
-    conn: Connection, key: Mapping[str, str], answer: RunCompleted, *, source_run_id: str
+    conn: Connection, key: Mapping[str, str], answer: RunCompleted, *, source_run_id: str, stored_at: datetime
 ) -> None:
-    """Upsert the 30-day winner cache under `key` (cache.key_columns).
+    """Upsert the 30-day winner cache under `key` (cache.key_columns), as of `stored_at` (the answer's time).
 
     A predicted answer never replaces a live measured one.
     """
@@ -314,7 +313,7 @@ async def store_winner(
         """INSERT INTO winner_cache (cache_scope, model_ref, gpu, engine, engine_version, fingerprint,
                mode, quality_gate, winner, candidates, pareto_front, measured, source_run_id, created_at,
                expires_at)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, now(), now() + %s)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
            ON CONFLICT (cache_scope, model_ref, gpu, engine, engine_version, fingerprint, mode, quality_gate)
            DO UPDATE SET
                winner = EXCLUDED.winner, candidates = EXCLUDED.candidates,
@@ -329,7 +328,8 @@ async def store_winner(
             Jsonb(list(answer.pareto_front)),
             answer.measured,
             source_run_id,
-            CACHE_TTL,
+            stored_at,
+            stored_at + CACHE_TTL,
         ),
     )
 

@@ -26,9 +26,8 @@ from specops_schemas.api import (
     RunCreateRequest,
     RunStatusResponse,
 )
-from specops_schemas.catalog import RunStatus
 from specops_schemas.events import RunCompleted, RunQueued, RunRequested
-from specops_services.gateway import cache, db, engine_flags, logic, results
+from specops_services.gateway import cache, db, engine_flags, logic, projection, results
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import ProblemError, problem
@@ -162,46 +161,50 @@ async def create_run(
     async def work(conn: Connection) -> logic.Reply:
         run_id = logic.new_run_id()
         queued = new_event(
-            RunQueued(run_id=run_id), tenant_id=principal.tenant_id, correlation_id=run_id, producer=PRODUCER
+            RunQueued(run_id=run_id, request=request),
+            tenant_id=principal.tenant_id,
+            correlation_id=run_id,
+            producer=PRODUCER,
         )
         completed = await _cached_completion(conn, principal, request, run_id)
-        if completed is None:
-            active = await db.active_runs(conn, principal.tenant_id)
-            if active >= max_active_runs:
-                raise problem(
-                    429,
-                    f"the tenant has {active} runs queued or running, its limit; "
-                    "retry when one has completed or failed",
-                    type="urn:specops:problem:quota-exceeded",
-                )
         if completed is not None:
-            done = queued.follow(completed, producer=PRODUCER)
-            events: list[Envelope[Any]] = [queued, done]
-            state = logic.fold(logic.fold(logic.RunState(RunStatus.QUEUED), queued), done)
-            published = events
+            recorded: list[Envelope[Any]] = [queued, queued.follow(completed, producer=PRODUCER)]
+            published = recorded
         else:
+            await _check_quota(conn, principal.tenant_id, max_active_runs)
             requested = new_event(
                 RunRequested(run_id=run_id, request=request, requested_by=principal.token_id),
                 tenant_id=principal.tenant_id,
                 correlation_id=run_id,
                 producer=PRODUCER,
             )
-            queued = requested.follow(RunQueued(run_id=run_id), producer=PRODUCER)
-            events = [queued]
-            state = logic.RunState(RunStatus.QUEUED)
-            published = [requested, queued]
-        row = await db.insert_run(
-            conn, run_id=run_id, tenant_id=principal.tenant_id, request=request, state=state
-        )
-        for event in events:
-            await db.append_event(conn, run_id, event)
+            recorded = [requested.follow(RunQueued(run_id=run_id, request=request), producer=PRODUCER)]
+            published = [requested, *recorded]
+        # Written from the events themselves, as a rebuild from the stream writes them.
+        row = await projection.open_run(conn, recorded[0])
+        for event in recorded:
+            row = await projection.apply(conn, event) or row
             await results.repeat(conn, event)
+        if row is None:
+            raise RuntimeError(f"run {run_id} was not created")
         for event in published:
             await outbox.add(conn, event)
         body = _response(row).model_dump(mode="json")
         return logic.Reply(200 if completed else 202, body, {"Location": run_location(run_id)})
 
     return await keyed(pool, principal, key, fingerprint, work, ttl=key_ttl)
+
+
+async def _check_quota(conn: Connection, tenant_id: str, max_active_runs: int) -> None:
+    """429 when the tenant has `max_active_runs` runs queued or running already (a cache hit needs none)."""
+    active = await db.active_runs(conn, tenant_id)
+    if active >= max_active_runs:
+        raise problem(
+            429,
+            f"the tenant has {active} runs queued or running, its limit; "
+            "retry when one has completed or failed",
+            type="urn:specops:problem:quota-exceeded",
+        )
 
 
 async def _cached_completion(

@@ -41,4 +41,4 @@ async def ensure_tenant(dsn: str, tenant_id: str) -> None:
     if not logic.is_spec_id(tenant_id):
         raise ValueError(f"invalid tenant id {tenant_id!r}: use 1-128 of A-Z a-z 0-9 _ -")
     async with await connect(dsn) as conn, conn.transaction():
-        await db.create_tenant(conn, tenant_id)
+        await db.ensure_tenant(conn, tenant_id)

@@ -9,6 +9,7 @@ the owning role, so row-level security does not apply to it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -106,11 +107,13 @@ async def recent_history(conn: Connection, fingerprint: Fingerprint, limit: int)
     ]
 
 
-async def save_candidates(conn: Connection, run_id: str, ranked: Sequence[RankedCandidate]) -> None:
+async def save_candidates(
+    conn: Connection, run_id: str, ranked: Sequence[RankedCandidate], *, created_at: datetime
+) -> None:
     async with conn.cursor() as cur:
         await cur.executemany(
-            """INSERT INTO candidates (run_id, candidate_id, rank, family, candidate, prediction)
-               VALUES (%s, %s, %s, %s, %s, %s)""",
+            """INSERT INTO candidates (run_id, candidate_id, rank, family, candidate, prediction, created_at)
+               VALUES (%s, %s, %s, %s, %s, %s, %s)""",
             [
                 (
                     run_id,
@@ -119,6 +122,7 @@ async def save_candidates(conn: Connection, run_id: str, ranked: Sequence[Ranked
                     r.candidate.family.value,
                     Jsonb(r.candidate.model_dump(mode="json")),
                     Jsonb(r.prediction.model_dump(mode="json")),
+                    created_at,
                 )
                 for r in ranked
             ],

@@ -21,7 +21,7 @@ from specbus.envelope import Envelope
 from speccatalog.targets import TargetError, TargetInfo
 from specops_schemas.candidates import GateOutcome
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
-from specops_services.predictor import db, logic
+from specops_services.predictor import db, logic, projection
 from specops_services.predictor.host import local_target
 from specops_services.predictor.plan import HostInfo
 from specplatform.db import Pool
@@ -94,14 +94,20 @@ async def plan(
         _log_failure(run_id, planned)
         await db.mark_ended(conn, run_id, event.tenant_id)
         return [logic.failed(event, planned)]
-    await db.save_candidates(conn, run_id, planned.ranked)
     if planned.bench_plan is None:
         answer = logic.predicted_answer(planned, request)
         await db.mark_ended(conn, run_id, event.tenant_id)
-        return logic.answered_events(event, planned, answer)
-    bench_id = logic.bench_id_for(run_id)
-    await db.create_bench(conn, logic.Bench(bench_id, run_id, event.tenant_id, request, planned.bench_plan))
-    return logic.measuring_events(event, planned, bench_id)
+        events = logic.answered_events(event, planned, answer)
+    else:
+        bench_id = logic.bench_id_for(run_id)
+        await db.create_bench(
+            conn, logic.Bench(bench_id, run_id, event.tenant_id, request, planned.bench_plan)
+        )
+        events = logic.measuring_events(event, planned, bench_id)
+    # The candidates are written from the run.predicted queued here, as a rebuild writes them.
+    for queued in events:
+        await projection.project(conn, queued)
+    return events
 
 
 async def bench_completed(conn: db.Connection, event: Envelope[BenchCompleted]) -> Events:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from psycopg import AsyncConnection
@@ -17,11 +18,12 @@ _STORED = """
 # A verdict is written once: a redelivered bench finds it and gates nothing again. Only
 # a `pending` placeholder (passed NULL) is replaced, by a verdict.
 _SAVE = """
-    INSERT INTO gate_results (bench_id, candidate_id, run_id, method, passed, score, threshold, details)
-    VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+    INSERT INTO gate_results
+        (bench_id, candidate_id, run_id, method, passed, score, threshold, details, evaluated_at)
+    VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
     ON CONFLICT (bench_id, candidate_id) DO UPDATE SET
         method = EXCLUDED.method, passed = EXCLUDED.passed, score = EXCLUDED.score,
-        threshold = EXCLUDED.threshold, details = EXCLUDED.details, evaluated_at = now()
+        threshold = EXCLUDED.threshold, details = EXCLUDED.details, evaluated_at = EXCLUDED.evaluated_at
     WHERE gate_results.passed IS NULL AND EXCLUDED.passed IS NOT NULL
     RETURNING candidate_id
 """
@@ -36,9 +38,15 @@ async def stored_outcomes(conn: AsyncConnection[Any], bench_id: str) -> dict[str
 
 
 async def save_outcome(
-    conn: AsyncConnection[Any], *, bench_id: str, run_id: str, candidate_id: str, outcome: GateOutcome
+    conn: AsyncConnection[Any],
+    *,
+    bench_id: str,
+    run_id: str,
+    candidate_id: str,
+    outcome: GateOutcome,
+    evaluated_at: datetime,
 ) -> bool:
-    """Store a candidate's verdict; False if one was there already (then nothing changed).
+    """Store a candidate's verdict reached at `evaluated_at`; False if one was stored already.
 
     A concurrent save of the same candidate (another replica) waits for the first
     transaction and then gets False if it committed.
@@ -52,6 +60,7 @@ async def save_outcome(
         outcome.score,
         outcome.threshold,
         Jsonb(outcome.details),
+        evaluated_at,
     )
     async with conn.cursor() as cur:
         await cur.execute(_SAVE, params)

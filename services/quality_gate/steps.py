@@ -18,7 +18,7 @@ from specbus.envelope import Envelope
 from speccore.model_cache import ModelLoadError
 from specops_schemas.candidates import GateOutcome
 from specops_schemas.events import BenchCompleted
-from specops_services.quality_gate import db, logic
+from specops_services.quality_gate import db, logic, projection
 from specops_services.quality_gate.runner import GateRunner
 from specplatform.db import Pool
 
@@ -49,14 +49,14 @@ async def gate_bench(pool: Pool, runner: GateRunner, event: Envelope[BenchComple
 async def save_verdict(
     pool: Pool, event: Envelope[BenchCompleted], candidate_id: str, outcome: GateOutcome
 ) -> None:
-    """Store a candidate's verdict and queue its `gate.evaluated`, unless one was stored already."""
-    bench_id, run_id = event.payload.bench_id, event.payload.plan.run_id
+    """Store a candidate's verdict and queue its `gate.evaluated`, unless one was stored already.
+
+    The row is written from the event (`projection`), as a rebuild from the stream writes it.
+    """
+    verdict = logic.gate_evaluated(event, candidate_id, outcome)
     async with pool.connection() as conn, conn.transaction():
-        saved = await db.save_outcome(
-            conn, bench_id=bench_id, run_id=run_id, candidate_id=candidate_id, outcome=outcome
-        )
-        if saved:
-            await outbox.add(conn, logic.gate_evaluated(event, candidate_id, outcome))
+        if await projection.project(conn, verdict):
+            await outbox.add(conn, verdict)
 
 
 async def queue(pool: Pool, events: Sequence[Envelope[Any]]) -> None:

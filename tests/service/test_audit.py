@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import time
 import uuid
@@ -13,13 +14,17 @@ from typing import Any
 import nats
 import psycopg
 import pytest
+from audit_tamper import rewrite_with_recomputed_chain
+from fixtures.nats import NatsServer
 
 from specbus import make_broker, publish
+from specbus.broker import stream_config
 from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope, new_event
 from specbus.publish import publish_raw
 from specbus.subjects import dlq_subject
 from specops.cli import main as specops
+from specops.runtime.stream import apply_stream_config
 from specops_schemas.events import RunQueued, RunRunning
 from specops_services.audit import db as audit_db
 from specops_services.audit.app import subscribe
@@ -84,20 +89,26 @@ async def test_bus_messages_are_recorded_in_order_once_with_a_valid_chain(db: st
         for event in events:
             await publish(broker, event)
         # The first event again under another Nats-Msg-Id: the stream stores it twice, as
-        # it would a re-publish after the dedup window; the audit must record it once.
+        # it would a re-publish after the dedup window (or a forger reusing its id), and
+        # the audit records both messages: it is a copy of the stream, deduplicated by
+        # stream sequence, so no message can make it skip another.
         await publish_raw(
             broker, events[0].subject, events[0].to_json_bytes(), {"Nats-Msg-Id": f"again-{run_id}"}
         )
         await publish_raw(broker, dlq_subject("predictor"), letter, {})
         await publish_raw(broker, bad_subject, malformed, {})
 
-        expected = [e.event_id for e in events] + [
-            raw_event_id(dlq_subject("predictor"), letter),
-            raw_event_id(bad_subject, malformed),
-        ]
+        expected = (
+            [e.event_id for e in events]
+            + [events[0].event_id]
+            + [
+                raw_event_id(dlq_subject("predictor"), letter),
+                raw_event_id(bad_subject, malformed),
+            ]
+        )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
-            rows = [r for r in _rows(db) if r[1] in expected]
+            rows = [r for r in _rows(db) if r[1] in set(expected)]
             if len(rows) >= len(expected):
                 break
             await asyncio.sleep(0.1)
@@ -105,11 +116,11 @@ async def test_bus_messages_are_recorded_in_order_once_with_a_valid_chain(db: st
         await broker.stop()
         await pool.close()
 
-    assert [r[1] for r in rows] == expected  # recorded once each, in publish order
+    assert [r[1] for r in rows] == expected  # every message once, in publish order
     stream_seqs = [r[5] for r in rows]
-    assert stream_seqs == sorted(stream_seqs)
+    assert stream_seqs == sorted(stream_seqs) and len(set(stream_seqs)) == len(rows)
     by_id = {r[1]: r for r in rows}
-    first = by_id[events[0].event_id]
+    first = rows[0]
     assert (first[2], first[3], first[4]) == (events[0].subject, "run.queued", TENANT)
     assert bytes(first[6]) == events[0].to_json_bytes()
     dead = by_id[expected[-2]]
@@ -120,6 +131,12 @@ async def test_bus_messages_are_recorded_in_order_once_with_a_valid_chain(db: st
     report = await _verify(db)
     assert report.ok, report.summary()
     assert report.rows == len(_rows(db))
+
+    # A redelivery of a recorded message (same stream sequence) adds nothing.
+    redelivered = entry_from_message(events[1].subject, events[1].to_json_bytes(), stream_seqs[1])
+    async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+        assert await audit_db.append(conn, redelivered) is None
+    assert len(_rows(db)) == report.rows
 
 
 async def test_concurrent_appenders_keep_one_chain_and_record_an_event_once(db: str) -> None:
@@ -281,3 +298,81 @@ def test_replay_without_a_server_is_a_one_line_error(
         err.startswith("specops: error: cannot connect to NATS at nats://127.0.0.1:1")
         and err.count("\n") == 1
     )
+
+
+def test_a_rewritten_chain_passes_verify_alone_and_is_named_against_the_stream(
+    db: str, nats_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_id = f"rewrite-{uuid.uuid4().hex[:8]}"
+    events, seqs = asyncio.run(_publish_for_replay(nats_url, run_id))
+
+    async def record() -> None:
+        # As the audit service records them: each stream message with its sequence.
+        nc = await nats.connect(nats_url)
+        try:
+            async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+                for seq in seqs:
+                    msg = await nc.jetstream().get_msg("SPEC", seq=seq)
+                    await audit_db.append(conn, entry_from_message(msg.subject or "", msg.data or b"", seq))
+        finally:
+            await nc.close()
+
+    asyncio.run(record())
+    monkeypatch.setenv("DATABASE_URL", db)
+    monkeypatch.setenv("NATS_URL", nats_url)
+    assert specops(["audit", "verify", "--against-stream"]) == 0
+    out = capsys.readouterr().out
+    assert f"audit log matches the stream: {len(seqs)} rows" in out, out
+
+    forged = events[1].model_copy(update={"payload": RunRunning(run_id=run_id, stage="gating")})
+    rewrite_with_recomputed_chain(db, 3, forged.to_json_bytes())
+
+    assert specops(["audit", "verify"]) == 0  # the chain alone is self-consistent again
+    assert capsys.readouterr().out.startswith("audit chain intact")
+    assert specops(["audit", "verify", "--against-stream"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("audit chain intact")
+    assert out[1] == (
+        f"audit log differs from the stream at seq 3: stream_seq {seqs[2]}: "
+        "payload differs from the stream's message"
+    )
+
+
+def test_the_audit_role_can_insert_but_not_rewrite(db: str) -> None:
+    async def append() -> int | None:
+        async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
+            return await audit_db.append(conn, _entry(_run_events("role")[0]))
+
+    assert asyncio.run(append()) == 1
+    for statement in (
+        "UPDATE audit_log SET payload = '\\x00'",
+        "DELETE FROM audit_log",
+        "TRUNCATE audit_log",
+        "UPDATE audit_chain_head SET seq = seq + 1",
+    ):
+        with psycopg.connect(db, autocommit=True) as conn, conn.transaction():
+            conn.execute(f"SET LOCAL ROLE {audit_db.WRITER_ROLE}")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
+                conn.execute(statement)
+
+
+async def test_the_stream_config_update_denies_deletes_and_purges(tmp_path: Any) -> None:
+    server = NatsServer(tmp_path)
+    server.start()
+    try:
+        nc = await nats.connect(server.url)
+        js = nc.jetstream()
+        # A stream created before deletes and purges were denied, holding an event.
+        await js.add_stream(dataclasses.replace(stream_config(), deny_delete=False, deny_purge=False))
+        ack = await publish(js, _run_events("deny")[0])
+        await apply_stream_config(server.url)
+        info = await js.stream_info("SPEC")
+        assert info.config.deny_delete and info.config.deny_purge
+        with pytest.raises(nats.js.errors.APIError):
+            await js.purge_stream("SPEC")
+        with pytest.raises(nats.js.errors.APIError):
+            await js.delete_msg("SPEC", ack.seq)
+        assert (await js.stream_info("SPEC")).state.messages == 1
+        await nc.close()
+    finally:
+        server.stop()

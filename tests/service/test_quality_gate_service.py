@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
@@ -129,7 +130,7 @@ async def test_measured_candidates_are_gated_once_on_the_target(
     async with await psycopg.AsyncConnection.connect(db) as conn:
         before = GateOutcome(method=GateMethod.TOPK5, passed=True, score=1.0, threshold=0.95)
         kwargs = {"bench_id": bench.bench_id, "run_id": run_id, "candidate_id": "ngram-k8", "outcome": before}
-        assert await gate_db.save_outcome(conn, **kwargs)
+        assert await gate_db.save_outcome(conn, **kwargs, evaluated_at=datetime.now(UTC))
         await conn.commit()
 
     loads: list[str] = []

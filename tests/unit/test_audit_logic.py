@@ -16,6 +16,7 @@ from specops_services.audit.logic import (
     GENESIS_HASH,
     AuditRow,
     ChainHead,
+    StreamChecker,
     entry_from_message,
     hash_of,
     raw_event_id,
@@ -26,14 +27,14 @@ from specops_services.audit.logic import (
 T0 = datetime(2026, 11, 23, 14, 0, tzinfo=UTC)
 
 
-def _chain(n: int) -> list[AuditRow]:
+def _chain(n: int, *, stride: int = 10) -> list[AuditRow]:
     rows: list[AuditRow] = []
     prev = GENESIS_HASH
     for seq in range(1, n + 1):
         event = new_event(
             RunQueued(run_id=f"r{seq}"), tenant_id="acme", correlation_id=f"r{seq}", producer="t"
         )
-        entry = entry_from_message(event.subject, event.to_json_bytes(), stream_seq=seq * 10)
+        entry = entry_from_message(event.subject, event.to_json_bytes(), stream_seq=seq * stride)
         row = AuditRow(
             seq, entry.event_id, entry.subject, entry.type, entry.tenant_id, entry.payload,
             entry.stream_seq, T0 + timedelta(seconds=seq), prev, b"",
@@ -130,3 +131,63 @@ def test_messages_become_entries_events_dead_letters_and_invalid_ones() -> None:
     assert (bad.type, bad.tenant_id) == ("invalid", "acme") and "unknown event type" in record["error"]
     assert base64.b64decode(record["data"]) == b'{"type": "run.nope", "tenant_id": "acme"}'
     assert entry_from_message("spec.dlq.x", b"\xff").tenant_id is None
+
+
+def _stream_of(rows: list[AuditRow]) -> dict[int, tuple[str, bytes]]:
+    """The stream messages the rows record, by stream_seq (what `verify --against-stream` reads)."""
+    return {r.stream_seq: (r.subject, r.payload) for r in rows if r.stream_seq is not None}
+
+
+def _check(rows: list[AuditRow], stream: dict[int, tuple[str, bytes]]) -> str:
+    checker = StreamChecker()
+    for row in rows:
+        if not checker.feed(row, None if row.stream_seq is None else stream.get(row.stream_seq)):
+            break
+    return checker.report().summary()
+
+
+def test_rows_that_record_their_stream_messages_match() -> None:
+    rows = _chain(4, stride=1)
+    assert _check(rows, _stream_of(rows)) == "audit log matches the stream: 4 rows"
+
+
+def test_a_row_rewritten_with_a_recomputed_chain_is_named_by_the_stream() -> None:
+    rows = _chain(4, stride=1)
+    stream = _stream_of(rows)
+    forged = replace(rows[1], payload=rows[1].payload.replace(b'"r2"', b'"r9"'))
+    rewritten = [rows[0], forged, *rows[2:]]
+    # Rehashed from the forged row on, as audit_row_hash() would: the chain alone is intact.
+    prev = rows[0].hash
+    for i in range(1, len(rewritten)):
+        rewritten[i] = replace(rewritten[i], prev_hash=prev)
+        rewritten[i] = replace(rewritten[i], hash=hash_of(rewritten[i]))
+        prev = rewritten[i].hash
+    assert verify_chain(rewritten, _head(rewritten)).ok
+    assert _check(rewritten, stream) == (
+        "audit log differs from the stream at seq 2: stream_seq 2: payload differs from the stream's message"
+    )
+
+
+def test_rows_missing_between_stream_messages_and_rows_without_a_message_are_named() -> None:
+    rows = _chain(4, stride=1)
+    stream = _stream_of(rows)
+    assert _check([rows[0], *rows[2:]], stream).endswith(
+        "at seq 3: stream message 2 has no audit row (rows deleted, or not recorded yet)"
+    )
+    gap = _chain(4, stride=2)
+    assert "at seq 2: stream message 3 has no audit row" in _check(gap, _stream_of(gap))
+    assert "stream holds no message 30" in _check([*rows[:2], replace(rows[2], stream_seq=30)], stream)
+    assert "has no stream_seq" in _check([replace(rows[0], stream_seq=None)], {})
+
+
+def test_a_version_1_run_queued_is_recorded_with_the_bytes_it_was_published_with() -> None:
+    # Published before run.queued carried the request (version 1): decoding and
+    # re-serialising it must not add the new field, or every old row would differ from
+    # its stream message under `verify --against-stream`.
+    published = (
+        b'{"causation_id":null,"correlation_id":"r1","event_id":"7f0c7a3e-0d7e-4a4e-9a55-1d3c9e0b6a10",'
+        b'"occurred_at":"2026-11-20T10:00:00Z","payload":{"run_id":"r1"},"producer":"gateway",'
+        b'"schema_version":1,"tenant_id":"acme","type":"run.queued"}'
+    )
+    entry = entry_from_message("spec.run.r1.queued", published, stream_seq=7)
+    assert entry.type == "run.queued" and entry.payload == published
