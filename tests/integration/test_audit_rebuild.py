@@ -12,29 +12,22 @@ the head moved passes `specops audit verify`, and `verify --against-stream` name
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 
-import httpx
 import nats
 import psycopg
 import pytest
 import torch
 from audit_tamper import rewrite_with_recomputed_chain
-from fixtures.postgres import server_tmpdir
+from fixtures.runtime import Runtime
 
 from specbus.subjects import STREAM
 from specops.cli import main as specops
 from specops.client import SpeculativeClient
 from specops.runtime import postgres_server
-from specops.runtime.supervisor import down, up
 from specops_schemas.catalog import Role
 from specops_services.gateway.tokens import issue_token
 from specplatform.db import with_database
-from specplatform.settings import Settings
 
 pytestmark = [
     pytest.mark.slow,
@@ -44,61 +37,11 @@ pytestmark = [
 
 MEASURED = {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"}
 PREDICTED = MEASURED | {"gpu": "H100-80GB"}
-READY_TIMEOUT_S = 120.0
 AUDIT_TIMEOUT_S = 60.0
-FOREIGN_ENV = ("NATS_URL", "DATABASE_URL", "SPECOPS_URL", "SPECOPS_TOKEN", "SPECOPS_STATE_DIR")
 
 
-@dataclass(frozen=True)
-class Runtime:
-    settings: Settings
-    url: str
-    database_url: str
-    nats_url: str
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(url: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"the gateway at {url} was not ready after {READY_TIMEOUT_S:g} s")
-
-
-@pytest.fixture
-def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
-    root = server_tmpdir("specops-test-rebuild-")
-    port = _free_port()
-    for name in FOREIGN_ENV:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("SPECOPS_GATEWAY_HOST", "127.0.0.1")
-    monkeypatch.setenv("SPECOPS_GATEWAY_PORT", str(port))
-    settings = Settings(state_dir=root / "state", nats_url=None, database_url=None)
-    try:
-        result = up(settings)
-        servers = {s.name: s.url for s in result.servers}
-        runtime = Runtime(settings, f"http://127.0.0.1:{port}", servers["postgres"], servers["nats"])
-        _wait_ready(runtime.url)
-        yield runtime
-    finally:
-        logs = sorted((settings.state_dir / "logs").glob("*.log"))
-        print("\n".join(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for log in logs))
-        down(settings)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-async def _stream_state(nats_url: str) -> tuple[int, int]:
-    nc = await nats.connect(nats_url)
+async def _stream_state(runtime: Runtime) -> tuple[int, int]:
+    nc = await nats.connect(runtime.nats_url, nkeys_seed=runtime.admin_seed)
     try:
         js = nc.jetstream()
         state = (await js.stream_info(STREAM)).state
@@ -114,7 +57,7 @@ def _wait_audited(runtime: Runtime) -> int:
     deadline = time.monotonic() + AUDIT_TIMEOUT_S
     with psycopg.connect(runtime.database_url, autocommit=True) as conn:
         while True:
-            _, last = asyncio.run(_stream_state(runtime.nats_url))
+            _, last = asyncio.run(_stream_state(runtime))
             recorded = conn.execute("SELECT count(*), max(stream_seq) FROM audit_log").fetchone()
             if recorded == (last, last):
                 return last

@@ -52,8 +52,11 @@ def _alive(settings: Settings) -> dict[str, int]:
     return named | {f"{p.service}[{p.replica}]": p.pid for p in result.processes if p.alive}
 
 
-async def _stream_config(url: str) -> tuple[RetentionPolicy | None, float | None, float]:
-    nc = await nats.connect(url)
+async def _stream_config(
+    url: str, seed: str | None = None
+) -> tuple[RetentionPolicy | None, float | None, float]:
+    credentials = {"nkeys_seed": seed} if seed else {}
+    nc = await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0, **credentials)
     try:
         info = await nc.jetstream().stream_info(STREAM)
         return info.config.retention, info.config.max_age, info.config.duplicate_window
@@ -73,7 +76,12 @@ def test_up_status_down(settings: Settings) -> None:
     assert discovered.database_url == servers["postgres"].url
     assert (settings.state_dir / "logs" / "alpha-1.log").is_file()
 
-    retention, max_age, window = asyncio.run(_stream_config(servers["nats"].url))
+    # The embedded server takes nkey users only; runtime.env names the admin's seed.
+    with pytest.raises(nats.errors.Error):
+        asyncio.run(_stream_config(servers["nats"].url))
+    assert discovered.nats_nkey_seed_file == settings.state_dir / "nats" / "keys" / "admin.nk"
+    seed = str(discovered.nats_nkey_seed_file)
+    retention, max_age, window = asyncio.run(_stream_config(servers["nats"].url, seed))
     assert retention == RetentionPolicy.LIMITS
     assert max_age is not None and max_age >= 365 * 24 * 3600
     assert window == 120

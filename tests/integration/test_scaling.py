@@ -19,8 +19,6 @@ import asyncio
 import json
 import os
 import re
-import shutil
-import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -29,19 +27,17 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import httpx
 import nats
 import psycopg
 import pytest
 import torch
-from fixtures.postgres import server_tmpdir
+from fixtures.runtime import TINY, Runtime, started
 
 from specops.client import SpeculativeClient
-from specops.runtime.supervisor import SERVICES, down, status, up
+from specops.runtime.supervisor import SERVICES, status
 from specops_schemas.catalog import Role
 from specops_services.gateway.tokens import issue_token
 from specplatform.hostlock import DeviceLock
-from specplatform.settings import Settings
 
 pytestmark = [
     pytest.mark.slow,
@@ -50,21 +46,7 @@ pytestmark = [
 
 TARGET = {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"}
 WORKLOADS = ("chat", "code")
-READY_TIMEOUT_S = 180.0
 RUN_TIMEOUT_S = 900.0
-FOREIGN_ENV = ("NATS_URL", "DATABASE_URL", "SPECOPS_URL", "SPECOPS_TOKEN", "SPECOPS_STATE_DIR")
-# A bench of 1 rep x 1 prompt x 8 tokens and a gate of 1 prompt x 8 tokens: the check is
-# about who handles what and when, not about the speedups.
-TINY = {
-    "SPECOPS_BENCH_REPS": "1",
-    "SPECOPS_BENCH_PROMPTS": "1",
-    "SPECOPS_BENCH_NEW_TOKENS": "8",
-    "SPECOPS_GATE_PROMPTS": "1",
-    "SPECOPS_GATE_NEW_TOKENS": "8",
-    "SPECOPS_GATE_BATCH_SIZE": "1",
-    "SPECOPS_BENCH_DEVICE": "cpu",
-    "SPECOPS_GATE_DEVICE": "cpu",
-}
 REPORT_ENV = "SPECOPS_SCALE_REPORT"
 # specbus.consumer's line per settled delivery, after `specops serve`'s "service[replica]" prefix.
 HANDLED = re.compile(
@@ -99,69 +81,11 @@ class Report:
     lock_wait_s: float = 0.0
 
 
-@dataclass(frozen=True)
-class Runtime:
-    settings: Settings
-    url: str
-    database_url: str
-    nats_url: str
-    lock_dir: Path
-
-    def log(self, service: str, replica: int) -> str:
-        return (self.settings.state_dir / "logs" / f"{service}-{replica}.log").read_text(errors="replace")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_ready(url: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"the gateway at {url} was not ready after {READY_TIMEOUT_S:g} s")
-
-
 @contextmanager
-def _started(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Runtime, float]]:
-    root = server_tmpdir("specops-test-scale-")
-    port = _free_port()
-    for name in FOREIGN_ENV:
-        monkeypatch.delenv(name, raising=False)
-    lock_dir = root / "locks"
-    for name, value in (
-        TINY.items()
-        | {
-            "SPECOPS_GATEWAY_HOST": "127.0.0.1",
-            "SPECOPS_GATEWAY_PORT": str(port),
-            "SPECOPS_MEASURE_LOCK_DIR": str(lock_dir),
-        }.items()
-    ):
-        monkeypatch.setenv(name, value)
-    settings = Settings(state_dir=root / "state", nats_url=None, database_url=None)
-    runtime = None
-    try:
-        begin = time.monotonic()
-        result = up(settings, REPLICAS)
-        servers = {s.name: s.url for s in result.servers}
-        runtime = Runtime(
-            settings, f"http://127.0.0.1:{port}", servers["postgres"], servers["nats"], lock_dir
-        )
-        _wait_ready(runtime.url)
+def _started(monkeypatch: pytest.MonkeyPatch, lock_dir: Path) -> Iterator[tuple[Runtime, float]]:
+    begin = time.monotonic()
+    with started(monkeypatch, REPLICAS, env=TINY | {"SPECOPS_MEASURE_LOCK_DIR": str(lock_dir)}) as runtime:
         yield runtime, time.monotonic() - begin
-    finally:
-        if runtime is not None:
-            for log in sorted((settings.state_dir / "logs").glob("*.log")):
-                print(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
-        down(settings)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def _submit(runtime: Runtime, count: int) -> list[str]:
@@ -233,7 +157,7 @@ def _assert_once(runtime: Runtime, run_ids: list[str]) -> None:
             (run_ids,),
         ).fetchall()
         assert twice == []
-    messages = asyncio.run(_stream_messages(runtime.nats_url))
+    messages = asyncio.run(_stream_messages(runtime))
     ids = Counter(msg_id for _, msg_id in messages if msg_id)
     assert [i for i, n in ids.items() if n > 1] == [], "a message id is on the stream twice"
     for run_id in run_ids:
@@ -245,9 +169,9 @@ def _assert_once(runtime: Runtime, run_ids: list[str]) -> None:
         assert ends == [f"spec.run.{run_id}.completed"]
 
 
-async def _stream_messages(url: str) -> list[tuple[str, str]]:
+async def _stream_messages(runtime: Runtime) -> list[tuple[str, str]]:
     """(subject, Nats-Msg-Id) of every message on the SPEC stream, in order."""
-    nc = await nats.connect(url)
+    nc = await nats.connect(runtime.nats_url, nkeys_seed=runtime.admin_seed)
     try:
         js = nc.jetstream()
         info = await js.stream_info("SPEC")
@@ -271,7 +195,7 @@ def _handled(runtime: Runtime) -> dict[str, int]:
     return counts
 
 
-def _check(runtime: Runtime, report: Report) -> None:
+def _check(runtime: Runtime, lock_dir: Path, report: Report) -> None:
     live = [(p.service, p.replica) for p in status(runtime.settings).processes if p.alive]
     assert sorted(live) == sorted((s, r) for s, n in REPLICAS.items() for r in range(n))
     start = time.monotonic()
@@ -286,7 +210,7 @@ def _check(runtime: Runtime, report: Report) -> None:
     idle = [name for name, n in report.handled.items() if n == 0]
     assert idle == [], f"replicas that handled nothing: {idle}"
 
-    spans = DeviceLock(runtime.lock_dir, "cpu").spans()
+    spans = DeviceLock(lock_dir, "cpu").spans()
     benches = [s for s in spans if s.purpose.startswith("bench ")]
     report.spans = [asdict(s) for s in spans]
     report.benches_by_replica = dict(Counter(f"{s.service}[{s.replica}]" for s in benches))
@@ -299,13 +223,13 @@ def _check(runtime: Runtime, report: Report) -> None:
 
 
 def test_two_replicas_of_every_service_split_six_runs_and_measure_one_at_a_time(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     replicas = ",".join(f"{s}={n}" for s, n in REPLICAS.items())
     report = Report(command=f"specops up --replicas {replicas}", runs=RUNS, replicas=REPLICAS)
-    with _started(monkeypatch) as (runtime, startup_s):
+    with _started(monkeypatch, tmp_path / "locks") as (runtime, startup_s):
         report.startup_s = startup_s
-        _check(runtime, report)
+        _check(runtime, tmp_path / "locks", report)
     target = os.environ.get(REPORT_ENV)
     if target:
         Path(target).write_text(json.dumps(asdict(report), indent=1) + "\n")
