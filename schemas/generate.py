@@ -19,6 +19,7 @@ from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope
 from specops_schemas.api import ApplyRequest, ApplyResponse, Problem, RunCreateRequest, RunStatusResponse
 from specops_schemas.events import EVENT_TYPES
+from specops_schemas.intake import IntakeAccepted, IntakeRejected, IntakeRequest
 
 API_MODELS: tuple[type[BaseModel], ...] = (
     RunCreateRequest,
@@ -27,6 +28,8 @@ API_MODELS: tuple[type[BaseModel], ...] = (
     ApplyResponse,
     Problem,
 )
+# What upstream systems publish and hear back on NATS (specops_schemas.intake).
+INTAKE_MODELS: tuple[type[BaseModel], ...] = (IntakeRequest, IntakeAccepted, IntakeRejected)
 DLQ_CHANNEL = "dlq"
 
 
@@ -38,6 +41,7 @@ def json_schemas() -> dict[str, dict[str, Any]]:
     """File name -> standalone JSON Schema, one per event envelope and per HTTP body."""
     out = {f"event.{t}.schema.json": m.model_json_schema() for t, m in _envelopes().items()}
     out |= {f"api.{m.__name__}.schema.json": m.model_json_schema() for m in API_MODELS}
+    out |= {f"intake.{m.__name__}.schema.json": m.model_json_schema() for m in INTAKE_MODELS}
     out["dlq.DeadLetter.schema.json"] = DeadLetter.model_json_schema()
     return out
 

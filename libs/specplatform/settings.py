@@ -27,6 +27,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from specplatform.errors import RuntimeSetupError
 
 STATE_DIR_ENV = "SPECOPS_STATE_DIR"
+# The NATS user of the runtime and the CLI (specops.runtime.nats_auth); a service is its own.
+ADMIN_USER = "admin"
 RUNTIME_ENV_FILE = "runtime.env"
 
 
@@ -70,6 +72,12 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("NATS_CREDS_FILE", "nats_creds_file"),
         description="NATS .creds file (user JWT + seed) for a server in operator mode.",
     )
+    nats_nkey_seed_dir: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("NATS_NKEY_SEED_DIR", "nats_nkey_seed_dir"),
+        description="Directory of nkey seeds, `<user>.nk` (`specops nats config --write`): "
+        "`specops serve S` connects as S, other commands as admin.",
+    )
     gateway_host: str = Field("127.0.0.1", description="Interface the HTTP gateway binds.")
     gateway_port: int = Field(8787, ge=1, le=65535, description="Port of the HTTP gateway.")
 
@@ -86,9 +94,11 @@ class Settings(BaseSettings):
 
     def nats_credentials(self) -> dict[str, str]:
         """nats.connect / make_broker options for the configured credentials ({} without any)."""
+        from_dir = self.nats_nkey_seed_dir / f"{ADMIN_USER}.nk" if self.nats_nkey_seed_dir else None
         for path, option in (
             (self.nats_creds_file, "user_credentials"),
             (self.nats_nkey_seed_file, "nkeys_seed"),
+            (from_dir, "nkeys_seed"),
         ):
             if path is not None:
                 if not path.is_file():

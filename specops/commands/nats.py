@@ -4,7 +4,9 @@
 publish run requests on `specops.intake.T.run.requested` only and read back
 `specops.results.T.>` only; the embedded server (`specops up`) reloads its users at once.
 `config` prints the server's `authorization` block (every user, public keys and
-permissions) to put into an external nats-server's configuration.
+permissions) to put into an external nats-server's configuration; `config --write DIR`
+keeps the seeds in DIR and writes the block as DIR/nats/auth.conf (docker-compose.yml's
+`nats-auth` does this once, for the NATS server and the services to share).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import json
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 
@@ -29,7 +32,19 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     add.add_argument("--database-url", help="default: DATABASE_URL, else the one `specops up` started")
     add.add_argument("--json", action="store_true", help="print the user's details as one JSON object")
     add.set_defaults(handler=_tenant_add)
-    config = actions.add_parser("config", help="print the authorization block for an external nats-server")
+    config = actions.add_parser(
+        "config", help="the authorization block (every user's public key and permissions) for a nats-server"
+    )
+    config.add_argument(
+        "--write",
+        type=Path,
+        metavar="DIR",
+        help="keep the seeds in DIR/nats/keys and write DIR/nats/auth.conf (to `include`) instead of "
+        "printing it; the services then find their seed with NATS_NKEY_SEED_DIR=DIR/nats/keys",
+    )
+    config.add_argument(
+        "--tenant", action="append", default=[], help="also a user for this tenant (repeatable)"
+    )
     config.set_defaults(handler=_config)
 
 
@@ -69,9 +84,15 @@ def _config(args: argparse.Namespace) -> int:
     from specops.runtime.topology import service_users
     from specplatform.settings import load_settings
 
-    keys = nats_auth.Keys(load_settings().state_dir)
-    users = nats_auth.all_users(keys, service_users())
-    block = {"users": [{"nkey": key, "permissions": perms.to_config()} for key, perms in users.items()]}
-    print(json.dumps({"authorization": block}, indent=2))
+    keys = nats_auth.Keys(args.write if args.write is not None else load_settings().state_dir)
+    for tenant in args.tenant:
+        keys.ensure(nats_auth.tenant_user(tenant))
+    text = nats_auth.render_authorization(nats_auth.all_users(keys, service_users()))
+    if args.write is None:
+        print(text, end="")
+    else:
+        target = keys.dir.parent / "auth.conf"
+        target.write_text(text)
+        print(f"wrote {target}", file=sys.stderr)
     print(f"seeds: {keys.dir}/<user>.nk (admin, one per service, tenant-<id> per tenant)", file=sys.stderr)
     return 0

@@ -86,7 +86,12 @@ def run_serve(args: argparse.Namespace) -> int:
     entry = service_entry(args.service)
     log = logging.getLogger(__name__)
     log.info("starting %s replica %d", args.service, replica)
-    entry(load_settings())
+    settings = load_settings()
+    if settings.nats_nkey_seed_file is None and settings.nats_nkey_seed_dir is not None:
+        # A directory of every user's seed (compose): this process is its service's user.
+        own = settings.nats_nkey_seed_dir / f"{args.service}.nk"
+        settings = settings.model_copy(update={"nats_nkey_seed_file": own})
+    entry(settings)
     log.info("%s replica %d stopped", args.service, replica)
     return 0
 

@@ -33,8 +33,9 @@ from specbus.subjects import (
     intake_subject,
 )
 from specplatform.errors import RuntimeSetupError
+from specplatform.settings import ADMIN_USER
 
-ADMIN = "admin"
+ADMIN = ADMIN_USER
 TENANT_PREFIX = "tenant-"
 _TENANT = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
@@ -113,6 +114,12 @@ def tenant_permissions(tenant: str) -> Permissions:
 
 
 ADMIN_PERMISSIONS = Permissions(publish=(">",), subscribe=(">",))
+
+
+def render_authorization(users: Mapping[str, Permissions]) -> str:
+    """The `authorization` block alone, for an external server's config (`include` it)."""
+    block = {"users": [{"nkey": key, "permissions": perms.to_config()} for key, perms in users.items()]}
+    return f"authorization: {json.dumps(block, indent=2)}\n"
 
 
 def render_config(

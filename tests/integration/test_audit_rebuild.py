@@ -91,6 +91,7 @@ def test_rebuild_from_the_stream_equals_the_live_tables_and_a_rewritten_log_is_c
 
     monkeypatch.setenv("DATABASE_URL", runtime.database_url)
     monkeypatch.setenv("NATS_URL", runtime.nats_url)
+    monkeypatch.setenv("NATS_NKEY_SEED_FILE", runtime.admin_seed)
     admin = with_database(runtime.database_url, "postgres")
     postgres_server.create_database(admin, "rebuilt")
     rebuilt = with_database(runtime.database_url, "rebuilt")

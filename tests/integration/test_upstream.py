@@ -103,8 +103,14 @@ async def _rejected(runtime: Runtime, acme: dict[str, Any]) -> None:
         bad = {"event_id": "not-a-uuid", "request": {"target": {"gpu": "cpu"}}}
         ack = await nc.jetstream().publish(acme["intake_subject"], json.dumps(bad).encode())
         msg = await answers.next_msg(timeout=ANSWER_TIMEOUT_S)
+        unknown = REQUEST | {"target": REQUEST["target"] | {"model_ref": "no-such-model"}}
+        body = json.dumps({"event_id": str(uuid.uuid4()), "request": unknown}).encode()
+        await nc.jetstream().publish(acme["intake_subject"], body)
+        no_model = json.loads((await answers.next_msg(timeout=ANSWER_TIMEOUT_S)).data)
     finally:
         await nc.close()
+    assert no_model["problem"]["type"] == "urn:specops:problem:unknown-model"
+    assert "no-such-model" in no_model["problem"]["detail"]
     rejection = json.loads(msg.data)
     assert rejection["type"] == "intake.rejected" and rejection["stream_sequence"] == ack.seq
     assert rejection["problem"]["status"] == 422
@@ -112,7 +118,7 @@ async def _rejected(runtime: Runtime, acme: dict[str, Any]) -> None:
     assert {"#/event_id", "#/request/target/model_ref", "#/request/workload"} <= pointers, pointers
     admin = await nats.connect(runtime.nats_url, nkeys_seed=runtime.admin_seed)
     try:
-        parked = await admin.jetstream().get_last_msg("SPEC", "spec.dlq.gateway")
+        parked = await admin.jetstream().get_msg("SPEC", seq=1, subject="spec.dlq.gateway", next=True)
     finally:
         await admin.close()
     letter = DeadLetter.model_validate_json(parked.data)

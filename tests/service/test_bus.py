@@ -314,6 +314,23 @@ async def test_outbox_resend_after_a_crash_before_marking_is_deduplicated(
     assert await _count(pool, pending, event.event_id) == 0
 
 
+async def test_a_relay_publishes_only_its_own_services_events(
+    js: JetStreamContext, pool: AsyncConnectionPool[Any]
+) -> None:
+    ours, theirs = _run_queued(), _run_queued().model_copy(update={"producer": "predictor"})
+    async with pool.connection() as conn, conn.transaction():
+        await outbox.add(conn, ours)
+        await outbox.add(conn, theirs)
+    # The tests' relay: its NATS user could not publish the predictor's subjects anyway.
+    relay = OutboxRelay(pool, js, producer="tests")
+    while await relay.publish_pending():
+        pass
+    assert await _stored(js, ours.subject) == 1
+    assert await _stored(js, theirs.subject) == 0
+    await OutboxRelay(pool, js, producer="predictor").publish_pending()
+    assert await _stored(js, theirs.subject) == 1
+
+
 async def test_the_relay_purges_rows_published_before_the_retention(
     js: JetStreamContext, pool: AsyncConnectionPool[Any]
 ) -> None:

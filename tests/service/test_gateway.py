@@ -41,7 +41,7 @@ from specops_schemas.candidates import (
     Prediction,
     RankedCandidate,
 )
-from specops_schemas.catalog import Family, GateMethod, RunStatus
+from specops_schemas.catalog import Family, GateMethod, Role, RunStatus
 from specops_schemas.events import (
     BenchRepMeasured,
     RepMetrics,
@@ -53,6 +53,7 @@ from specops_schemas.events import (
 from specops_services.gateway import db as gateway_db
 from specops_services.gateway import logic
 from specops_services.gateway.app import create_app
+from specops_services.gateway.tokens import issue_token
 
 WAIT_S = 10.0
 
@@ -289,6 +290,20 @@ async def test_another_tenant_sees_nothing(gw: Gateway) -> None:
         await gw.client.post(f"{RUNS}/{run_id}/apply", headers=gw.auth("other")),
     ):
         assert_problem(response, 404)
+
+
+async def test_a_tenant_at_its_active_run_limit_gets_429_and_others_do_not(gw: Gateway) -> None:
+    gw.app.state.settings = gw.app.state.settings.model_copy(update={"gateway_max_active_runs": 2})
+    busy = await issue_token(gw.dsn, tenant_id=f"quota-{time.monotonic_ns()}", role=Role.DEVELOPER)
+    headers = {"Authorization": f"Bearer {busy.secret}"}
+    for _ in range(2):
+        assert (await gw.client.post(RUNS, json=run_body(), headers=headers)).status_code == 202
+    over = await gw.client.post(RUNS, json=run_body(), headers=headers)
+    assert over.status_code == 429 and over.headers["content-type"] == PROBLEM_MEDIA_TYPE
+    problem = over.json()
+    assert problem["type"] == "urn:specops:problem:quota-exceeded"
+    assert problem["detail"].startswith("the tenant has 2 runs queued or running")
+    assert (await gw.create()).status_code == 202  # another tenant's runs do not count
 
 
 async def test_missing_or_wrong_token_is_401_with_a_bearer_challenge(gw: Gateway) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from collections import Counter
 from importlib import resources
 from pathlib import Path
@@ -23,6 +25,7 @@ import pytest
 import yaml
 
 from specops.commands.serve import SERVICES
+from specops.runtime.nats_server import find_binary
 from specops.runtime.topology import bus_consumers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +35,8 @@ BASE = INFRA / "base"
 NATS_CONF = BASE / "nats.conf"
 
 BUS_SERVICES = sorted(set(SERVICES) - {"gateway"})
+# Compose services that run once and exit: no healthcheck.
+ONE_SHOT = ("init", "nats-auth")
 # Kinds served by custom resource definitions, which kubernetes-validate has no schema for;
 # their required fields are checked by hand below.
 CRD_KINDS = {"ScaledObject"}
@@ -96,7 +101,11 @@ def test_topology_names_every_service_and_its_consumers() -> None:
         prefix = SERVICES[service] + "-"
         for consumer in found:
             assert consumer.durable.startswith(prefix), consumer
-            assert consumer.subjects and all(s.startswith("spec.") for s in consumer.subjects), consumer
+            # SPEC's subjects, or the upstream requests of SPEC_INTAKE (the gateway's intake).
+            prefix_of_stream = {"SPEC": "spec.", "SPEC_INTAKE": "specops.intake."}[consumer.stream]
+            assert consumer.subjects and all(s.startswith(prefix_of_stream) for s in consumer.subjects), (
+                consumer
+            )
     durables = [c.durable for found in consumers.values() for c in found]
     assert len(durables) == len(set(durables))
     assert {"predictor-plan", "predictor-dead_letter", "audit-record"} <= set(durables)
@@ -126,7 +135,7 @@ def test_compose_bus_services_scale() -> None:
 def test_compose_waits_for_healthy_dependencies() -> None:
     services = _compose()["services"]
     for name, service in services.items():
-        if name == "init":
+        if name in ONE_SHOT:
             continue
         check = service.get("healthcheck")
         assert check and not check.get("disable") and check["test"], f"{name} has no healthcheck"
@@ -144,9 +153,37 @@ def test_compose_waits_for_healthy_dependencies() -> None:
 
 def test_compose_uses_the_infra_nats_config() -> None:
     nats = _compose()["services"]["nats"]
-    assert "./infra/base/nats.conf:/etc/nats/nats.conf:ro" in nats["volumes"]
+    assert "./infra/compose/nats.conf:/etc/nats/nats.conf:ro" in nats["volumes"]
+    assert "./infra/base/nats.conf:/etc/nats/base.conf:ro" in nats["volumes"]
     assert nats["command"] == ["-c", "/etc/nats/nats.conf"]
     assert f":{_nats_monitoring_port()}/healthz" in " ".join(nats["healthcheck"]["test"])
+
+
+def test_compose_nats_takes_only_the_users_nats_auth_writes(tmp_path: Path) -> None:
+    """The compose server config, as nats-server reads it, with the users `nats-auth` writes."""
+    services = _compose()["services"]
+    assert services["nats-auth"]["command"] == ["nats", "config", "--write", "/auth"]
+    assert services["nats"]["depends_on"] == {"nats-auth": {"condition": "service_completed_successfully"}}
+    assert "nats-auth:/etc/nats/auth:ro" in services["nats"]["volumes"]
+    for name in [*SERVICES, "init"]:
+        assert "nats-auth:/auth:ro" in services[name]["volumes"], name
+        assert services[name]["environment"]["NATS_NKEY_SEED_DIR"] == "/auth/nats/keys", name
+    # Lay the files out as the container sees them and let nats-server check the result.
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "nats.conf").write_text((ROOT / "infra/compose/nats.conf").read_text())
+    base = (ROOT / "infra/base/nats.conf").read_text().replace("/data", str(tmp_path / "data"))
+    (etc / "base.conf").write_text(base)
+    env = os.environ | {"SPECOPS_STATE_DIR": str(tmp_path / "state")}
+    cli = [sys.executable, "-m", "specops.cli", "nats", "config", "--write", str(etc / "auth")]
+    subprocess.run(cli, env=env, check=True, capture_output=True, timeout=120)
+    assert (etc / "auth/nats/keys/quality-gate.nk").is_file()
+    checked = subprocess.run(
+        [str(find_binary()), "-c", str(etc / "nats.conf"), "-t"], capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0 and "is valid" in checked.stdout + checked.stderr, checked.stderr
+    text = (etc / "auth/nats/auth.conf").read_text()
+    assert text.count('"nkey"') == 1 + len(SERVICES)
 
 
 def _compose_schema() -> dict[str, Any]:
