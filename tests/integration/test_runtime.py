@@ -125,7 +125,8 @@ def test_a_service_that_exits_at_once_fails_up_with_its_last_words(settings: Set
         up(settings, {"alpha": 0, "beta": 1}, services=SERVICES, command=crasher, start_grace_s=GRACE_S)
 
 
-def test_configured_nats_is_used_not_started_or_stopped(settings: Settings, nats_url: str) -> None:
+def test_configured_nats_is_used_not_started_or_stopped(settings: Settings, own_nats_url: str) -> None:
+    nats_url = own_nats_url
     external = settings.model_copy(update={"nats_url": nats_url})
     result = up(external, {"alpha": 0, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
     nats_status = next(s for s in result.servers if s.name == "nats")

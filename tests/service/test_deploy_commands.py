@@ -34,8 +34,11 @@ async def _applied(dsn: str) -> int:
 
 
 @pytest.mark.usefixtures("servers")
-def test_init_migrates_an_empty_database(monkeypatch: pytest.MonkeyPatch, empty_db: str) -> None:
+def test_init_migrates_an_empty_database(
+    monkeypatch: pytest.MonkeyPatch, empty_db: str, own_nats_url: str
+) -> None:
     monkeypatch.setenv("DATABASE_URL", empty_db)
+    monkeypatch.setenv("NATS_URL", own_nats_url)
     assert main(["init"]) == 0
     assert asyncio.run(_applied(empty_db)) == len(list(MIGRATIONS.glob("*.sql")))
     assert main(["init"]) == 0
