@@ -106,7 +106,8 @@ def up(
     progress: Progress = _quiet,
     start_grace_s: float = START_GRACE_S,
 ) -> RuntimeStatus:
-    """Start (or keep) NATS, PostgreSQL and the services; migrate; ensure the SPEC stream.
+    """Start (or keep) NATS (with its nkey users), PostgreSQL and the services; migrate;
+    bring the streams to their configuration.
 
     `settings` should come from the environment only (`Settings()`), not from
     load_settings(): runtime.env is this function's output, not its input.
