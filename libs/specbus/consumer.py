@@ -269,7 +269,18 @@ def _bind(
         ack_policy=AckPolicy.MANUAL,
         max_workers=max_workers,
         no_reply=True,
+        decoder=_undecoded,
     )(consume)
+
+
+async def _undecoded(message: NatsMessage) -> Any:
+    """FastStream's decoder, replaced: `_Delivery` decodes the raw message itself.
+
+    FastStream's own json-decodes a body without a content type and lets a RecursionError
+    (a body nested thousands deep) escape before the handler: the message was never
+    settled and came back forever.
+    """
+    return message.body
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,16 @@ class DeadLetter(Model):
     headers: dict[str, str] = Field(
         default_factory=dict, description="Its NATS headers (Nats-Msg-Id included)."
     )
-    data: Base64Bytes = Field(description="Its body, base64-encoded.")
+    data: Base64Bytes = Field(
+        description="Its body, base64-encoded; empty when it was too large to keep here (`omitted_bytes`)."
+    )
+    omitted_bytes: int | None = Field(
+        None,
+        ge=1,
+        description="The body's size when it was left out: a letter must fit in one NATS message, "
+        "so a body over KEPT_BYTES stays only in its stream, at `stream`/`stream_sequence`.",
+    )
+    stream: str | None = Field(None, description="The stream holding the original message.")
     deliveries: int = Field(ge=1, description="Delivery attempts made before parking.")
     error: str = Field(description="The last error, e.g. a validation message or exception text.")
     stream_sequence: int | None = Field(
@@ -35,14 +44,24 @@ class DeadLetter(Model):
     parked_at: UtcDatetime = Field(default_factory=utc_now, description="When it was parked, UTC.")
 
 
+# The largest body a letter carries itself: base64 makes it 4/3 larger, and the letter
+# with its headers must stay under NATS's 1 MiB message limit, or parking fails and the
+# message comes back forever.
+KEPT_BYTES = 512 * 1024
+
+
 def dead_letter(service: str, msg: Msg, *, error: str, deliveries: int) -> DeadLetter:
-    """The DLQ record of a delivered JetStream message; its body is kept even if it is not JSON."""
+    """The DLQ record of a delivered JetStream message; its body is kept even if it is not
+    JSON, unless it is over KEPT_BYTES: then the letter points at it in its stream."""
+    kept = len(msg.data) <= KEPT_BYTES
     return DeadLetter.model_validate(
         {
             "service": service,
             "subject": msg.subject,
             "headers": dict(msg.headers or {}),
-            "data": base64.b64encode(msg.data).decode(),
+            "data": base64.b64encode(msg.data if kept else b"").decode(),
+            "omitted_bytes": None if kept else len(msg.data),
+            "stream": msg.metadata.stream,
             "deliveries": deliveries,
             "error": error,
             "stream_sequence": msg.metadata.sequence.stream,

@@ -11,7 +11,7 @@ from typing import Annotated, Any, ClassVar, Generic, Self, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from specbus.subjects import subject
-from specbus.wire import Model, UtcDatetime, utc_now
+from specbus.wire import Model, UtcDatetime, loads_json, utc_now
 
 CLOUDEVENTS_SPEC_VERSION = "1.0"
 # Envelope field -> CloudEvents attribute. Extension names are lowercase alphanumerics
@@ -148,8 +148,8 @@ def decode_event(data: bytes | str, types: Mapping[str, type[EventPayload]]) -> 
     """An envelope of one of `types` (event type -> payload class); ValueError (incl.
     ValidationError) if the data is not an event of one of them."""
     try:
-        raw = json.loads(data)
-    except json.JSONDecodeError as exc:
+        raw = loads_json(data)
+    except ValueError as exc:
         raise ValueError(f"event is not JSON: {exc}") from None
     if not isinstance(raw, dict):
         raise ValueError("event must be a JSON object")

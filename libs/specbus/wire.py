@@ -9,8 +9,9 @@ audit log.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict
 
@@ -31,3 +32,17 @@ def utc_now() -> datetime:
 
 
 UtcDatetime = Annotated[AwareDatetime, AfterValidator(_to_utc)]
+
+
+def loads_json(data: bytes | str) -> Any:
+    """json.loads whose every failure is a ValueError, so callers that treat a malformed
+    message as malformed (park it, record it as invalid) cannot miss one.
+
+    Nesting deeper than the interpreter's recursion limit (`[` x 5000) raises
+    RecursionError in json.loads, which is not a ValueError: let through, it escaped the
+    handlers' malformed-message paths and the message came back forever.
+    """
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from specbus.subjects import DLQ, PREFIX
+from specbus.wire import loads_json
 from specops_schemas.events import parse_event
 
 GENESIS_HASH = bytes(32)
@@ -374,8 +375,8 @@ class StreamChecker:
 
 def _json_object(data: bytes) -> dict[str, Any] | None:
     try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+        value = loads_json(data)
+    except ValueError:  # UnicodeDecodeError is one too
         return None
     return value if isinstance(value, dict) else None
 

@@ -34,6 +34,9 @@ from specplatform.db import create_pool
 TENANT = "acme"
 
 
+POISON_COUNT = 1000
+
+
 def _run_events(run_id: str) -> list[Envelope[Any]]:
     def event(payload: Any) -> Envelope[Any]:
         return new_event(payload, tenant_id=TENANT, correlation_id=run_id, producer="test")
@@ -137,6 +140,38 @@ async def test_bus_messages_are_recorded_in_order_once_with_a_valid_chain(db: st
     async with await psycopg.AsyncConnection.connect(db, autocommit=True) as conn:
         assert await audit_db.append(conn, redelivered) is None
     assert len(_rows(db)) == report.rows
+
+
+async def test_a_thousand_nested_json_messages_are_recorded_as_invalid_and_recording_goes_on(
+    db: str, nats_url: str
+) -> None:
+    run_id = f"nested-{uuid.uuid4().hex[:8]}"
+    poison = b"[" * 5000  # deeper than json.loads can go: a RecursionError, not a ValueError
+    subject = f"spec.run.{run_id}.requested"
+    valid = _run_events(run_id)[0]
+
+    pool = create_pool(db, max_size=2)
+    broker = make_broker(nats_url, service="audit-test")
+    subscribe(broker, pool, service=f"audit-test-{run_id}", fetch_timeout_s=0.5)
+    await pool.open()
+    await broker.start()
+    try:
+        for i in range(POISON_COUNT):
+            await publish_raw(broker, subject, poison, {"Nats-Msg-Id": f"{run_id}-{i}"})
+        await publish(broker, valid)
+        deadline = time.monotonic() + 120
+        while valid.event_id not in {r[1] for r in _rows(db)}:
+            assert time.monotonic() < deadline, "the valid event after the poison was not recorded"
+            await asyncio.sleep(0.2)
+    finally:
+        await broker.stop()
+        await pool.close()
+
+    recorded = [r for r in _rows(db) if r[2] == subject]
+    assert len(recorded) == POISON_COUNT and {r[3] for r in recorded} == {"invalid"}
+    assert "nested too deeply" in json.loads(bytes(recorded[0][6]))["error"]
+    report = await _verify(db)
+    assert report.ok, report.summary()
 
 
 async def test_concurrent_appenders_keep_one_chain_and_record_an_event_once(db: str) -> None:

@@ -35,7 +35,7 @@ from specbus import (
     subscriber,
 )
 from specbus.broker import reconnect_delay
-from specbus.dlq import DeadLetter
+from specbus.dlq import KEPT_BYTES, DeadLetter
 from specbus.envelope import Envelope, new_event
 from specbus.publish import MSG_ID, publish_raw
 from specbus.subjects import STREAM, dlq_subject
@@ -176,10 +176,13 @@ async def test_malformed_messages_are_parked_and_the_next_good_one_is_processed(
 
     good = _run_queued()
     fields = good.model_dump(mode="json")
+    oversized = json.dumps(fields | {"padding": "x" * 900_000}).encode()
     bad_bodies = {
         b"{not json": "not JSON",
         json.dumps({k: v for k, v in fields.items() if k != "tenant_id"}).encode(): "tenant_id",
         json.dumps(fields | {"type": "run.exploded"}).encode(): "unknown event type",
+        b"[" * 5000: "nested too deeply",
+        oversized: "padding",
     }
 
     async with _running(broker):
@@ -189,11 +192,16 @@ async def test_malformed_messages_are_parked_and_the_next_good_one_is_processed(
         await _wait_for(lambda: handled == [good.event_id])
         letters = await _dead_letters(js, service, len(bad_bodies))
 
-    assert [letter.data for letter in letters] == list(bad_bodies)
+    # A body too large to travel in its letter stays in its stream, which the letter names.
+    kept = [body if len(body) <= KEPT_BYTES else b"" for body in bad_bodies]
+    assert [letter.data for letter in letters] == kept
+    assert [letter.omitted_bytes for letter in letters] == [None] * 4 + [len(oversized)]
     for letter, reason in zip(letters, bad_bodies.values(), strict=True):
         assert letter.error.startswith("malformed event") and reason in letter.error
         assert (letter.service, letter.subject, letter.deliveries) == (service, good.subject, 1)
-        assert letter.stream_sequence is not None
+        assert letter.stream == STREAM and letter.stream_sequence is not None
+    original = await js.get_msg(STREAM, letters[-1].stream_sequence)
+    assert original.data == oversized
 
 
 async def test_a_failing_handler_is_retried_with_backoff_then_parked(

@@ -131,6 +131,14 @@ def test_messages_become_entries_events_dead_letters_and_invalid_ones() -> None:
     assert (bad.type, bad.tenant_id) == ("invalid", "acme") and "unknown event type" in record["error"]
     assert base64.b64decode(record["data"]) == b'{"type": "run.nope", "tenant_id": "acme"}'
     assert entry_from_message("spec.dlq.x", b"\xff").tenant_id is None
+    # Nested deeper than json.loads can go (a RecursionError underneath): invalid, not a crash.
+    nested = entry_from_message("spec.run.r1.requested", b"[" * 5000)
+    assert nested.type == "invalid" and "nested too deeply" in json.loads(nested.payload)["error"]
+    letter_of_nested = DeadLetter(
+        service="predictor", subject="spec.run.r1.requested", data=base64.b64encode(b"[" * 5000),
+        deliveries=1, error="malformed",
+    ).model_dump_json().encode()  # fmt: skip
+    assert entry_from_message("spec.dlq.predictor", letter_of_nested).tenant_id is None
 
 
 def _stream_of(rows: list[AuditRow]) -> dict[int, tuple[str, bytes]]:
