@@ -17,6 +17,7 @@ from specbus.outbox import OutboxRelay
 from specops_schemas import MIGRATIONS
 from specops_schemas.api import Problem
 from specops_services.gateway import db, intake, projector, results, routes
+from specops_services.gateway.limits import BodyLimit
 from specops_services.gateway.listen import claim_port, deployment_id, listening_socket
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import install, problem_response, responses
@@ -41,6 +42,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.listener = None
     install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.gateway_max_body_bytes)
     app.include_router(routes.router)
     app.add_api_route("/healthz", _healthz, methods=["GET"], tags=["probes"], summary="Process is alive")
     app.add_api_route(

@@ -23,6 +23,9 @@ class GatewaySettings(Settings):
         True, description="Run the outbox relay (outbox rows -> NATS) in this process."
     )
     gateway_pool_size: int = Field(10, ge=2, le=200, description="Largest number of Postgres connections.")
+    gateway_max_body_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest request body accepted; a larger one is a 413."
+    )
     gateway_intake: bool = Field(
         True, description="Take upstream systems' run requests from NATS (specops.intake.<tenant>.>)."
     )

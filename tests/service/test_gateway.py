@@ -306,6 +306,27 @@ async def test_a_tenant_at_its_active_run_limit_gets_429_and_others_do_not(gw: G
     assert (await gw.create()).status_code == 202  # another tenant's runs do not count
 
 
+async def test_a_body_over_the_limit_is_413_declared_or_streamed(gw: Gateway) -> None:
+    limit = gw.app.state.settings.gateway_max_body_bytes
+    huge = json.dumps(run_body() | {"padding": "x" * (2 * limit)}).encode()
+    declared = await gw.client.post(
+        RUNS, content=huge, headers=gw.auth(**{"content-type": "application/json"})
+    )
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(huge), 65536):
+            yield huge[start : start + 65536]
+
+    streamed = await gw.client.post(
+        RUNS, content=chunks(), headers=gw.auth(**{"content-type": "application/json"})
+    )
+    for response in (declared, streamed):
+        assert response.status_code == 413 and response.headers["content-type"] == PROBLEM_MEDIA_TYPE
+        body = response.json()
+        assert body["type"] == "urn:specops:problem:body-too-large" and str(limit) in body["detail"]
+    assert (await gw.create()).status_code == 202  # a body under the limit is served as before
+
+
 async def test_missing_or_wrong_token_is_401_with_a_bearer_challenge(gw: Gateway) -> None:
     for headers in ({}, {"Authorization": "Bearer spk_not-a-token"}, {"Authorization": "Basic dXNlcjpwYXNz"}):
         for response in (
