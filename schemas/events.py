@@ -197,6 +197,10 @@ class GateEvaluated(GateOutcome, BenchEvent):
     event_type = "gate.evaluated"
     candidate_id: str = Field(description="The candidate gated.")
 
+    def outcome(self) -> GateOutcome:
+        """The verdict alone, without the bench and candidate it is about."""
+        return GateOutcome.model_validate(self.model_dump(exclude={"bench_id", "candidate_id"}))
+
 
 class RunCompleted(RunEvent):
     """The run's answer: the winner and the full candidates table."""

@@ -80,7 +80,7 @@ async def park(
     letter = dead_letter(service, msg, error=error, deliveries=deliveries)
     # Keyed on the stream and sequence: parking the same message again (the term was
     # lost and it came back) is dropped by the broker's dedup window.
-    origin = f"{msg.metadata.stream}-{letter.stream_sequence}"
+    origin = f"{letter.stream}-{letter.stream_sequence}"
     headers = {MSG_ID: f"dlq-{service}-{origin}", "content-type": "application/json"}
     propagate.inject(headers)
     await publish_raw(target, dlq_subject(service), letter.model_dump_json().encode(), headers)

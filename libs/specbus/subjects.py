@@ -116,6 +116,19 @@ def result_subject(tenant: str, run_id: str, event_type: str) -> str:
     return f"{where}.{aggregate}.{_check('event', event, _NAME)}"
 
 
+def results_pattern(tenant: str = "*") -> str:
+    """Everything `tenant` reads back (`*`: every tenant's, what the gateway publishes)."""
+    if tenant != "*":
+        _check("tenant", tenant, _ID)
+    return f"{RESULTS_PREFIX}.{tenant}.>"
+
+
+def tenant_inbox_prefix(tenant: str) -> str:
+    """The reply subjects of a tenant's connections (`nats.connect(..., inbox_prefix=...)`):
+    its NATS user may subscribe to these only, as a service to `specbus.broker.inbox_prefix`."""
+    return f"_INBOX.tenant.{_check('tenant', tenant, _ID)}"
+
+
 def intake_answer_subject(tenant: str, answer: str) -> str:
     """Where `tenant` hears that an intake request was `accepted` (and as which run) or `rejected`."""
     return f"{RESULTS_PREFIX}.{_check('tenant', tenant, _ID)}.intake.{_check('answer', answer, _NAME)}"

@@ -28,6 +28,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,17 @@ def default_lock_dir() -> Path:
     """`/tmp/specops-<uid>/locks`: one per user and host (set SPECOPS_MEASURE_LOCK_DIR to a
     directory every user can write to if several users measure on one host)."""
     return Path(tempfile.gettempdir()) / f"specops-{os.getuid()}" / "locks"
+
+
+# The setting of every service that measures or gates (SPECOPS_MEASURE_LOCK_DIR).
+MeasureLockDir = Annotated[
+    Path,
+    Field(
+        default_factory=default_lock_dir,
+        description="Where the host-wide lock files of the measuring devices are; every process that "
+        "measures or gates on this host must use the same directory.",
+    ),
+]
 
 
 class LockAbandoned(Exception):

@@ -32,6 +32,11 @@ ADMIN_USER = "admin"
 RUNTIME_ENV_FILE = "runtime.env"
 
 
+def nkey_seed_file(directory: Path, user: str) -> Path:
+    """Where a directory of NATS seeds keeps `user`'s (`specops.runtime.nats_auth.Keys`)."""
+    return directory / f"{user}.nk"
+
+
 def default_state_dir() -> Path:
     override = os.environ.get(STATE_DIR_ENV)
     return Path(override) if override else Path(platformdirs.user_state_dir("specops"))
@@ -94,7 +99,8 @@ class Settings(BaseSettings):
 
     def nats_credentials(self) -> dict[str, str]:
         """nats.connect / make_broker options for the configured credentials ({} without any)."""
-        from_dir = self.nats_nkey_seed_dir / f"{ADMIN_USER}.nk" if self.nats_nkey_seed_dir else None
+        seed_dir = self.nats_nkey_seed_dir
+        from_dir = nkey_seed_file(seed_dir, ADMIN_USER) if seed_dir is not None else None
         for path, option in (
             (self.nats_creds_file, "user_credentials"),
             (self.nats_nkey_seed_file, "nkeys_seed"),

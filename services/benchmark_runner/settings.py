@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field
 
-from specplatform.hostlock import default_lock_dir
+from specplatform.hostlock import MeasureLockDir
 from specplatform.settings import Settings, service_settings
 
 
@@ -17,11 +15,7 @@ class BenchmarkRunnerSettings(Settings):
     bench_device: str = Field("auto", description="Where the target runs: auto, cpu or cuda.")
     bench_dtype: str = Field("auto", description="Target dtype: auto, float32, bfloat16 or float16.")
     bench_models: int = Field(1, ge=1, le=16, description="Targets kept loaded between benches.")
-    measure_lock_dir: Path = Field(
-        default_factory=default_lock_dir,
-        description="Where the host-wide lock files of the measuring devices are; every process that "
-        "measures or gates on this host must use the same directory.",
-    )
+    measure_lock_dir: MeasureLockDir
     bench_ack_wait_s: float = Field(
         15.0,
         gt=0.0,

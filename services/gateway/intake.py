@@ -30,20 +30,18 @@ from specbus.wire import utc_now
 from specops_schemas.api import Problem
 from specops_schemas.catalog import Role
 from specops_schemas.intake import IntakeAccepted, IntakeRejected, IntakeRequest
-from specops_services.gateway import db, logic, results, runs
+from specops_services.gateway import db, logic, projector, results, runs
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.problems import ProblemError
 from specplatform.db import Pool
 
 log = logging.getLogger(__name__)
 
-SERVICE = "gateway"
+SERVICE = projector.SERVICE
 CONSUMER = "intake"
 # Longer than the intake stream keeps a message (a week), so a redelivery or a re-publish
 # of anything the stream still holds finds its run.
 INTAKE_KEY_TTL = timedelta(days=30)
-# Another replica holds the same event_id's key right now: not a refusal, try again.
-_IN_FLIGHT = 409
 
 
 def principal_of(tenant_id: str) -> Principal:
@@ -80,8 +78,10 @@ async def receive(pool: Pool, message: RawMessage, *, max_active_runs: int) -> s
             key_ttl=INTAKE_KEY_TTL,
         )
     except ProblemError as exc:
-        if exc.problem.status == _IN_FLIGHT and exc.problem.type.endswith("idempotency-key-in-flight"):
-            raise  # retried with backoff: the other replica's run is the answer
+        if exc.problem.type == runs.KEY_IN_FLIGHT:
+            # Another replica holds this event_id right now: not a refusal; retried with
+            # backoff, the other replica's run is the answer.
+            raise
         await _refuse(pool, tenant, message, exc.problem, event_id=body.event_id)
         raise Unprocessable(exc.problem.detail or exc.problem.title) from None
     run_id = str(reply.body["id"])

@@ -40,6 +40,8 @@ PRODUCER = results.PRODUCER
 # tenants' result subjects, only).
 PUBLISHES = (RunRequested, RunQueued, RunCompleted)
 Work = Callable[[Connection], Awaitable[logic.Reply]]
+# The problem of a request whose Idempotency-Key another request holds right now.
+KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
 
 
 def run_location(run_id: str) -> str:
@@ -71,7 +73,7 @@ async def keyed(
                 raise problem(
                     409,
                     "a request with this Idempotency-Key is still in progress; retry once it has finished",
-                    type="urn:specops:problem:idempotency-key-in-flight",
+                    type=KEY_IN_FLIGHT,
                 )
             stored = await db.stored_response(conn, tenant, key)
             decision = logic.idempotency_decision(stored, fingerprint)

@@ -20,8 +20,7 @@ class IssuedToken:
 
 async def issue_token(dsn: str, *, tenant_id: str, role: Role, name: str | None = None) -> IssuedToken:
     """Create a token for `tenant_id` (creating the tenant on first use)."""
-    if not logic.is_spec_id(tenant_id):
-        raise ValueError(f"invalid tenant id {tenant_id!r}: use 1-128 of A-Z a-z 0-9 _ -")
+    _require_tenant_id(tenant_id)
     secret = logic.new_token()
     token_id = "tok_" + secrets.token_hex(8)
     async with await connect(dsn) as conn, conn.transaction():
@@ -38,7 +37,11 @@ async def issue_token(dsn: str, *, tenant_id: str, role: Role, name: str | None 
 
 async def ensure_tenant(dsn: str, tenant_id: str) -> None:
     """Create the tenant's record if it has none (an upstream system's tenant needs one)."""
-    if not logic.is_spec_id(tenant_id):
-        raise ValueError(f"invalid tenant id {tenant_id!r}: use 1-128 of A-Z a-z 0-9 _ -")
+    _require_tenant_id(tenant_id)
     async with await connect(dsn) as conn, conn.transaction():
         await db.ensure_tenant(conn, tenant_id)
+
+
+def _require_tenant_id(tenant_id: str) -> None:
+    if not logic.is_spec_id(tenant_id):
+        raise ValueError(f"invalid tenant id {tenant_id!r}: use 1-128 of A-Z a-z 0-9 _ -")

@@ -145,9 +145,8 @@ async def gate_evaluated(conn: db.Connection, event: Envelope[GateEvaluated]) ->
         return []
     if bench.finalized:
         return []
-    outcome = GateOutcome.model_validate(verdict.model_dump(exclude={"bench_id", "candidate_id"}))
     gates = await db.verdicts(conn, bench.bench_id)
-    updated = logic.with_verdict(gates, verdict.candidate_id, outcome)
+    updated = logic.with_verdict(gates, verdict.candidate_id, verdict.outcome())
     if updated is not None:
         await db.save_verdicts(conn, bench.bench_id, updated)
         gates = updated

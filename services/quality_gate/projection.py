@@ -12,7 +12,6 @@ from typing import Any
 from psycopg import AsyncConnection
 
 from specbus.envelope import Envelope
-from specops_schemas.candidates import GateOutcome
 from specops_schemas.events import GateEvaluated
 from specops_services.quality_gate import db
 
@@ -22,12 +21,11 @@ async def project(conn: AsyncConnection[Any], event: Envelope[Any]) -> bool:
     verdict = event.payload
     if not isinstance(verdict, GateEvaluated):
         return False
-    outcome = GateOutcome.model_validate(verdict.model_dump(exclude={"bench_id", "candidate_id"}))
     return await db.save_outcome(
         conn,
         bench_id=verdict.bench_id,
         run_id=event.correlation_id,
         candidate_id=verdict.candidate_id,
-        outcome=outcome,
+        outcome=verdict.outcome(),
         evaluated_at=event.occurred_at,
     )

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from pydantic import Field
 
 from specops_schemas.events import BenchPlan
 from specops_services.quality_gate.sample import GateSample
-from specplatform.hostlock import default_lock_dir
+from specplatform.hostlock import MeasureLockDir
 from specplatform.settings import Settings, service_settings
 
 
@@ -29,11 +28,7 @@ class QualityGateSettings(Settings):
     gate_batch_size: int = Field(4, ge=1, le=1024, description="Gate prompts decoded together.")
     gate_mmlu_questions: int = Field(20, ge=1, le=10_000, description="Questions of mmlu_slice.")
     gate_structured_tasks: int = Field(4, ge=1, le=10_000, description="Tasks of constraint_violation.")
-    measure_lock_dir: Path = Field(
-        default_factory=default_lock_dir,
-        description="Where the host-wide lock files of the measuring devices are; every process that "
-        "measures or gates on this host must use the same directory.",
-    )
+    measure_lock_dir: MeasureLockDir
     gate_pool_size: int = Field(4, ge=2, le=100, description="Largest number of Postgres connections.")
 
     def sample(self, plan: BenchPlan) -> GateSample:

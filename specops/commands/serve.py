@@ -79,7 +79,7 @@ def service_entry(service: str) -> Callable[..., None]:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from specplatform.settings import load_settings
+    from specplatform.settings import load_settings, nkey_seed_file
 
     replica = args.replica if args.replica is not None else _env_replica()
     configure_logging(args.service, replica, args.log_level)
@@ -89,7 +89,7 @@ def run_serve(args: argparse.Namespace) -> int:
     settings = load_settings()
     if settings.nats_nkey_seed_file is None and settings.nats_nkey_seed_dir is not None:
         # A directory of every user's seed (compose): this process is its service's user.
-        own = settings.nats_nkey_seed_dir / f"{args.service}.nk"
+        own = nkey_seed_file(settings.nats_nkey_seed_dir, args.service)
         settings = settings.model_copy(update={"nats_nkey_seed_file": own})
     entry(settings)
     log.info("%s replica %d stopped", args.service, replica)

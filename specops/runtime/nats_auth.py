@@ -26,18 +26,14 @@ from typing import Any
 
 import nkeys
 
-from specbus.subjects import (
-    DLQ,
-    PREFIX,
-    RESULTS_PREFIX,
-    intake_subject,
-)
+from specbus.broker import inbox_prefix
+from specbus.subjects import ID_PATTERN, dlq_subject, intake_subject, results_pattern, tenant_inbox_prefix
 from specplatform.errors import RuntimeSetupError
-from specplatform.settings import ADMIN_USER
+from specplatform.settings import ADMIN_USER, nkey_seed_file
 
 ADMIN = ADMIN_USER
 TENANT_PREFIX = "tenant-"
-_TENANT = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_TENANT = re.compile(ID_PATTERN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,15 +68,6 @@ class ServiceUser:
     """Streams it creates at start when they are missing."""
 
 
-def inbox(kind: str, name: str) -> str:
-    """The inbox prefix of a service (`svc`) or tenant (`tenant`) connection.
-
-    specbus.broker.inbox_prefix gives services theirs; an upstream client passes
-    `inbox_prefix=` to nats.connect, as examples/upstream_publisher.py does.
-    """
-    return f"_INBOX.{kind}.{name}"
-
-
 def service_permissions(user: ServiceUser) -> Permissions:
     """Least privilege for one service: its consumers, its events, its inbox."""
     api = ["$JS.API.INFO"]
@@ -98,10 +85,9 @@ def service_permissions(user: ServiceUser) -> Permissions:
             f"$JS.API.CONSUMER.MSG.NEXT.{where}",
         ]
         acks.append(f"$JS.ACK.{where}.>")
-    dead_letters = f"{PREFIX}.{DLQ}.{user.bus_name}"
     return Permissions(
-        publish=(*api, *acks, *user.publishes, dead_letters),
-        subscribe=(f"{inbox('svc', user.bus_name)}.>",),
+        publish=(*api, *acks, *user.publishes, dlq_subject(user.bus_name)),
+        subscribe=(f"{inbox_prefix(user.bus_name)}.>",),
     )
 
 
@@ -109,17 +95,20 @@ def tenant_permissions(tenant: str) -> Permissions:
     """An upstream system of `tenant`: its intake subject in, its results and inbox out."""
     return Permissions(
         publish=(intake_subject(tenant),),
-        subscribe=(f"{RESULTS_PREFIX}.{tenant}.>", f"{inbox('tenant', tenant)}.>"),
+        subscribe=(results_pattern(tenant), f"{tenant_inbox_prefix(tenant)}.>"),
     )
 
 
 ADMIN_PERMISSIONS = Permissions(publish=(">",), subscribe=(">",))
 
 
+def _authorization(users: Mapping[str, Permissions]) -> dict[str, Any]:
+    return {"users": [{"nkey": key, "permissions": perms.to_config()} for key, perms in users.items()]}
+
+
 def render_authorization(users: Mapping[str, Permissions]) -> str:
     """The `authorization` block alone, for an external server's config (`include` it)."""
-    block = {"users": [{"nkey": key, "permissions": perms.to_config()} for key, perms in users.items()]}
-    return f"authorization: {json.dumps(block, indent=2)}\n"
+    return f"authorization: {json.dumps(_authorization(users), indent=2)}\n"
 
 
 def render_config(
@@ -132,9 +121,7 @@ def render_config(
         "port": port,
         "http": f"{host}:{monitor_port}",
         "jetstream": {"store_dir": str(store_dir)},
-        "authorization": {
-            "users": [{"nkey": key, "permissions": perms.to_config()} for key, perms in users.items()]
-        },
+        "authorization": _authorization(users),
     }
     return json.dumps(config, indent=2) + "\n"
 
@@ -149,7 +136,7 @@ class Keys:
         self.dir = root / "nats" / "keys"
 
     def seed_file(self, user: str) -> Path:
-        return self.dir / f"{user}.nk"
+        return nkey_seed_file(self.dir, user)
 
     def ensure(self, user: str) -> str:
         """The public key of `user`, creating its seed on first use."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from nats.errors import Error as NatsError
 
-from specbus.subjects import RESULTS_PREFIX, STREAM, intake_subject
+from specbus.subjects import STREAM, intake_subject, results_pattern, tenant_inbox_prefix
 from specops.runtime import nats_auth, nats_server, postgres_server
 from specops.runtime.state import ProcessRef, RuntimeState, ServerRecord, ServiceRecord, StateDir, terminate
 from specops.runtime.stream import apply_stream_config
@@ -390,7 +390,7 @@ def add_tenant(settings: Settings, tenant: str) -> TenantUser:
         public_key=public,
         nats_url=nats.url if nats is not None else settings.nats_url,
         intake_subject=intake_subject(tenant),
-        results_subjects=f"{RESULTS_PREFIX}.{tenant}.>",
-        inbox_prefix=nats_auth.inbox("tenant", tenant),
+        results_subjects=results_pattern(tenant),
+        inbox_prefix=tenant_inbox_prefix(tenant),
         reloaded=running,
     )

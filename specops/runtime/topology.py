@@ -20,7 +20,7 @@ from specbus import RetryPolicy, make_broker
 from specbus.broker import SpecBroker
 from specbus.consumer import filter_subjects
 from specbus.envelope import EventPayload
-from specbus.subjects import INTAKE_STREAM, RESULTS_PREFIX, RESULTS_STREAM, STREAM
+from specbus.subjects import INTAKE_STREAM, RESULTS_STREAM, STREAM, results_pattern
 from specops.runtime.nats_auth import BoundConsumer, ServiceUser
 from specops_services.audit import app as audit
 from specops_services.benchmark_runner import app as benchmark_runner
@@ -101,7 +101,7 @@ _BUS: dict[str, tuple[str, tuple[type[EventPayload], ...], tuple[str, ...]]] = {
     "audit": (audit.SERVICE, (), (STREAM,)),
 }
 # The gateway also repeats each run's events to the run's tenant (services/gateway/results.py).
-_EXTRA_PUBLISHES = {"gateway": (f"{RESULTS_PREFIX}.*.>",)}
+_EXTRA_PUBLISHES = {"gateway": (results_pattern(),)}
 
 
 def service_users() -> list[ServiceUser]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 from audit_tamper import rewrite_with_recomputed_chain
 from fixtures.nats import NatsServer
 
-from specbus import make_broker, publish
+from specbus import SpecBroker, make_broker, publish
 from specbus.broker import stream_config
 from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope, new_event
@@ -61,6 +63,21 @@ def _rows(dsn: str) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
+@contextlib.asynccontextmanager
+async def _recording(db: str, nats_url: str, run_id: str) -> AsyncIterator[SpecBroker]:
+    """An audit recorder on a consumer of its own, running until the block ends; its broker."""
+    pool = create_pool(db, max_size=2)
+    broker = make_broker(nats_url, service="audit-test")
+    subscribe(broker, pool, service=f"audit-test-{run_id}", fetch_timeout_s=0.5)
+    await pool.open()
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()
+        await pool.close()
+
+
 async def _verify(dsn: str) -> VerifyReport:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         return await audit_db.verify(conn)
@@ -83,12 +100,7 @@ async def test_bus_messages_are_recorded_in_order_once_with_a_valid_chain(db: st
     malformed = b'{"type": "run.queued", "tenant_id": "acme"'
     bad_subject = f"spec.run.{run_id}.queued"
 
-    pool = create_pool(db, max_size=2)
-    broker = make_broker(nats_url, service="audit-test")
-    subscribe(broker, pool, service=f"audit-test-{run_id}", fetch_timeout_s=0.5)
-    await pool.open()
-    await broker.start()
-    try:
+    async with _recording(db, nats_url, run_id) as broker:
         for event in events:
             await publish(broker, event)
         # The first event again under another Nats-Msg-Id: the stream stores it twice, as
@@ -115,9 +127,6 @@ async def test_bus_messages_are_recorded_in_order_once_with_a_valid_chain(db: st
             if len(rows) >= len(expected):
                 break
             await asyncio.sleep(0.1)
-    finally:
-        await broker.stop()
-        await pool.close()
 
     assert [r[1] for r in rows] == expected  # every message once, in publish order
     stream_seqs = [r[5] for r in rows]
@@ -150,12 +159,7 @@ async def test_a_thousand_nested_json_messages_are_recorded_as_invalid_and_recor
     subject = f"spec.run.{run_id}.requested"
     valid = _run_events(run_id)[0]
 
-    pool = create_pool(db, max_size=2)
-    broker = make_broker(nats_url, service="audit-test")
-    subscribe(broker, pool, service=f"audit-test-{run_id}", fetch_timeout_s=0.5)
-    await pool.open()
-    await broker.start()
-    try:
+    async with _recording(db, nats_url, run_id) as broker:
         for i in range(POISON_COUNT):
             await publish_raw(broker, subject, poison, {"Nats-Msg-Id": f"{run_id}-{i}"})
         await publish(broker, valid)
@@ -163,9 +167,6 @@ async def test_a_thousand_nested_json_messages_are_recorded_as_invalid_and_recor
         while valid.event_id not in {r[1] for r in _rows(db)}:
             assert time.monotonic() < deadline, "the valid event after the poison was not recorded"
             await asyncio.sleep(0.2)
-    finally:
-        await broker.stop()
-        await pool.close()
 
     recorded = [r for r in _rows(db) if r[2] == subject]
     assert len(recorded) == POISON_COUNT and {r[3] for r in recorded} == {"invalid"}
