@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from specops.runtime.nats_auth import Permissions, render_config
+from specops.runtime.ports import free_port, port_free
 from specops.runtime.state import ProcessRef, ServerRecord, StateDir, terminate
 from specplatform.errors import RuntimeSetupError
 
@@ -42,28 +42,7 @@ def pick_port(preferred: int, host: str = HOST) -> int:
 
     For a first start only: a restarted server keeps its ports (`restart`).
     """
-    for candidate in (preferred, 0):
-        if port_free(candidate, host):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((host, candidate))
-                return int(sock.getsockname()[1])
-    raise RuntimeSetupError(f"no free TCP port on {host}")
-
-
-def port_free(port: int, host: str = HOST) -> bool:
-    """Whether a listener could bind `port` now.
-
-    SO_REUSEADDR as nats-server (Go) sets it: the connections of a killed server linger
-    in TIME_WAIT on its port and must not read as the port being taken.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
+    return preferred if port_free(preferred, host) else free_port(host)
 
 
 def config_file(state: StateDir) -> Path:

@@ -4,12 +4,12 @@ bringing the recorded set to the requested counts, and starting a dead one again
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from specops.runtime.ports import HOST, free_port, port_free
 from specops.runtime.state import ProcessRef, RuntimeState, ServiceRecord, StateDir, terminate
 from specplatform.errors import RuntimeSetupError
 from specplatform.settings import STATE_DIR_ENV
@@ -17,13 +17,7 @@ from specplatform.settings import STATE_DIR_ENV
 Progress = Callable[[str], None]
 METRICS_PORT_ENV = "SPECOPS_METRICS_PORT"
 # The host of every replica's ops endpoints (specplatform.ops' default).
-OPS_HOST = "127.0.0.1"
-
-
-def free_port(host: str = OPS_HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+OPS_HOST = HOST
 
 
 def reconcile(
@@ -69,7 +63,7 @@ def respawn(state_dir: StateDir, record: ServiceRecord) -> tuple[ServiceRecord, 
     """Start the dead replica of `record` again with the same command and environment; its
     ops port too, unless another process took it meanwhile."""
     env = dict(record.env)
-    if record.metrics_port is not None and not _port_free(record.metrics_port):
+    if record.metrics_port is not None and not port_free(record.metrics_port):
         env[METRICS_PORT_ENV] = str(free_port())
     return spawn(state_dir, service=record.service, replica=record.replica, argv=record.argv, env=env)
 
@@ -135,12 +129,3 @@ def last_line(path: Path) -> str:
     except OSError:
         return "no log"
     return lines[-1].strip() if lines else "no output"
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((OPS_HOST, port))
-        except OSError:
-            return False
-        return True

@@ -169,7 +169,14 @@ def run(state_dir: StateDir, *, poll_s: float = POLL_S) -> None:
     """Pass until this process is no longer the recorded watcher (or is signalled)."""
     watcher = Watcher(state_dir)
     log.info("watching %s (pid %d)", state_dir.root, os.getpid())
-    while watcher.pass_once(time.time()):
+    while True:
+        try:
+            if not watcher.pass_once(time.time()):
+                break
+        except Exception:
+            # A pass that failed (a state file being replaced by hand, a full disk) must not
+            # end the supervision of everything else: log it, try again next pass.
+            log.exception("watch pass failed")
         time.sleep(poll_s)
     log.info("no longer the recorded watcher of %s: exiting", state_dir.root)
 

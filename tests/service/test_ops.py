@@ -114,3 +114,18 @@ async def test_wait_for_database_waits_while_unreachable(database_url: str) -> N
     assert not waiting.done()
     waiting.cancel()
     await asyncio.wait_for(wait_for_database(database_url), timeout=10.0)
+
+
+async def test_the_first_connect_waits_for_a_late_nats(tmp_path: Path) -> None:
+    nats = NatsServer(tmp_path)  # its port is chosen; the server starts later
+    broker = make_broker(nats.url, service="ops-test")
+    connecting = asyncio.create_task(broker.connect())
+    try:
+        await asyncio.sleep(1.5)
+        assert not connecting.done(), "the first connect gave up instead of waiting"
+        await asyncio.to_thread(nats.start)
+        await asyncio.wait_for(connecting, timeout=30.0)
+        assert broker_connected(broker)()
+    finally:
+        await broker.stop()
+        nats.stop()
