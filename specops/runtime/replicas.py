@@ -10,7 +10,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from specops.runtime.ports import HOST, free_port, port_free
-from specops.runtime.state import ProcessRef, RuntimeState, ServiceRecord, StateDir, terminate
+from specops.runtime.state import (
+    ProcessRef,
+    Restart,
+    RuntimeState,
+    ServiceRecord,
+    StateDir,
+    terminate,
+)
 from specplatform.errors import RuntimeSetupError
 from specplatform.settings import STATE_DIR_ENV
 
@@ -35,9 +42,12 @@ def reconcile(
     if unknown:
         raise RuntimeSetupError(f"unknown services: {', '.join(unknown)}; services: {', '.join(services)}")
     keep: list[ServiceRecord] = []
+    # Slot -> the ops port of its dead replica; the slot is refilled below.
+    dead: dict[tuple[str, int], int | None] = {}
     for record in state.services:
         if not record.process.alive():
-            continue  # stale: its slot is refilled below
+            dead[(record.service, record.replica)] = record.metrics_port
+            continue
         wanted = counts.get(record.service)
         if wanted is not None and record.replica >= wanted:
             progress(f"{record.name}: stopping (above {wanted} replicas)")
@@ -48,12 +58,15 @@ def reconcile(
     started: list[ServiceRecord] = []
     for service in services:
         for replica in range(counts.get(service, 0)):
-            if (service, replica) in running:
+            slot = (service, replica)
+            if slot in running:
                 progress(f"{service}[{replica}]: already running")
                 continue
-            env = dict(service_env(service)) | {METRICS_PORT_ENV: str(free_port())}
-            record, _ = spawn(state_dir, service=service, replica=replica, argv=command(service), env=env)
+            env = dict(service_env(service)) | {METRICS_PORT_ENV: str(_ops_port(dead.get(slot)))}
+            record, proc = spawn(state_dir, service=service, replica=replica, argv=command(service), env=env)
             progress(f"{record.name}: started (pid {record.process.pid}, log {record.log})")
+            if slot in dead:
+                state.add_restart(Restart.by_up(record.name, proc.pid))
             started.append(record)
     state.services = keep + started
     return started
@@ -63,8 +76,8 @@ def respawn(state_dir: StateDir, record: ServiceRecord) -> tuple[ServiceRecord, 
     """Start the dead replica of `record` again with the same command and environment; its
     ops port too, unless another process took it meanwhile."""
     env = dict(record.env)
-    if record.metrics_port is not None and not port_free(record.metrics_port):
-        env[METRICS_PORT_ENV] = str(free_port())
+    if record.metrics_port is not None:
+        env[METRICS_PORT_ENV] = str(_ops_port(record.metrics_port))
     return spawn(state_dir, service=record.service, replica=record.replica, argv=record.argv, env=env)
 
 
@@ -129,3 +142,8 @@ def last_line(path: Path) -> str:
     except OSError:
         return "no log"
     return lines[-1].strip() if lines else "no output"
+
+
+def _ops_port(previous: int | None) -> int:
+    # The same port across restarts where possible: what status printed stays right.
+    return previous if previous is not None and port_free(previous) else free_port()

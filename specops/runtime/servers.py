@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from specops.runtime import nats_auth, nats_server, postgres_server
-from specops.runtime.state import RuntimeState, ServerRecord, StateDir
+from specops.runtime.state import Restart, RuntimeState, ServerRecord, StateDir
 from specplatform.errors import RuntimeSetupError
 from specplatform.settings import Settings
 
@@ -41,6 +41,7 @@ def ensure_nats(
         progress(f"nats: restarting at {current.url}, where the services expect it")
         record = nats_server.restart(state_dir, current, users)
         progress(f"nats: ready at {record.url}")
+        state.add_restart(Restart.by_up("nats", _pid(record)))
         return record
     progress("nats: starting nats-server with JetStream and nkey users")
     record = nats_server.start(state_dir, users)
@@ -67,6 +68,7 @@ def ensure_postgres(
     )
     if current is not None and current.process is not None:
         record = restart_postgres(state_dir, current)
+        state.add_restart(Restart.by_up("postgres", _pid(record)))
     else:
         record = postgres_server.start(state_dir.pgdata)
     progress(f"postgres: ready ({record.url})")
@@ -103,3 +105,7 @@ def _is_ours(state: RuntimeState, name: str, url: str) -> bool:
     # not a server the user configured: it is restarted if it died.
     record = state.servers.get(name)
     return record is not None and record.process is not None and record.url == url
+
+
+def _pid(record: ServerRecord) -> int | None:
+    return record.process.pid if record.process is not None else None

@@ -95,6 +95,11 @@ class Restart(BaseModel):
     pid: int | None = Field(None, description="The new process; None when the restart failed.")
     error: str | None = Field(None, description="Why the restart failed, when it did.")
 
+    @classmethod
+    def by_up(cls, component: str, pid: int | None) -> Restart:
+        """`specops up` found it dead and started it again (how it ended is not known)."""
+        return cls(component=component, at=time.time(), reason="found dead by `specops up`", pid=pid)
+
 
 # runtime.json keeps the latest restarts for `specops status`; watch.log keeps them all.
 KEPT_RESTARTS = 20

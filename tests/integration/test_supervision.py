@@ -3,7 +3,8 @@
 A service killed with SIGKILL is started again by the watcher. nats-server killed with
 SIGKILL while a run is in flight: while no server is there, `specops status` says the
 services cannot reach NATS and exits 1; `specops up` starts NATS again on the port the
-services use, the in-flight run completes and a new run is processed.
+services use, the in-flight run completes and a new run is processed. Killed once more
+during that run, the watcher alone brings it back, and that run completes too.
 """
 
 from __future__ import annotations
@@ -133,6 +134,14 @@ def test_killed_processes_come_back_and_runs_complete(monkeypatch: pytest.Monkey
                 target=TARGET, workload="code", mode="interactive", goal={"quality_gate": "topk5"}
             )
             assert second.cache_hit is False
+            # Killed again mid-run, now with the watcher running: it restarts NATS on its own.
+            nats = _pid(status(settings), "nats")
+            assert nats is not None
+            os.kill(nats, signal.SIGKILL)
+            _wait_for(
+                lambda: _pid(status(settings), "nats") not in (None, nats), "nats restarted by the watcher"
+            )
+            assert next(s.url for s in status(settings).servers if s.name == "nats") == nats_url
             assert _settle(second_client, second.id) == "completed"
         _wait_for(lambda: not status(settings).problems(), "every replica healthy again")
         assert _status_exit(monkeypatch, runtime) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 
 from specops.commands import db as db_command
 from specops.commands import runtime as runtime_command
+from specops.runtime.ports import NEAR_PORTS, pick_port, port_free
 from specops.runtime.state import ProcessRef, StateDir
 from specops.runtime.supervisor import SERVICES, parse_replicas
 from specplatform.errors import RuntimeSetupError
@@ -138,3 +140,13 @@ def test_db_migrate_without_a_database_is_one_clear_error(
     args = _cli(["db", "migrate"])
     with pytest.raises(RuntimeSetupError, match="no database configured"):
         args.handler(args)
+
+
+def test_a_taken_port_is_replaced_by_a_near_one_not_an_ephemeral_one() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        assert not port_free(taken)
+        picked = pick_port(taken)
+    assert picked != taken and taken < picked < taken + NEAR_PORTS
