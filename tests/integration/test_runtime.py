@@ -11,6 +11,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import nats
 import psycopg
@@ -19,8 +20,12 @@ from fixtures.postgres import server_tmpdir
 from nats.js.api import RetentionPolicy
 
 from specbus.subjects import STREAM
-from specops.runtime.ports import port_free
-from specops.runtime.supervisor import RuntimeStatus, ServerStatus, down, status, up
+from specops.runtime.health import probe
+from specops.runtime.nats_auth import Keys
+from specops.runtime.ports import free_port, port_free
+from specops.runtime.replicas import spawn
+from specops.runtime.state import StateDir, terminate
+from specops.runtime.supervisor import RuntimeStatus, ServerStatus, down, serve_command, status, up
 from specplatform.errors import RuntimeSetupError
 from specplatform.settings import Settings, load_settings
 
@@ -202,6 +207,37 @@ def test_nats_is_restarted_on_its_port_or_not_at_all(settings: Settings) -> None
     _wait_until(lambda: port_free(port), timeout_s=30.0)
     again = up(settings, {"alpha": 0, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
     assert _server(again, "nats").url == nats_before.url and _server(again, "nats").alive
+
+
+def test_a_service_started_before_postgres_waits_for_it(settings: Settings) -> None:
+    first = up(settings, {"audit": 0}, services=("audit",), start_grace_s=GRACE_S)
+    postgres = _server(first, "postgres")
+    assert first.watcher is not None and postgres.pid is not None
+    # Without the watcher, so that Postgres stays down until `up`.
+    os.kill(first.watcher.pid, signal.SIGKILL)
+    os.kill(postgres.pid, signal.SIGINT)
+    _wait_until(lambda: "postgres" not in _alive(settings), timeout_s=30.0)
+
+    state_dir = StateDir(settings.state_dir)
+    ops_port = free_port()
+    env = {
+        "NATS_URL": _server(first, "nats").url,
+        "DATABASE_URL": postgres.url,
+        "NATS_NKEY_SEED_FILE": str(Keys(settings.state_dir).seed_file("audit")),
+        "SPECOPS_METRICS_PORT": str(ops_port),
+    }
+    record, proc = spawn(state_dir, service="audit", replica=0, argv=serve_command("audit"), env=env)
+    try:
+        _wait_until(lambda: "waiting for postgres at" in Path(record.log).read_text(), timeout_s=60.0)
+        waiting = probe(ops_port)
+        assert waiting.checks.get("database") is False and not waiting.healthy
+        assert proc.poll() is None
+
+        up(settings, {"audit": 0}, services=("audit",), start_grace_s=GRACE_S)
+        _wait_until(lambda: probe(ops_port).healthy, timeout_s=60.0)
+        assert proc.poll() is None
+    finally:
+        terminate(record.process, group=True)
 
 
 def _server(result: RuntimeStatus, name: str) -> ServerStatus:
