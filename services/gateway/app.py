@@ -29,7 +29,9 @@ from specplatform.settings import Settings
 log = logging.getLogger(__name__)
 
 PURGE_INTERVAL_S = 600.0
-PROBE_URLS = "/healthz$,/readyz$"
+# Not traced: the probes (a trace per poll) and the event streams (an open stream polls
+# the database four times a second: thousands of spans in one trace).
+UNTRACED_URLS = "/healthz$,/readyz$,/runs/[^/]+/events$"
 STOP_RETRY_S = 0.5
 
 
@@ -55,12 +57,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         summary="Postgres and NATS reachable",
         responses=responses(503),
     )
-    # A server span per request (a no-op unless `specops serve` configured tracing); the
-    # ASGI send/receive spans would add one per SSE event, and probes one trace per poll.
+    # A server span per request (a no-op unless `specops serve` configured tracing),
+    # without the ASGI send/receive spans of every message of a response.
     FastAPIInstrumentor.instrument_app(
         app,
         exclude_spans=["receive", "send"],
-        excluded_urls=os.environ.get("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", PROBE_URLS),
+        excluded_urls=os.environ.get("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", UNTRACED_URLS),
     )
     return app
 
