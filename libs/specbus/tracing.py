@@ -20,11 +20,13 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
 
+from specbus.envelope import CLOUDEVENTS_ATTRIBUTES
 from specbus.subjects import PREFIX, template
 
 tracer = trace.get_tracer("specbus")
 
-CORRELATION = "ce-correlationid"
+# The envelope's correlation id, as `envelope_headers` repeats it.
+CORRELATION = f"ce-{CLOUDEVENTS_ATTRIBUTES['correlation_id']}"
 # Aggregates of a run's flow: their events' correlation id is the run's id.
 RUN_FLOW = ("run", "bench", "gate")
 
