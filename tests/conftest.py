@@ -13,8 +13,15 @@ import torch  # noqa: E402
 
 from speccore.models import LoadedModel, load_model  # noqa: E402
 
-# Real servers for the service and integration tests, and the bus helpers' `js` (tests/fixtures/).
-pytest_plugins = ["fixtures.nats", "fixtures.postgres", "fixtures.bus", "fixtures.runtime"]
+# Real servers for the service and integration tests, the bus helpers' `js`, and the spans a
+# test's process traced (tests/fixtures/).
+pytest_plugins = [
+    "fixtures.nats",
+    "fixtures.postgres",
+    "fixtures.bus",
+    "fixtures.runtime",
+    "fixtures.tracing",
+]
 
 torch.set_num_threads(2)
 

@@ -10,6 +10,8 @@
   with `RetryPolicy(max_deliver=None)` is retried forever and never parks.
 - `process_once` / `inbox.claim`: side effects once per consumer and event.
 - `outbox.add` / `OutboxRelay`: events committed with the state that caused them.
+- `tracing`: every publish a `send <subject template>` span, every handler a `process
+  <subject template>` span, the trace context carried in the NATS headers.
 """
 
 from specbus import inbox, outbox

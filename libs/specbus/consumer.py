@@ -29,8 +29,8 @@ from faststream.nats.annotations import NatsMessage
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.js.api import ConsumerConfig
-from opentelemetry import propagate, trace
 
+from specbus import tracing
 from specbus.broker import SpecBroker, inbox_prefix
 from specbus.dlq import DeadLetter, park
 from specbus.envelope import Envelope, EventPayload, decode_event
@@ -38,7 +38,6 @@ from specbus.publish import MSG_ID, publish
 from specbus.subjects import DLQ_SUBJECTS, STREAM, STREAM_SUBJECTS, pattern
 
 log = logging.getLogger(__name__)
-tracer = trace.get_tracer("specbus")
 
 P = TypeVar("P", bound=EventPayload)
 M = TypeVar("M")
@@ -367,18 +366,7 @@ class _Delivery(Generic[M]):
         return "parked"
 
     def _span(self, msg: Msg, message_id: str) -> Any:
-        # Continue the producer's trace (W3C traceparent header); a no-op without an OTel SDK.
-        return tracer.start_as_current_span(
-            f"process {msg.subject}",
-            context=propagate.extract(msg.headers or {}),
-            kind=trace.SpanKind.CONSUMER,
-            attributes={
-                "messaging.system": "nats",
-                "messaging.destination.name": msg.subject,
-                "messaging.message.id": message_id,
-                "messaging.consumer.group.name": self.service,
-            },
-        )
+        return tracing.process_span(msg, consumer=self.consumer, message_id=message_id)
 
     @asynccontextmanager
     async def _heartbeat(self, msg: Msg) -> AsyncIterator[None]:

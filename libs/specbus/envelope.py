@@ -156,4 +156,12 @@ def decode_event(data: bytes | str, types: Mapping[str, type[EventPayload]]) -> 
     payload_cls = types.get(str(raw.get("type")))
     if payload_cls is None:
         raise ValueError(f"unknown event type {raw.get('type')!r}; known: {', '.join(types)}")
+    version = raw.get("schema_version")
+    if isinstance(version, int) and version > payload_cls.schema_version:
+        # A newer producer's payload may mean something this consumer's model does not
+        # say: reading it as an older version could act on half of it.
+        raise ValueError(
+            f"{raw['type']} schema version {version} is newer than this service reads "
+            f"({payload_cls.schema_version}); upgrade the consumer"
+        )
     return Envelope[payload_cls].model_validate(raw)  # type: ignore[valid-type]

@@ -13,6 +13,7 @@ from opentelemetry import propagate
 from specbus.broker import jetstream
 from specbus.envelope import CLOUDEVENTS_ATTRIBUTES, CLOUDEVENTS_SPEC_VERSION, Envelope
 from specbus.subjects import stream_of
+from specbus.tracing import send_span
 
 MSG_ID = "Nats-Msg-Id"
 PUBLISH_TIMEOUT_S = 5.0
@@ -34,7 +35,8 @@ def envelope_headers(envelope: Envelope[Any]) -> dict[str, str]:
     for field, attribute in CLOUDEVENTS_ATTRIBUTES.items():
         if attributes[field] is not None:
             headers[f"ce-{attribute}"] = str(attributes[field])
-    # W3C traceparent/tracestate from the active span; a no-op without an OTel SDK.
+    # W3C traceparent/tracestate of the work that causes the event (the send span's parent,
+    # whenever it is sent); a no-op without an OTel SDK.
     propagate.inject(headers)
     return headers
 
@@ -47,12 +49,14 @@ async def publish_raw(
     *,
     timeout: float = PUBLISH_TIMEOUT_S,
 ) -> PubAck:
-    """JetStream publish into the subject's stream (`stream_of`); returns once the stream
-    has stored it (or it was a duplicate)."""
-    # nats-py adds its expected-stream header to the dict it is given, so pass a copy.
-    return await jetstream(target).publish(
-        subject, body, timeout=timeout, stream=stream_of(subject), headers=dict(headers)
-    )
+    """JetStream publish into the subject's stream (`stream_of`) in a `send` span, a child of
+    the trace context `headers` carry; returns once the stream has stored it (or it was a
+    duplicate)."""
+    # `sent` is a copy, which nats-py may add its expected-stream header to.
+    with send_span(subject, headers, message_id=headers.get(MSG_ID)) as sent:
+        return await jetstream(target).publish(
+            subject, body, timeout=timeout, stream=stream_of(subject), headers=sent
+        )
 
 
 async def publish(

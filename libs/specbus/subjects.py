@@ -85,6 +85,22 @@ def parse(value: str) -> Subject:
     return Subject(aggregate, _check("id", id, _ID), _check("event", event, _NAME))
 
 
+def template(value: str) -> str:
+    """A subject with its run / bench id and tenant tokens as `*`, e.g. `spec.run.*.requested`:
+    what a span is named after and a metric labelled with (a concrete subject is one per run).
+
+    Dead-letter subjects keep their service; a subject of no known shape is returned as it is.
+    """
+    tokens = value.split(".")
+    if len(tokens) == 4 and tokens[0] == PREFIX and tokens[1] != DLQ:
+        tokens[2] = "*"
+    elif value.startswith((f"{INTAKE_PREFIX}.", f"{RESULTS_PREFIX}.")) and len(tokens) > 3:
+        tokens[2] = "*"
+        if tokens[0:2] == RESULTS_PREFIX.split(".") and tokens[3] == "run" and len(tokens) > 4:
+            tokens[4] = "*"
+    return ".".join(tokens)
+
+
 def intake_subject(tenant: str) -> str:
     """Where `tenant`'s upstream systems publish run requests."""
     return f"{INTAKE_PREFIX}.{_check('tenant', tenant, _ID)}.{INTAKE_REQUEST}"

@@ -40,6 +40,7 @@ from speccore.models import LoadedModel, load_model
 from speccore.proposers import default_k
 from speccore.proposers.base import ProposerConfig
 from speccore.sampling import SamplingParams
+from speccore.tracing import traced_generate
 
 # The warm-up decodes the first prompt cut to this many tokens.
 WARMUP_PROMPT_TOKENS = 64
@@ -62,7 +63,7 @@ Method = Callable[[list[Request]], Decoded]
 
 def engine_method(engine: Engine) -> Method:
     def decode(requests: list[Request]) -> Decoded:
-        gens = engine.generate(requests)
+        gens = traced_generate(engine, requests)
         return Decoded([g.token_ids for g in gens], [g.metrics for g in gens])
 
     return decode

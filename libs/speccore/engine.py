@@ -117,8 +117,9 @@ class Engine:
         self.method = method
         # Off unless asked for: accepting drafts the target would not emit is lossy (verify.py).
         self.lossy_accept_threshold = lossy_accept_threshold
+        self.config = config or ProposerConfig()
         self.runner = ModelRunner(target.model)
-        self.proposer = build_proposer(method, target, config or ProposerConfig())
+        self.proposer = build_proposer(method, target, self.config)
         self.taps: tuple[int, ...] = ()
         if self.proposer is not None and self.proposer.needs_hidden_states:
             self.taps = self.proposer.feature_layers

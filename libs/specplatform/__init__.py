@@ -6,5 +6,6 @@
   directory, and one loader for a service's own settings class;
 - `specplatform.service`: a bus service's process lifecycle (migrations, pool, broker,
   outbox relay);
+- `specplatform.telemetry`: a process's traces, from the standard OTEL_* variables;
 - `specplatform.errors`: the one-line errors of all of the above.
 """

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from specbus.broker import make_broker, upstream_stream_configs
 from specbus.outbox import OutboxRelay
@@ -29,6 +30,9 @@ from specplatform.settings import Settings
 log = logging.getLogger(__name__)
 
 PURGE_INTERVAL_S = 600.0
+# Not traced: the probes (a trace per poll) and the event streams (an open stream polls
+# the database four times a second: thousands of spans in one trace).
+UNTRACED_URLS = "/healthz$,/readyz$,/runs/[^/]+/events$"
 STOP_RETRY_S = 0.5
 
 
@@ -53,6 +57,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         tags=["probes"],
         summary="Postgres and NATS reachable",
         responses=responses(503),
+    )
+    # A server span per request (a no-op unless `specops serve` configured tracing),
+    # without the ASGI send/receive spans of every message of a response.
+    FastAPIInstrumentor.instrument_app(
+        app,
+        exclude_spans=["receive", "send"],
+        excluded_urls=os.environ.get("OTEL_PYTHON_FASTAPI_EXCLUDED_URLS", UNTRACED_URLS),
     )
     return app
 

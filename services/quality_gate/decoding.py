@@ -18,6 +18,7 @@ from speccore.errors import SpecError
 from speccore.models import LoadedModel
 from speccore.runner import ModelRunner, pad_rows
 from speccore.sampling import SamplingParams
+from speccore.tracing import traced_generate
 from specops_schemas.candidates import Candidate
 from specops_services.quality_gate.sample import GateSample
 from specprompts.sets import load_prompts
@@ -106,7 +107,7 @@ class Reference:
                 for i, ids in enumerate(prompts[start : start + size])
             ]
             hook = _shifted(on_logits, start) if on_logits is not None else None
-            out += engine.generate(requests, on_logits=hook)
+            out += traced_generate(engine, requests, on_logits=hook)
         return out
 
     def plain_logits(

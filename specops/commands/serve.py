@@ -80,9 +80,11 @@ def service_entry(service: str) -> Callable[..., None]:
 
 def run_serve(args: argparse.Namespace) -> int:
     from specplatform.settings import load_settings, nkey_seed_file
+    from specplatform.telemetry import configure_tracing
 
     replica = args.replica if args.replica is not None else _env_replica()
     configure_logging(args.service, replica, args.log_level)
+    configure_tracing(args.service)
     entry = service_entry(args.service)
     log = logging.getLogger(__name__)
     log.info("starting %s replica %d", args.service, replica)

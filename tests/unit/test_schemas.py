@@ -409,3 +409,11 @@ def test_gate_verdict_travels_on_the_gate_subject() -> None:
     event = _requested().follow(verdict, producer="quality-gate")
     assert event.subject == "spec.gate.b-1.evaluated"
     assert parse_event(event.to_json_bytes()).payload == verdict
+
+
+def test_parse_event_refuses_a_schema_version_newer_than_it_reads() -> None:
+    body = json.loads(_requested().to_json_bytes())
+    assert parse_event(json.dumps(body)).schema_version == 1
+    body["schema_version"] = 2
+    with pytest.raises(ValueError, match="run.requested schema version 2 is newer than this service reads"):
+        parse_event(json.dumps(body))

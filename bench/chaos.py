@@ -1,0 +1,585 @@
+"""`make chaos`: faults injected into a live stack with runs in flight; nothing may be lost,
+done twice or left stuck.
+
+One `specops up` on a scratch state dir (real NATS, PostgreSQL, the services as their own
+processes, the real 135M model, benches and gates shrunk by settings), then one scenario
+after another, each with --runs runs of fresh tenants in flight when its fault hits:
+
+- kill-<service>: kill -9 of one service process mid-run (the runtime's watcher restarts it);
+- kill-nats: kill -9 of nats-server (restarted on the same port by the watcher);
+- postgres-outage: PostgreSQL stopped for --postgres-outage-s (default 300), then `specops up`;
+- poison: nested, oversized, invalid-JSON, unknown-type, wrong-schema-version and
+  unknown-tenant messages published next to the runs: each must be parked once per
+  service that consumes it, and nothing else disturbed;
+- kill-replicas: two replicas of the benchmark runner killed alternately, three kills.
+
+After each fault one more run is submitted (new work must flow too), then every run is
+waited for. Per scenario: submitted, completed, failed (with the run's own reason), lost
+(accepted but unknown to the gateway, or never on the stream), duplicated (more than
+one terminal event, or one message id twice on the stream), stuck (not terminal after
+--run-timeout-s), max_recovery_s (fault cleared -> every component healthy in
+`specops status` and every run in flight moved on). Written to --out after each
+scenario; the exit status is 1 when any lost/duplicated/stuck is not 0.
+
+    .venv/bin/python bench/chaos.py --out bench/results/chaos.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+import psycopg
+
+from specbus.envelope import new_event
+from specbus.publish import MSG_ID
+from specbus.subjects import intake_subject
+from specops.client import SpecopsAPIError, SpecopsError, SpeculativeClient
+from specops.runtime import postgres_server
+from specops.runtime.nats_auth import ADMIN, Keys
+from specops.runtime.state import StateDir
+from specops.runtime.supervisor import SERVICES, down, status, up
+from specops_schemas.api import RunCreateRequest
+from specops_schemas.catalog import Role
+from specops_schemas.events import RunRequested
+from specops_services.gateway.tokens import issue_token
+from specplatform.settings import STATE_DIR_ENV, Settings
+
+TARGET = {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"}
+# Runs of 1 rep x 1 prompt x 8 tokens, gates of 1 prompt: the faults are the point, not speedups.
+TINY = {
+    "SPECOPS_BENCH_REPS": "1",
+    "SPECOPS_BENCH_PROMPTS": "1",
+    "SPECOPS_BENCH_NEW_TOKENS": "8",
+    "SPECOPS_GATE_PROMPTS": "1",
+    "SPECOPS_GATE_NEW_TOKENS": "8",
+    "SPECOPS_GATE_BATCH_SIZE": "1",
+    "SPECOPS_BENCH_DEVICE": "cpu",
+    "SPECOPS_GATE_DEVICE": "cpu",
+    "OMP_WAIT_POLICY": "PASSIVE",
+}
+TERMINAL = ("completed", "failed")
+POLL_S = 1.0
+READY_TIMEOUT_S = 300.0
+# The event whose first appearance on any run in flight means "mid-run" for a service's kill.
+MID_RUN = {
+    "predictor": "run.queued",
+    "benchmark-runner": "bench.requested",
+    "quality-gate": "bench.completed",
+    "audit": "run.queued",
+    "gateway": "run.predicted",
+}
+REPLICATED = "benchmark-runner"
+
+
+def log(message: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+@dataclass
+class Result:
+    """One row of bench/results/chaos.json."""
+
+    scenario: str
+    submitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    stuck: int = 0
+    max_recovery_s: float | None = None
+    duration_s: float = 0.0
+    failures: list[dict[str, str]] = field(default_factory=list)
+    """Each failed run's error stage and message, as the user reads them."""
+    parked: dict[str, dict[str, int]] = field(default_factory=dict)
+    """poison only: message -> {service: letters}."""
+    park_errors: dict[str, str] = field(default_factory=dict)
+    """poison only: message -> the error its dead letter gives."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return self.lost == self.duplicated == self.stuck == 0
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    url: str
+    database_url: str
+    nats_url: str
+    root: Path
+
+    @property
+    def admin_seed(self) -> str:
+        return str(Keys(self.settings.state_dir).seed_file(ADMIN))
+
+    def pid(self, service: str, replica: int = 0) -> int:
+        for p in status(self.settings).processes:
+            if p.service == service and p.replica == replica and p.alive:
+                return p.pid
+        raise RuntimeError(f"{service}[{replica}] is not running")
+
+    def server_pid(self, name: str) -> int:
+        for s in status(self.settings).servers:
+            if s.name == name and s.alive and s.pid is not None:
+                return s.pid
+        raise RuntimeError(f"{name} is not running")
+
+    def healthy(self) -> bool:
+        """`specops status` exit 0: every component up and reachable."""
+        env = os.environ | {STATE_DIR_ENV: str(self.settings.state_dir)}
+        done = subprocess.run(
+            [sys.executable, "-m", "specops.cli", "status"], env=env, capture_output=True, check=False
+        )
+        return done.returncode == 0
+
+
+@contextmanager
+def stack(replicas: dict[str, int]) -> Iterator[Stack]:
+    root = Path(tempfile.mkdtemp(prefix="specops-chaos-"))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    for name in ("NATS_URL", "DATABASE_URL", "NATS_NKEY_SEED_FILE", "NATS_CREDS_FILE", "SPECOPS_URL"):
+        os.environ.pop(name, None)
+    os.environ.update(TINY | {"SPECOPS_GATEWAY_HOST": "127.0.0.1", "SPECOPS_GATEWAY_PORT": str(port)})
+    settings = Settings(state_dir=root / "state", nats_url=None, database_url=None)
+    try:
+        result = up(settings, replicas, progress=log)
+        servers = {s.name: s.url for s in result.servers}
+        running = Stack(settings, f"http://127.0.0.1:{port}", servers["postgres"], servers["nats"], root)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not running.healthy():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the stack was not healthy after {READY_TIMEOUT_S:g} s; logs in {root}")
+            time.sleep(2)
+        yield running
+    finally:
+        down(settings, progress=log)
+        if os.environ.get("SPECOPS_CHAOS_KEEP") != "1":
+            shutil.rmtree(root, ignore_errors=True)
+
+
+# --- runs ------------------------------------------------------------------------------
+
+
+def tokens(stack: Stack, scenario: str, count: int) -> list[str]:
+    async def issue() -> list[str]:
+        return [
+            (
+                await issue_token(stack.database_url, tenant_id=f"chaos-{scenario}-{i}", role=Role.DEVELOPER)
+            ).secret
+            for i in range(count)
+        ]
+
+    return asyncio.run(issue())
+
+
+def submit(stack: Stack, secrets: Sequence[str]) -> list[tuple[str, str]]:
+    """One run per tenant token, created at once; (run id, token) of each accepted one."""
+
+    def create(secret: str) -> tuple[str, str]:
+        with SpeculativeClient(stack.url, secret) as client:
+            run = client.runs.create(target=TARGET, workload="chat", goal={"quality_gate": "topk5"})
+            return run.id, secret
+
+    with ThreadPoolExecutor(len(secrets)) as pool:
+        return list(pool.map(create, secrets))
+
+
+def run_status(stack: Stack, run_id: str, secret: str) -> dict[str, Any] | None:
+    """GET runs/{id} as a dict; None when the gateway does not know it (404)."""
+    with SpeculativeClient(stack.url, secret) as client:
+        try:
+            return client.runs.get(run_id).model_dump(mode="json")
+        except SpecopsAPIError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+
+def event_types(stack: Stack, run_ids: Sequence[str]) -> dict[str, list[tuple[str, dt.datetime]]]:
+    """run id -> its (type, occurred_at) in the gateway's read model; {} while Postgres is down."""
+    try:
+        with psycopg.connect(stack.database_url, autocommit=True, connect_timeout=3) as conn:
+            rows = conn.execute(
+                "SELECT run_id, type, occurred_at FROM run_events WHERE run_id = ANY(%s) ORDER BY seq",
+                (list(run_ids),),
+            ).fetchall()
+    except psycopg.Error:
+        return {}
+    found: dict[str, list[tuple[str, dt.datetime]]] = {}
+    for run_id, kind, at in rows:
+        found.setdefault(str(run_id), []).append((kind, at))
+    return found
+
+
+def wait_for_event(stack: Stack, run_ids: Sequence[str], kind: str, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(kind == k for events in event_types(stack, run_ids).values() for k, _ in events):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"no {kind} on runs {list(run_ids)} after {timeout_s:g} s")
+
+
+def wait_recovered(
+    stack: Stack, run_ids: Sequence[str], since: dt.datetime, timeout_s: float
+) -> float | None:
+    """Seconds until every component is healthy and every run in flight at `since` moved on."""
+    begin = time.monotonic()
+    while time.monotonic() - begin < timeout_s:
+        events = event_types(stack, run_ids)
+        moved = events and all(
+            any(at > since or kind in ("run.completed", "run.failed") for kind, at in events.get(r, []))
+            for r in run_ids
+        )
+        if moved and stack.healthy():
+            return round(time.monotonic() - begin, 1)
+        time.sleep(POLL_S)
+    return None
+
+
+def settle(
+    stack: Stack, runs: Sequence[tuple[str, str]], timeout_s: float
+) -> dict[str, dict[str, Any] | None]:
+    """Wait until every run is terminal (or `timeout_s`); run id -> its last GET (None: 404)."""
+    deadline = time.monotonic() + timeout_s
+    last: dict[str, dict[str, Any] | None] = {}
+    pending = dict(runs)
+    while pending and time.monotonic() < deadline:
+        for run_id, secret in list(pending.items()):
+            try:
+                last[run_id] = run_status(stack, run_id, secret)
+            except SpecopsError:
+                continue  # the gateway or its database is still coming back
+            body = last[run_id]
+            if body is None or body["status"] in TERMINAL:
+                pending.pop(run_id)
+        time.sleep(POLL_S)
+    return last
+
+
+async def stream_messages(stack: Stack) -> list[tuple[str, str, bytes]]:
+    """(subject, Nats-Msg-Id, body) of every message on the SPEC stream, in order."""
+    nc = await nats.connect(stack.nats_url, nkeys_seed=stack.admin_seed)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info("SPEC")
+        sub = await js.subscribe("spec.>", ordered_consumer=True)
+        found = []
+        for _ in range(info.state.messages):
+            msg = await sub.next_msg(timeout=10)
+            found.append((msg.subject, (msg.headers or {}).get(MSG_ID, ""), msg.data))
+        await sub.unsubscribe()
+        return found
+    finally:
+        await nc.close()
+
+
+def account(
+    result: Result,
+    runs: Sequence[str],
+    last: dict[str, dict[str, Any] | None],
+    messages: Sequence[tuple[str, str, bytes]],
+) -> None:
+    """Fill the counts of `result` from the runs' last state and the stream."""
+    result.submitted = len(runs)
+    ids = Counter(msg_id for _, msg_id, _ in messages if msg_id)
+    for run_id in runs:
+        body = last.get(run_id)
+        on_stream = [s for s, _, _ in messages if s.startswith(f"spec.run.{run_id}.")]
+        ends = [s for s in on_stream if s.endswith((".completed", ".failed"))]
+        run_ids = {i for s, i, _ in messages if s.startswith(f"spec.run.{run_id}.") and i}
+        if body is None or f"spec.run.{run_id}.requested" not in on_stream:
+            result.lost += 1
+            continue
+        if len(ends) > 1 or any(ids[i] > 1 for i in run_ids):
+            result.duplicated += 1
+        if body["status"] == "completed":
+            result.completed += 1
+        elif body["status"] == "failed":
+            result.failed += 1
+            error = body.get("error") or {}
+            result.failures.append(
+                {
+                    "run_id": run_id,
+                    "error_stage": str(error.get("error_stage")),
+                    "message": str(error.get("message")),
+                }
+            )
+        else:
+            result.stuck += 1
+            result.notes.append(f"run {run_id} still {body['status']}")
+
+
+# --- faults ----------------------------------------------------------------------------
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def utc_now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    inject: Callable[[Stack, list[str], Result], dt.datetime]
+    """Applies the fault to a stack whose runs are in flight; returns when the fault was cleared."""
+
+
+def kill_service(service: str) -> Scenario:
+    def inject(stack: Stack, run_ids: list[str], result: Result) -> dt.datetime:
+        wait_for_event(stack, run_ids, MID_RUN[service])
+        time.sleep(1.0)
+        pid = stack.pid(service)
+        log(f"kill -9 {service}[0] (pid {pid})")
+        kill(pid)
+        return utc_now()
+
+    return Scenario(f"kill-{service}", inject)
+
+
+def kill_nats(stack: Stack, run_ids: list[str], result: Result) -> dt.datetime:
+    wait_for_event(stack, run_ids, "bench.requested")
+    before = stack.nats_url
+    pid = stack.server_pid("nats")
+    log(f"kill -9 nats-server (pid {pid})")
+    kill(pid)
+    cleared = utc_now()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        servers = {s.name: s for s in status(stack.settings).servers}
+        if servers["nats"].alive:
+            if servers["nats"].url != before:
+                result.notes.append(f"nats came back on {servers['nats'].url}, not {before}")
+            break
+        time.sleep(0.5)
+    else:
+        result.notes.append("nats-server was not restarted by the watcher in 120 s; ran `specops up`")
+        up(stack.settings, None, progress=log)
+    return cleared
+
+
+def postgres_outage(seconds: float) -> Callable[[Stack, list[str], Result], dt.datetime]:
+    def inject(stack: Stack, run_ids: list[str], result: Result) -> dt.datetime:
+        wait_for_event(stack, run_ids, "bench.requested")
+        state = StateDir(stack.settings.state_dir).load()
+        record = state.servers["postgres"]
+        # The watcher would start it again at once: the operator's way to hold a component
+        # down is to stop the watcher; `specops up` starts both again.
+        stop_watcher(stack)
+        log(f"stopping postgres for {seconds:g} s")
+        postgres_server.stop(record)
+        time.sleep(seconds)
+        log("starting postgres again (specops up)")
+        up(stack.settings, None, progress=log)
+        return utc_now()
+
+    return inject
+
+
+def stop_watcher(stack: Stack) -> None:
+    state = StateDir(stack.settings.state_dir).load()
+    watcher = getattr(state, "watcher", None)
+    if watcher is not None and watcher.alive():
+        os.kill(watcher.pid, signal.SIGTERM)
+        while watcher.alive():
+            time.sleep(0.1)
+
+
+def kill_replicas(stack: Stack, run_ids: list[str], result: Result) -> dt.datetime:
+    wait_for_event(stack, run_ids, "bench.requested")
+    cleared = utc_now()
+    for replica in (0, 1, 0):
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                pid = stack.pid(REPLICATED, replica)
+                break
+            except RuntimeError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError(f"{REPLICATED}[{replica}] was not restarted in 180 s")
+        log(f"kill -9 {REPLICATED}[{replica}] (pid {pid})")
+        kill(pid)
+        cleared = utc_now()
+        time.sleep(15)
+    return cleared
+
+
+# --- poison ----------------------------------------------------------------------------
+
+
+def poison_messages() -> dict[str, tuple[str, bytes]]:
+    """name -> (subject, body) of each poison message."""
+    fake = f"chaos{uuid.uuid4().hex[:8]}"
+    request = RunCreateRequest.model_validate({"target": TARGET, "workload": {"fingerprint": "chat"}})
+    valid = new_event(
+        RunRequested(run_id=fake, request=request, requested_by="tok_chaos"),
+        tenant_id="chaos-poison",
+        correlation_id=fake,
+        producer="gateway",
+    )
+    body = json.loads(valid.to_json_bytes())
+    requested = valid.subject
+    return {
+        "nested": (requested, b"[" * 5000 + b"]" * 5000),
+        "oversized": (requested, b'{"pad": "' + b"x" * 900_000 + b'"}'),
+        "invalid-json": (requested, b"{not json"),
+        "unknown-type": (requested, json.dumps(body | {"type": "run.exploded"}).encode()),
+        "wrong-schema-version": (requested, json.dumps(body | {"schema_version": 99}).encode()),
+        "unknown-tenant": (
+            intake_subject("chaos-nobody"),
+            json.dumps({"event_id": str(uuid.uuid4()), "request": request.model_dump(mode="json")}).encode(),
+        ),
+    }
+
+
+def poison(stack: Stack, run_ids: list[str], result: Result) -> dt.datetime:
+    wait_for_event(stack, run_ids, "run.queued")
+    messages = poison_messages()
+    ids = {name: f"chaos-poison-{name}-{uuid.uuid4().hex[:8]}" for name in messages}
+
+    async def send() -> None:
+        nc = await nats.connect(stack.nats_url, nkeys_seed=stack.admin_seed)
+        try:
+            js = nc.jetstream()
+            for name, (subject, body) in messages.items():
+                await js.publish(subject, body, headers={MSG_ID: ids[name]})
+        finally:
+            await nc.close()
+
+    log(f"publishing {len(messages)} poison messages")
+    asyncio.run(send())
+    cleared = utc_now()
+    # Each is parked once by each service that consumes it: wait until every one is.
+    deadline = time.monotonic() + 180
+    while True:
+        letters = asyncio.run(dead_letters(stack))
+        parked = {
+            name: dict(Counter(s for i, s, _ in letters if i == msg_id)) for name, msg_id in ids.items()
+        }
+        if all(parked.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    result.parked = parked
+    result.park_errors = {name: e[:200] for name, msg_id in ids.items() for i, _, e in letters if i == msg_id}
+    for name, by_service in parked.items():
+        if not by_service:
+            result.notes.append(f"poison {name} was never parked")
+            result.stuck += 1
+        for service, count in by_service.items():
+            if count > 1:
+                result.notes.append(f"poison {name} parked {count} times by {service}")
+                result.duplicated += 1
+    return cleared
+
+
+async def dead_letters(stack: Stack) -> list[tuple[str, str, str]]:
+    """(original Nats-Msg-Id, parking service, error) of every dead letter on the stream."""
+    letters = []
+    for subject, _, body in await stream_messages(stack):
+        if subject.startswith("spec.dlq."):
+            letter = json.loads(body)
+            letters.append((letter["headers"].get(MSG_ID, ""), letter["service"], letter["error"]))
+    return letters
+
+
+# --- the suite -------------------------------------------------------------------------
+
+
+def play(stack: Stack, scenario: Scenario, runs: int, run_timeout_s: float) -> Result:
+    result = Result(scenario.name)
+    begin = time.monotonic()
+    log(f"=== {scenario.name}: {runs} runs")
+    secrets = tokens(stack, scenario.name, runs + 1)
+    accepted = submit(stack, secrets[:runs])
+    in_flight = [run_id for run_id, _ in accepted]
+    cleared = scenario.inject(stack, in_flight, result)
+    result.max_recovery_s = wait_recovered(stack, in_flight, cleared, run_timeout_s)
+    log(f"{scenario.name}: recovered in {result.max_recovery_s} s; one more run")
+    accepted += submit(stack, secrets[runs:])
+    last = settle(stack, accepted, run_timeout_s)
+    messages = asyncio.run(stream_messages(stack))
+    account(result, [run_id for run_id, _ in accepted], last, messages)
+    result.duration_s = round(time.monotonic() - begin, 1)
+    log(f"{scenario.name}: {json.dumps(asdict(result))}")
+    return result
+
+
+def scenarios(postgres_outage_s: float) -> list[Scenario]:
+    return [
+        *(kill_service(service) for service in SERVICES),
+        Scenario("kill-nats", kill_nats),
+        Scenario("postgres-outage", postgres_outage(postgres_outage_s)),
+        Scenario("poison", poison),
+        Scenario("kill-replicas", kill_replicas),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results/chaos.json"))
+    parser.add_argument("--runs", type=int, default=3, help="runs in flight per scenario")
+    parser.add_argument("--postgres-outage-s", type=float, default=300.0)
+    parser.add_argument("--run-timeout-s", type=float, default=900.0)
+    parser.add_argument("--only", nargs="*", help="scenario names to play (default: all)")
+    args = parser.parse_args()
+    # A stopped suite still takes its stack down (the `finally` of `stack`).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    chosen = [s for s in scenarios(args.postgres_outage_s) if not args.only or s.name in args.only]
+    results: list[Result] = []
+    begin = time.monotonic()
+    replicas = dict.fromkeys(SERVICES, 1)
+    with stack(replicas) as running:
+        for scenario in chosen:
+            if scenario.name == "kill-replicas":
+                up(running.settings, replicas | {REPLICATED: 2}, progress=log)
+            results.append(play(running, scenario, args.runs, args.run_timeout_s))
+            write(args, results, time.monotonic() - begin)
+    bad = [r.scenario for r in results if not r.clean]
+    log(f"done in {time.monotonic() - begin:.0f} s; " + (f"NOT clean: {bad}" if bad else "all clean"))
+    return 1 if bad else 0
+
+
+def write(args: argparse.Namespace, results: list[Result], elapsed_s: float) -> None:
+    """The list of scenario results, each with when and how it was produced."""
+    produced = {
+        "date": dt.date.today().isoformat(),
+        "command": "make chaos",
+        "host": f"{platform.machine()}, {os.cpu_count()} cpus, no GPU",
+        "runs_in_flight": args.runs,
+        "postgres_outage_s": args.postgres_outage_s,
+        "suite_elapsed_s": round(elapsed_s, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps([asdict(r) | produced for r in results], indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
