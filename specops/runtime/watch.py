@@ -72,19 +72,33 @@ class Watcher:
         # The replicas this watcher started: it is their parent, so it learns their exit
         # status (and must reap them); the others' ended before it could know how.
         self.children: dict[int, subprocess.Popen[bytes]] = {}
+        self.in_pass = False
+        self.stopping = False
 
     def pass_once(self, now: float) -> bool:
-        """Restart what is due; False when this process is no longer the recorded watcher."""
+        """Restart what is due; False when this process is no longer the recorded watcher
+        or was asked to stop."""
         with self.state_dir.locked():
-            state = self.state_dir.load()
-            if state.watcher is None or state.watcher.pid != os.getpid():
-                return False
-            changed = self._servers(state, now)
-            changed = self._services(state, now) or changed
-            if changed:
-                self.state_dir.save(state)
+            self.in_pass = True
+            try:
+                state = self.state_dir.load()
+                if state.watcher is None or state.watcher.pid != os.getpid():
+                    return False
+                changed = self._servers(state, now)
+                changed = self._services(state, now) or changed
+                if changed:
+                    self.state_dir.save(state)
+            finally:
+                self.in_pass = False
         self._reap()
-        return True
+        return not self.stopping
+
+    def on_sigterm(self, signum: int, frame: object) -> None:
+        """Stop at once between passes (waiting for the lock included); within a pass, after
+        it, so that a process it started is never left out of the state."""
+        if not self.in_pass:
+            raise SystemExit(0)
+        self.stopping = True
 
     def _servers(self, state: RuntimeState, now: float) -> bool:
         changed = False
@@ -166,8 +180,9 @@ def _exit_code(pid: int) -> int | None:
 
 
 def run(state_dir: StateDir, *, poll_s: float = POLL_S) -> None:
-    """Pass until this process is no longer the recorded watcher (or is signalled)."""
+    """Pass until this process is no longer the recorded watcher or gets SIGTERM."""
     watcher = Watcher(state_dir)
+    signal.signal(signal.SIGTERM, watcher.on_sigterm)
     log.info("watching %s (pid %d)", state_dir.root, os.getpid())
     while True:
         try:
@@ -178,7 +193,7 @@ def run(state_dir: StateDir, *, poll_s: float = POLL_S) -> None:
             # end the supervision of everything else: log it, try again next pass.
             log.exception("watch pass failed")
         time.sleep(poll_s)
-    log.info("no longer the recorded watcher of %s: exiting", state_dir.root)
+    log.info("stopped watching %s", state_dir.root)
 
 
 def main(argv: list[str] | None = None) -> int:
