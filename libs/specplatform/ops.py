@@ -61,9 +61,6 @@ class OpsServer:
     _server: WSGIServer | None = None
     _thread: threading.Thread | None = None
 
-    def add_check(self, name: str, check: HealthCheck) -> None:
-        self.checks[name] = check
-
     def health(self) -> dict[str, bool]:
         results = {}
         for name, check in list(self.checks.items()):
