@@ -85,6 +85,23 @@ def parse(value: str) -> Subject:
     return Subject(aggregate, _check("id", id, _ID), _check("event", event, _NAME))
 
 
+def template(value: str) -> str:
+    """What kind of message a subject carries, with its id or tenant replaced by `*`:
+    ``spec.run.<id>.requested`` -> ``spec.run.*.requested``, ``specops.intake.<tenant>.run.requested``
+    -> ``specops.intake.*.run.requested``; a dead-letter subject (``spec.dlq.<service>``) is its
+    own template. The name of a metric's label or a span: never an id, so few distinct values.
+    Anything else is ``other``: what a subject that follows none of these shapes holds is unknown.
+    """
+    tokens = value.split(".")
+    if len(tokens) == 4 and tokens[0] == PREFIX and tokens[1] in AGGREGATES:
+        return f"{PREFIX}.{tokens[1]}.*.{tokens[3]}" if _NAME.fullmatch(tokens[3]) else "other"
+    if len(tokens) == 3 and tokens[:2] == [PREFIX, DLQ] and _NAME.fullmatch(tokens[2]):
+        return value
+    if value.startswith(f"{INTAKE_PREFIX}.") and value.endswith(f".{INTAKE_REQUEST}"):
+        return intake_pattern()
+    return "other"
+
+
 def intake_subject(tenant: str) -> str:
     """Where `tenant`'s upstream systems publish run requests."""
     return f"{INTAKE_PREFIX}.{_check('tenant', tenant, _ID)}.{INTAKE_REQUEST}"

@@ -1,0 +1,114 @@
+"""The gateway's Prometheus instruments, in the default registry (served on `/metrics` by
+`specplatform.ops`): its HTTP requests by route template and status, and every tenant's runs
+by state, counted from its read model.
+
+The runs are counted by a background task every `gateway_metrics_refresh_s` and the gauge
+holds the last count: a scrape reads numbers, never the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+
+import psycopg
+from prometheus_client import Counter, Gauge, Histogram
+from starlette.routing import BaseRoute, Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from specops_schemas.catalog import RunStatus
+from specops_services.gateway import db
+from specplatform.db import Pool
+
+log = logging.getLogger(__name__)
+
+REQUESTS = Counter(
+    "specops_http_requests",
+    "HTTP requests answered by the gateway, by method, route template and status.",
+    ("method", "route", "status"),
+)
+REQUEST_SECONDS = Histogram(
+    "specops_http_request_duration_seconds",
+    "Time from a request's arrival to the start of its response (an event stream: to its headers).",
+    ("method", "route"),
+)
+RUNS = Gauge(
+    "specops_runs_by_state",
+    "Runs of every tenant in each state, as last counted from the gateway's runs table.",
+    ("state",),
+)
+
+# The route label of a path no route serves: its own path would make a label per probe.
+UNMATCHED = "unmatched"
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str:
+    """The path template of the route serving this request (`/v1/runs/{run_id}`), else UNMATCHED."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:
+            path = getattr(route, "path", None)
+            return path if isinstance(path, str) else UNMATCHED
+    return UNMATCHED
+
+
+class HttpMetrics:
+    """ASGI middleware: counts every HTTP request by method, route template and status, and
+    times it to the start of its response. Outermost, so a refused body (413) counts too."""
+
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+        self.app = app
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method = scope["method"] if scope["method"] in _METHODS else "other"
+        route = route_template(self.routes, scope)
+        started = time.monotonic()
+        # An exception that escapes the app becomes a 500 further out, where nothing is sent here.
+        status = 500
+        timed = False
+
+        def observe() -> None:
+            nonlocal timed
+            if not timed:
+                REQUEST_SECONDS.labels(method, route).observe(time.monotonic() - started)
+                timed = True
+
+        async def measured(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                observe()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, measured)
+        finally:
+            observe()
+            REQUESTS.labels(method, route, str(status)).inc()
+
+
+def record_runs(counts: dict[RunStatus, int]) -> None:
+    """Set the gauge of every state, 0 for a state with no run."""
+    for state in RunStatus:
+        RUNS.labels(state.value).set(counts.get(state, 0))
+
+
+async def count_runs(pool: Pool, *, every_s: float) -> None:
+    """Recount the runs by state every `every_s`, forever; cancel to stop. While the database
+    is unreachable the gauge keeps its last count (the outage is logged by the requests)."""
+    while True:
+        try:
+            async with pool.connection() as conn:
+                record_runs(await db.count_runs_by_status(conn))
+        except psycopg.OperationalError:
+            pass
+        except psycopg.Error as exc:
+            log.warning("could not count the runs by state: %r", exc)
+        await asyncio.sleep(every_s)
