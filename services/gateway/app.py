@@ -45,7 +45,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     install(app, retry_after_s=settings.gateway_retry_after_s)
     app.add_middleware(BodyLimit, max_bytes=settings.gateway_max_body_bytes)
     # Added last, so outermost: it counts what the body limit refuses too.
-    app.add_middleware(HttpMetrics, routes=app.router.routes)
+    app.add_middleware(HttpMetrics, templates=lambda: app.openapi()["paths"])
     app.include_router(routes.router)
     app.add_api_route("/healthz", _healthz, methods=["GET"], tags=["probes"], summary="Process is alive")
     app.add_api_route(

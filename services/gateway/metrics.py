@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable
 
 import psycopg
 from prometheus_client import Counter, Gauge, Histogram
-from starlette.routing import BaseRoute, Match
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specops_schemas.catalog import RunStatus
@@ -45,30 +46,38 @@ UNMATCHED = "unmatched"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
-def route_template(routes: Sequence[BaseRoute], scope: Scope) -> str:
-    """The path template of the route serving this request (`/v1/runs/{run_id}`), else UNMATCHED."""
-    for route in routes:
-        match, _ = route.matches(scope)
-        if match is not Match.NONE:
-            path = getattr(route, "path", None)
-            return path if isinstance(path, str) else UNMATCHED
-    return UNMATCHED
+class RouteTemplates:
+    """Names a request's route by the path template the app documents for it (an OpenAPI path
+    such as `/v1/runs/{run_id}`), read once at the first request, when every route is in."""
+
+    def __init__(self, templates: Callable[[], Iterable[str]]) -> None:
+        self._templates = templates
+        self._compiled: list[tuple[re.Pattern[str], str]] | None = None
+
+    def name(self, path: str) -> str:
+        """The template `path` matches, else UNMATCHED."""
+        if self._compiled is None:
+            self._compiled = [(compile_path(template)[0], template) for template in self._templates()]
+        for regex, template in self._compiled:
+            if regex.match(path):
+                return template
+        return UNMATCHED
 
 
 class HttpMetrics:
     """ASGI middleware: counts every HTTP request by method, route template and status, and
     times it to the start of its response. Outermost, so a refused body (413) counts too."""
 
-    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, templates: Callable[[], Iterable[str]]) -> None:
         self.app = app
-        self.routes = routes
+        self.routes = RouteTemplates(templates)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         method = scope["method"] if scope["method"] in _METHODS else "other"
-        route = route_template(self.routes, scope)
+        route = self.routes.name(scope["path"])
         started = time.monotonic()
         # An exception that escapes the app becomes a 500 further out, where nothing is sent here.
         status = 500
