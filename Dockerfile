@@ -12,6 +12,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     SPECOPS_DATA_DIR=/opt/specops/data \
     SPECOPS_CACHE_DIR=/var/cache/specops \
     SPECOPS_STATE_DIR=/var/lib/specops \
+    # /metrics and /healthz of every service process (specplatform.ops), for the scraper.
+    SPECOPS_METRICS_HOST=0.0.0.0 \
+    SPECOPS_METRICS_PORT=9464 \
     # The idle OpenMP threads of a service sleep instead of spinning on shared cores.
     OMP_WAIT_POLICY=PASSIVE
 
@@ -38,5 +41,6 @@ RUN pip install . \
 
 WORKDIR /var/lib/specops
 USER specops
+EXPOSE 9464
 ENTRYPOINT ["specops"]
 CMD ["serve", "gateway"]

@@ -1,9 +1,12 @@
 """The process of a bus service (`specops serve <service>`): what each one does on start and stop.
 
-Start: apply the migrations, open the database pool, start the broker (FastStream binds
-the durable consumers registered on it), then the outbox relay. Stop (SIGTERM / SIGINT):
-the relay, the broker, then the pool, so nothing a handler or the relay still uses is
-closed under it. The gateway is a FastAPI app with a lifespan of its own instead.
+Start: the ops endpoints (specplatform.ops: /metrics, /healthz), then wait for the
+database (a service may start before Postgres), apply the migrations, open the database
+pool, start the broker (FastStream binds the durable consumers registered on it; its
+first connect waits for NATS the way a reconnect does), then the outbox relay. Stop
+(SIGTERM / SIGINT): the relay, the broker, then the pool, so nothing a handler or the
+relay still uses is closed under it, and last the ops endpoints. The gateway is a FastAPI
+app with a lifespan of its own instead.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from specbus import OutboxRelay
-from specplatform.db import Pool, migrate
+from specplatform.db import Pool, migrate, wait_for_database
+from specplatform.ops import process_ops
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +51,13 @@ def service_app(
     relay = OutboxRelay(pool, broker, producer=producer) if outbox else None
     options: dict[str, Any] = {} if logger is None else {"logger": logger}
     app = FastStream(broker, **options)
+    ops = process_ops(broker, dsn)
 
     @app.on_startup
     async def open_database() -> None:
+        if ops is not None:
+            await ops.start()
+        await wait_for_database(dsn)
         await migrate(dsn, migrations)
         await pool.open(wait=True)
 
@@ -72,5 +80,7 @@ def service_app(
     @app.after_shutdown
     async def close_database() -> None:
         await pool.close()
+        if ops is not None:
+            await ops.stop()
 
     return app

@@ -85,6 +85,13 @@ class Settings(BaseSettings):
     )
     gateway_host: str = Field("127.0.0.1", description="Interface the HTTP gateway binds.")
     gateway_port: int = Field(8787, ge=1, le=65535, description="Port of the HTTP gateway.")
+    # Per process (specplatform.ops): `specops up` gives each replica its own, a container 9464.
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Port of this process's /metrics and /healthz; unset: none."
+    )
+    metrics_host: str = Field(
+        "127.0.0.1", description="Interface of /metrics and /healthz (0.0.0.0 in a container)."
+    )
 
     @property
     def gateway_url(self) -> str:

@@ -23,7 +23,8 @@ from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.metrics import HttpMetrics, count_runs
 from specops_services.gateway.problems import install, problem_response, responses
 from specops_services.gateway.settings import GatewaySettings, gateway_settings
-from specplatform.db import create_pool, migrate
+from specplatform.db import create_pool, migrate, wait_for_database
+from specplatform.ops import process_ops
 from specplatform.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -63,12 +64,16 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: GatewaySettings = app.state.settings
     dsn = settings.require_database_url()
+    broker = make_broker(settings.require_nats_url(), service="gateway", **settings.nats_credentials())
+    ops = process_ops(broker, dsn)
+    if ops is not None:
+        await ops.start()
+    await wait_for_database(dsn)
     await migrate(dsn, MIGRATIONS)
     pool = create_pool(
         dsn, max_size=settings.gateway_pool_size, name="gateway", timeout_s=settings.gateway_db_timeout_s
     )
     await pool.open(wait=True)
-    broker = make_broker(settings.require_nats_url(), service="gateway", **settings.nats_credentials())
     broker.declare_streams(upstream_stream_configs())
     if settings.gateway_projector:
         projector.register(broker, pool)
@@ -89,6 +94,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await _stop(tasks)
         await broker.stop()
         await pool.close()
+        if ops is not None:
+            await ops.stop()
 
 
 def _spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

@@ -4,6 +4,7 @@ from specplatform.db.dsn import with_database
 from specplatform.db.migrate import migrate
 from specplatform.db.migrations import MigrationError
 from specplatform.db.pool import APP_ROLE, Connection, Pool, connect, create_pool, tenant_transaction
+from specplatform.db.reachable import unreachable, wait_for_database
 
 __all__ = [
     "APP_ROLE",
@@ -14,5 +15,7 @@ __all__ = [
     "create_pool",
     "migrate",
     "tenant_transaction",
+    "unreachable",
+    "wait_for_database",
     "with_database",
 ]
