@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from specops.runtime.supervisor import RuntimeStatus
 
@@ -32,7 +33,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     down.set_defaults(handler=run_down)
 
     status = sub.add_parser(
-        "status", help="servers and service processes, alive or dead (exit 1 if any is dead)"
+        "status",
+        help="servers, service replicas (alive, and healthy by their /healthz), the watcher and "
+        "recent restarts; exit 1 if anything is dead or unhealthy",
     )
     status.add_argument("--json", action="store_true", help="print one JSON object")
     status.set_defaults(handler=run_status)
@@ -49,7 +52,8 @@ def run_up(args: argparse.Namespace) -> int:
     # Environment only: runtime.env is what `up` writes, not what it reads.
     result = up(Settings(), parse_replicas(args.replicas), progress=_progress)
     _print(result, as_json=args.json)
-    return _exit_code(result)
+    # Replicas just started are not healthy yet (loading models, connecting): alive is the test.
+    return _exit_code(result, health=False)
 
 
 def run_down(args: argparse.Namespace) -> int:
@@ -67,12 +71,14 @@ def run_status(args: argparse.Namespace) -> int:
 
     result = status(Settings())
     _print(result, as_json=args.json)
-    return _exit_code(result)
+    return _exit_code(result, health=True)
 
 
-def _exit_code(result: RuntimeStatus) -> int:
-    dead = [s for s in result.servers if s.alive is False] + [p for p in result.processes if not p.alive]
-    return 1 if dead else 0
+def _exit_code(result: RuntimeStatus, *, health: bool) -> int:
+    problems = result.problems(health=health)
+    for problem in problems:
+        _progress(problem)
+    return 1 if problems else 0
 
 
 def _print(result: RuntimeStatus, *, as_json: bool) -> None:
@@ -92,4 +98,16 @@ def _print(result: RuntimeStatus, *, as_json: bool) -> None:
         print(f"{server.name:<22} {state:<8} {server.url}{extra}")
     for proc in result.processes:
         name = f"{proc.service}[{proc.replica}]"
-        print(f"{name:<22} {'up' if proc.alive else 'DEAD':<8} pid {proc.pid}  log {proc.log}")
+        state = "DEAD" if not proc.alive else ("UNHEALTHY" if proc.healthy is False else "up")
+        print(f"{name:<22} {state:<8} pid {proc.pid}  log {proc.log}")
+        if proc.alive and proc.health is not None:
+            print(f"{'':<22} {'':<8} health: {proc.health}")
+        if proc.metrics_url is not None:
+            print(f"{'':<22} {'':<8} metrics {proc.metrics_url}")
+    if result.watcher is not None:
+        watcher = result.watcher
+        print(f"{'watcher':<22} {'up' if watcher.alive else 'DEAD':<8} pid {watcher.pid}  log {watcher.log}")
+    for restart in result.restarts:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(restart.at))
+        outcome = f"new pid {restart.pid}" if restart.pid is not None else f"FAILED: {restart.error}"
+        print(f"restart  {when}  {restart.component}: {restart.reason}; {outcome}")

@@ -38,15 +38,32 @@ def find_binary() -> Path:
 
 
 def pick_port(preferred: int, host: str = HOST) -> int:
-    """`preferred` if it is free, else any free port (another NATS may own the usual one)."""
+    """`preferred` if it is free, else any free port (another NATS may own the usual one).
+
+    For a first start only: a restarted server keeps its ports (`restart`).
+    """
     for candidate in (preferred, 0):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
+        if port_free(candidate, host):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((host, candidate))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
+                return int(sock.getsockname()[1])
     raise RuntimeSetupError(f"no free TCP port on {host}")
+
+
+def port_free(port: int, host: str = HOST) -> bool:
+    """Whether a listener could bind `port` now.
+
+    SO_REUSEADDR as nats-server (Go) sets it: the connections of a killed server linger
+    in TIME_WAIT on its port and must not read as the port being taken.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def config_file(state: StateDir) -> Path:
@@ -60,18 +77,52 @@ def start(
     port: int = DEFAULT_PORT,
     monitor_port: int = DEFAULT_MONITOR_PORT,
 ) -> ServerRecord:
-    """Start nats-server detached from this process and wait until it is healthy.
+    """Start nats-server for the first time in this state dir, detached from this process,
+    and wait until it is healthy. `port` and `monitor_port` are taken if free, else any.
 
     `users` (public nkey -> permissions) are the only clients it accepts.
     """
-    binary = find_binary()
     port = pick_port(port)
     monitor_port = pick_port(monitor_port)
+    _write_config(state, port=port, monitor_port=monitor_port, users=users)
+    return _launch(state, port=port, monitor_port=monitor_port)
+
+
+def restart(
+    state: StateDir, record: ServerRecord, users: dict[str, Permissions] | None = None
+) -> ServerRecord:
+    """Start the server of `record` again on the ports it had, which the services use.
+
+    `users` rewrite the config first; without them the config file is used as it is
+    (the watcher, which does not load the services' code their users come from). A port
+    taken by another process is a RuntimeSetupError: another port would leave every
+    service pointed at the old one.
+    """
+    port, monitor_port = _ports(record)
+    for name, number in (("client", port), ("monitor", monitor_port)):
+        if not port_free(number):
+            raise RuntimeSetupError(
+                f"nats: cannot restart on {HOST}:{number} ({name} port, where the services expect it): "
+                "another process holds that port; stop it, then run `specops up`"
+            )
+    if users is not None:
+        _write_config(state, port=port, monitor_port=monitor_port, users=users)
+    elif not config_file(state).is_file():
+        raise RuntimeSetupError(f"nats: {config_file(state)} is missing; run `specops up` to write it")
+    return _launch(state, port=port, monitor_port=monitor_port)
+
+
+def _ports(record: ServerRecord) -> tuple[int, int]:
+    if record.process is None or record.monitor_url is None:
+        raise RuntimeSetupError("only the embedded nats-server is run by specops")
+    return int(record.url.rsplit(":", 1)[1]), int(record.monitor_url.rsplit(":", 1)[1])
+
+
+def _launch(state: StateDir, *, port: int, monitor_port: int) -> ServerRecord:
+    binary = find_binary()
     state.nats_store.mkdir(parents=True, exist_ok=True)
     log = state.logs / "nats.log"
-    config = config_file(state)
-    _write_config(state, port=port, monitor_port=monitor_port, users=users)
-    argv = [str(binary), "--config", str(config)]
+    argv = [str(binary), "--config", str(config_file(state))]
     with open(log, "ab") as out:
         # A new session: Ctrl-C on the terminal that ran `specops up` must not stop the bus.
         proc = subprocess.Popen(
@@ -93,12 +144,10 @@ def start(
 
 def reload(state: StateDir, record: ServerRecord, users: dict[str, Permissions]) -> None:
     """Rewrite the running server's users and have it reload them (SIGHUP); connections stay."""
-    if record.process is None or record.monitor_url is None:
-        raise RuntimeSetupError("only the embedded nats-server can be reconfigured by specops")
-    port = int(record.url.rsplit(":", 1)[1])
-    monitor_port = int(record.monitor_url.rsplit(":", 1)[1])
+    port, monitor_port = _ports(record)
     _write_config(state, port=port, monitor_port=monitor_port, users=users)
-    os.kill(record.process.pid, signal.SIGHUP)
+    if record.process is not None:
+        os.kill(record.process.pid, signal.SIGHUP)
 
 
 def _write_config(state: StateDir, *, port: int, monitor_port: int, users: dict[str, Permissions]) -> None:

@@ -7,7 +7,8 @@ Layout under the state dir::
     lock           serialises concurrent up/down
     nats/          JetStream store of the embedded nats-server
     postgres/      PGDATA of the embedded PostgreSQL (its log is postgres/log)
-    logs/          one file per process: nats.log, <service>-<replica>.log
+    logs/          one file per process: nats.log, <service>-<replica>.log, watch.log (the
+                   watcher: every restart with its reason)
 
 A recorded pid is trusted only if a process with that pid *and* the recorded start
 time exists, so a stale record (crash, reboot, reused pid) reads as "dead" and is
@@ -74,11 +75,39 @@ class ServiceRecord(BaseModel):
     process: ProcessRef
     log: str
     argv: list[str]
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="What the runtime set in its environment (URLs, seed, ops port): a restart reuses it.",
+    )
+    metrics_port: int | None = Field(None, description="Its /metrics and /healthz (specplatform.ops).")
+
+    @property
+    def name(self) -> str:
+        return f"{self.service}[{self.replica}]"
+
+
+class Restart(BaseModel):
+    """One restart by the watcher (or by `up`) of a process that had died."""
+
+    component: str = Field(description="`nats`, `postgres` or `<service>[<replica>]`.")
+    at: float = Field(description="Unix time of the restart.")
+    reason: str = Field(description="How the old process ended, as far as it is known.")
+    pid: int | None = Field(None, description="The new process; None when the restart failed.")
+    error: str | None = Field(None, description="Why the restart failed, when it did.")
+
+
+# runtime.json keeps the latest restarts for `specops status`; watch.log keeps them all.
+KEPT_RESTARTS = 20
 
 
 class RuntimeState(BaseModel):
     servers: dict[str, ServerRecord] = Field(default_factory=dict)
     services: list[ServiceRecord] = Field(default_factory=list)
+    watcher: ProcessRef | None = Field(None, description="The watcher process (specops.runtime.watch).")
+    restarts: list[Restart] = Field(default_factory=list)
+
+    def add_restart(self, restart: Restart) -> None:
+        self.restarts = [*self.restarts, restart][-KEPT_RESTARTS:]
 
 
 class StateDir:
@@ -105,6 +134,10 @@ class StateDir:
 
     def service_log(self, service: str, replica: int) -> Path:
         return self.logs / f"{service}-{replica}.log"
+
+    @property
+    def watch_log(self) -> Path:
+        return self.logs / "watch.log"
 
     def ensure(self) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)

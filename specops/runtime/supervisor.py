@@ -1,36 +1,40 @@
 """`specops up / down / status`: the embedded servers plus one OS process per service replica.
 
 `up` reconciles: whatever already runs (per the state dir) is kept, what is missing is
-started, replicas above the requested count are stopped. Running it twice is harmless.
+started (a server at the address it had: specops.runtime.servers), replicas above the
+requested count are stopped, and one watcher (specops.runtime.watch) keeps it all alive
+until `down`. Running it twice is harmless. `status` asks each replica's /healthz too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from nats.errors import Error as NatsError
 
 from specbus.subjects import STREAM, intake_subject, results_pattern, tenant_inbox_prefix
 from specops.runtime import nats_auth, nats_server, postgres_server
-from specops.runtime.state import ProcessRef, RuntimeState, ServerRecord, ServiceRecord, StateDir, terminate
+from specops.runtime.health import ops_url, probe
+from specops.runtime.replicas import check_started, reconcile
+from specops.runtime.servers import ensure_nats, ensure_postgres
+from specops.runtime.state import Restart, ServiceRecord, StateDir, terminate
 from specops.runtime.stream import apply_stream_config
+from specops.runtime.watch import ensure_watcher, stop_watcher
 from specops_schemas import MIGRATIONS
 from specplatform.db import migrate
 from specplatform.errors import RuntimeSetupError
-from specplatform.settings import RUNTIME_ENV_FILE, STATE_DIR_ENV, Settings, render_env_file
+from specplatform.settings import RUNTIME_ENV_FILE, Settings, render_env_file
 
 # The services of DESIGN.md §5, in start order (the gateway last, so that everything
 # that answers its requests is already subscribed); `down` stops them in reverse.
 SERVICES = ("audit", "quality-gate", "benchmark-runner", "predictor", "gateway")
 # How long a freshly started service must stay alive to count as started.
 START_GRACE_S = 2.0
+# The restarts `specops status` shows.
+RECENT_RESTARTS = 5
 
 ServiceCommand = Callable[[str], list[str]]
 Progress = Callable[[str], None]
@@ -63,6 +67,32 @@ class ProcessStatus:
     pid: int
     alive: bool
     log: str
+    metrics_url: str | None = None
+    healthy: bool | None = None
+    """Its /healthz: None when not asked (dead, or no ops port)."""
+    health: str | None = None
+    """The same in words: `healthy`, `cannot reach nats`, `no health answer (...)`."""
+    checks: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WatcherStatus:
+    pid: int
+    alive: bool
+    log: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestartStatus:
+    component: str
+    at: float
+    reason: str
+    pid: int | None
+    error: str | None
+
+    @classmethod
+    def of(cls, restart: Restart) -> RestartStatus:
+        return cls(restart.component, restart.at, restart.reason, restart.pid, restart.error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +101,22 @@ class RuntimeStatus:
     gateway_url: str
     servers: list[ServerStatus] = field(default_factory=list)
     processes: list[ProcessStatus] = field(default_factory=list)
+    watcher: WatcherStatus | None = None
+    restarts: list[RestartStatus] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+    def problems(self, *, health: bool = True) -> list[str]:
+        """What is not as it should be: dead processes, and with `health` unhealthy replicas."""
+        found = [f"{s.name} is dead" for s in self.servers if s.alive is False]
+        found += [f"{p.service}[{p.replica}] is dead" for p in self.processes if not p.alive]
+        if health:
+            unhealthy = [p for p in self.processes if p.alive and p.healthy is False]
+            found += [f"{p.service}[{p.replica}]: {p.health}" for p in unhealthy]
+        if self.watcher is not None and not self.watcher.alive:
+            found.append("the watcher is dead (run `specops up`)")
+        return found
 
 
 def parse_replicas(specs: Sequence[str], services: Sequence[str] = SERVICES) -> dict[str, int]:
@@ -106,8 +149,9 @@ def up(
     progress: Progress = _quiet,
     start_grace_s: float = START_GRACE_S,
 ) -> RuntimeStatus:
-    """Start (or keep) NATS (with its nkey users), PostgreSQL and the services; migrate;
-    bring the streams to their configuration.
+    """Start (or keep, or restart where they were) NATS (with its nkey users), PostgreSQL and
+    the services; migrate; bring the streams to their configuration; start the watcher
+    that keeps them all alive until `down`.
 
     `settings` should come from the environment only (`Settings()`), not from
     load_settings(): runtime.env is this function's output, not its input.
@@ -117,10 +161,10 @@ def up(
     with state_dir.locked():
         state_dir.ensure()
         state = state_dir.load()
-        nats = _ensure_nats(settings, state, state_dir, progress)
+        nats = ensure_nats(settings, state, state_dir, progress)
         state.servers["nats"] = nats
         state_dir.save(state)
-        postgres = _ensure_postgres(settings, state, state_dir, progress)
+        postgres = ensure_postgres(settings, state, state_dir, progress)
         state.servers["postgres"] = postgres
         state_dir.save(state)
 
@@ -143,11 +187,11 @@ def up(
             own = {"NATS_NKEY_SEED_FILE": str(keys.seed_file(service))} if embedded else {}
             return env_values | own
 
-        started = _reconcile_services(
-            settings, state, state_dir, counts, services, command, service_env, progress
-        )
+        started = reconcile(state, state_dir, counts, services, command, service_env, progress)
+        ensure_watcher(state, state_dir, progress)
         state_dir.save(state)
-        _check_started(started, start_grace_s)
+    # Outside the lock: the watcher may restart what dies meanwhile, and `up` still says so.
+    check_started(started, start_grace_s)
     return status(settings)
 
 
@@ -161,164 +205,22 @@ async def _prepare(nats_url: str, database_url: str, credentials: Mapping[str, s
     return await migrate(database_url, MIGRATIONS)
 
 
-def _ensure_nats(
-    settings: Settings, state: RuntimeState, state_dir: StateDir, progress: Progress
-) -> ServerRecord:
-    if settings.nats_url and not _is_ours(state, "nats", settings.nats_url):
-        progress(f"nats: using {settings.nats_url}")
-        return ServerRecord(name="nats", url=settings.nats_url)
-    # Imported here: reading the services' code loads the engine, which `down` and
-    # `status` do not need.
-    from specops.runtime.topology import service_users
-
-    users = nats_auth.all_users(nats_auth.Keys(state_dir.root), service_users())
-    current = state.servers.get("nats")
-    if current is not None and current.process is not None and current.process.alive():
-        # Users may have changed (a new service, a new handler): the server reloads them.
-        nats_server.reload(state_dir, current, users)
-        progress(f"nats: already running at {current.url}")
-        return current
-    progress("nats: starting nats-server with JetStream and nkey users")
-    record = nats_server.start(state_dir, users)
-    progress(f"nats: ready at {record.url}")
-    return record
-
-
-def _ensure_postgres(
-    settings: Settings, state: RuntimeState, state_dir: StateDir, progress: Progress
-) -> ServerRecord:
-    if settings.database_url and not _is_ours(state, "postgres", settings.database_url):
-        progress("postgres: using DATABASE_URL")
-        return ServerRecord(name="postgres", url=settings.database_url)
-    current = state.servers.get("postgres")
-    if current is not None and current.process is not None and current.process.alive():
-        progress("postgres: already running")
-        return current
-    first = not (state_dir.pgdata / "PG_VERSION").exists()
-    progress(
-        "postgres: initialising and starting (first run takes a few seconds)"
-        if first
-        else "postgres: starting"
-    )
-    record = postgres_server.start(state_dir.pgdata)
-    progress(f"postgres: ready ({record.url})")
-    return record
-
-
-def _is_ours(state: RuntimeState, name: str, url: str) -> bool:
-    # A URL of our own embedded server (e.g. runtime.env exported into the shell) is
-    # not a server the user configured: it is restarted if it died.
-    record = state.servers.get(name)
-    return record is not None and record.process is not None and record.url == url
-
-
-def _reconcile_services(
-    settings: Settings,
-    state: RuntimeState,
-    state_dir: StateDir,
-    counts: Mapping[str, int],
-    services: Sequence[str],
-    command: ServiceCommand,
-    service_env: Callable[[str], Mapping[str, str]],
-    progress: Progress,
-) -> list[ServiceRecord]:
-    unknown = sorted(set(counts) - set(services))
-    if unknown:
-        raise RuntimeSetupError(f"unknown services: {', '.join(unknown)}; services: {', '.join(services)}")
-    keep: list[ServiceRecord] = []
-    for record in state.services:
-        if not record.process.alive():
-            continue  # stale: its slot is refilled below
-        wanted = counts.get(record.service)
-        if wanted is not None and record.replica >= wanted:
-            progress(f"{record.service}[{record.replica}]: stopping (above {wanted} replicas)")
-            terminate(record.process, group=True)
-            continue
-        keep.append(record)
-    running = {(r.service, r.replica) for r in keep}
-    started: list[ServiceRecord] = []
-    for service in services:
-        for replica in range(counts.get(service, 0)):
-            if (service, replica) in running:
-                progress(f"{service}[{replica}]: already running")
-                continue
-            record = _spawn(settings, state_dir, service, replica, command(service), service_env(service))
-            progress(f"{service}[{replica}]: started (pid {record.process.pid}, log {record.log})")
-            started.append(record)
-    state.services = keep + started
-    return started
-
-
-def _spawn(
-    settings: Settings,
-    state_dir: StateDir,
-    service: str,
-    replica: int,
-    argv: list[str],
-    env_values: Mapping[str, str],
-) -> ServiceRecord:
-    env = dict(os.environ)
-    env.update(env_values)
-    env[STATE_DIR_ENV] = str(settings.state_dir)
-    env["SPECOPS_SERVICE"] = service
-    env["SPECOPS_REPLICA"] = str(replica)
-    # Several model-running processes share few cores: spinning OpenMP threads in one
-    # starve the others (a 5x slowdown was measured on the 2-core hosts).
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    log = state_dir.service_log(service, replica)
-    with open(log, "ab") as out:
-        out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')} start: {' '.join(argv)}\n".encode())
-        out.flush()
-        # Own session: the group is signalled as a whole on down, and Ctrl-C on the
-        # terminal that ran `specops up` does not reach the services.
-        proc = subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-    return ServiceRecord(
-        service=service, replica=replica, process=ProcessRef.of(proc.pid), log=str(log), argv=argv
-    )
-
-
-def _check_started(started: Sequence[ServiceRecord], grace_s: float) -> None:
-    if not started:
-        return
-    time.sleep(grace_s)
-    dead = [r for r in started if not r.process.alive()]
-    if dead:
-        first = dead[0]
-        names = ", ".join(f"{r.service}[{r.replica}]" for r in dead)
-        raise RuntimeSetupError(
-            f"{names} exited right after starting: {_last_line(Path(first.log))} (log {first.log}); "
-            "the servers and any other services keep running until `specops down`"
-        )
-
-
-def _last_line(path: Path) -> str:
-    try:
-        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return "no log"
-    return lines[-1].strip() if lines else "no output"
-
-
 def down(settings: Settings, *, progress: Progress = _quiet) -> RuntimeStatus:
-    """Stop the services (newest first), then NATS, then PostgreSQL; external servers are left alone."""
+    """Stop the watcher, the services (newest first), then NATS, then PostgreSQL; external
+    servers are left alone."""
     state_dir = StateDir(settings.state_dir)
     with state_dir.locked():
         state = state_dir.load()
         # First, so that nothing started by hand from now on finds URLs of servers that
-        # are going away.
+        # are going away; then the watcher, so that nothing stopped here is started again.
         (state_dir.root / RUNTIME_ENV_FILE).unlink(missing_ok=True)
+        stop_watcher(state, progress)
+        state_dir.save(state)
         for record in reversed(state.services):
             if record.process.alive():
-                progress(f"{record.service}[{record.replica}]: stopping")
+                progress(f"{record.name}: stopping")
                 if terminate(record.process, group=True):
-                    progress(f"{record.service}[{record.replica}]: killed after the stop timeout")
+                    progress(f"{record.name}: killed after the stop timeout")
         state.services = []
         state_dir.save(state)
         for name, stop in (("nats", nats_server.stop), ("postgres", postgres_server.stop)):
@@ -329,13 +231,16 @@ def down(settings: Settings, *, progress: Progress = _quiet) -> RuntimeStatus:
                 progress(f"{name}: stopping")
                 stop(server)
         state.servers = {}
+        state.restarts = []
         state_dir.save(state)
     return status(settings)
 
 
-def status(settings: Settings) -> RuntimeStatus:
-    """What the state dir says runs, each entry checked against the live process table."""
-    state = StateDir(settings.state_dir).load()
+def status(settings: Settings, *, probe_health: bool = True) -> RuntimeStatus:
+    """What the state dir says runs, each entry checked against the live process table and,
+    with `probe_health`, each live replica's own /healthz."""
+    state_dir = StateDir(settings.state_dir)
+    state = state_dir.load()
     servers = [
         ServerStatus(
             name=record.name,
@@ -348,10 +253,35 @@ def status(settings: Settings) -> RuntimeStatus:
         )
         for record in state.servers.values()
     ]
-    processes = [
-        ProcessStatus(r.service, r.replica, r.process.pid, r.process.alive(), r.log) for r in state.services
-    ]
-    return RuntimeStatus(str(settings.state_dir), settings.gateway_url, servers, processes)
+    processes = [_process_status(record, probe_health) for record in state.services]
+    watcher = None
+    if state.watcher is not None:
+        watcher = WatcherStatus(state.watcher.pid, state.watcher.alive(), str(state_dir.watch_log))
+    return RuntimeStatus(
+        str(settings.state_dir),
+        settings.gateway_url,
+        servers,
+        processes,
+        watcher=watcher,
+        restarts=[RestartStatus.of(r) for r in state.restarts[-RECENT_RESTARTS:]],
+    )
+
+
+def _process_status(record: ServiceRecord, probe_health: bool) -> ProcessStatus:
+    alive = record.process.alive()
+    port = record.metrics_port
+    health = probe(port) if alive and probe_health and port is not None else None
+    return ProcessStatus(
+        service=record.service,
+        replica=record.replica,
+        pid=record.process.pid,
+        alive=alive,
+        log=record.log,
+        metrics_url=ops_url(port, "/metrics") if port is not None else None,
+        healthy=health.healthy if health is not None else None,
+        health=health.describe() if health is not None else None,
+        checks=health.checks if health is not None else {},
+    )
 
 
 @dataclass(frozen=True, slots=True)

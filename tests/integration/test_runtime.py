@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,7 @@ from fixtures.postgres import server_tmpdir
 from nats.js.api import RetentionPolicy
 
 from specbus.subjects import STREAM
-from specops.runtime.supervisor import down, status, up
+from specops.runtime.supervisor import RuntimeStatus, ServerStatus, down, status, up
 from specplatform.errors import RuntimeSetupError
 from specplatform.settings import Settings, load_settings
 
@@ -133,6 +134,70 @@ def test_configured_nats_is_used_not_started_or_stopped(settings: Settings, own_
     assert (nats_status.url, nats_status.embedded, nats_status.alive) == (nats_url, False, None)
     down(external)
     assert asyncio.run(_stream_config(nats_url))[0] == RetentionPolicy.LIMITS  # still reachable
+
+
+def test_the_watcher_restarts_a_killed_replica_and_nats_where_they_were(settings: Settings) -> None:
+    first = up(settings, {"alpha": 1, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    assert first.watcher is not None and first.watcher.alive
+    nats_before = _server(first, "nats")
+    before = _alive(settings)
+    os.kill(before["alpha[0]"], signal.SIGKILL)
+    os.kill(before["nats"], signal.SIGKILL)
+
+    def replaced() -> bool:
+        now = _alive(settings)
+        return all(now.get(name) not in (None, before[name]) for name in ("alpha[0]", "nats"))
+
+    _wait_until(replaced, timeout_s=30.0)
+    after = status(settings, probe_health=False)
+    nats_after = _server(after, "nats")
+    assert (nats_after.url, nats_after.monitor_url) == (nats_before.url, nats_before.monitor_url)
+    assert {r.component for r in after.restarts} >= {"alpha[0]", "nats"}
+    assert all(r.error is None for r in after.restarts)
+    watch_log = (settings.state_dir / "logs" / "watch.log").read_text()
+    assert "restarted alpha[0]" in watch_log and f"restarted nats at {nats_before.url}" in watch_log
+    # The same users and the same JetStream store: the stream is still there.
+    seed = str(load_settings(settings.state_dir).nats_nkey_seed_file)
+    assert asyncio.run(_stream_config(nats_after.url, seed))[0] == RetentionPolicy.LIMITS
+
+    again = up(settings, {"alpha": 1, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    assert again.watcher is not None and again.watcher.pid == first.watcher.pid
+    down(settings)
+    assert not _pid_running(first.watcher.pid)
+
+
+def test_the_watcher_restarts_postgres_at_the_same_url(settings: Settings) -> None:
+    first = up(settings, {"alpha": 0, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    postgres = _server(first, "postgres")
+    assert postgres.pid is not None
+    os.kill(postgres.pid, signal.SIGKILL)
+    _wait_until(lambda: _alive(settings).get("postgres") not in (None, postgres.pid), timeout_s=60.0)
+    assert _server(status(settings), "postgres").url == postgres.url
+    with psycopg.connect(postgres.url) as conn:
+        assert conn.execute("SELECT count(*) FROM hardware_profiles").fetchone() == (5,)
+
+
+def test_nats_is_restarted_on_its_port_or_not_at_all(settings: Settings) -> None:
+    first = up(settings, {"alpha": 0, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    nats_before = _server(first, "nats")
+    assert first.watcher is not None and nats_before.pid is not None
+    # Without the watcher, so that `up` meets the dead server itself.
+    os.kill(first.watcher.pid, signal.SIGKILL)
+    os.kill(nats_before.pid, signal.SIGKILL)
+    _wait_until(lambda: "nats" not in _alive(settings))
+    port = int(nats_before.url.rsplit(":", 1)[1])
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        with pytest.raises(RuntimeSetupError, match=f"cannot restart on 127.0.0.1:{port}"):
+            up(settings, {"alpha": 0, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    again = up(settings, {"alpha": 0, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
+    assert _server(again, "nats").url == nats_before.url and _server(again, "nats").alive
+
+
+def _server(result: RuntimeStatus, name: str) -> ServerStatus:
+    return next(s for s in result.servers if s.name == name)
 
 
 def _wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
