@@ -79,28 +79,26 @@ class HttpMetrics:
         method = scope["method"] if scope["method"] in _METHODS else "other"
         route = self.routes.name(scope["path"])
         started = time.monotonic()
-        # An exception that escapes the app becomes a 500 further out, where nothing is sent here.
-        status = 500
-        timed = False
+        answered = False
 
-        def observe() -> None:
-            nonlocal timed
-            if not timed:
-                REQUEST_SECONDS.labels(method, route).observe(time.monotonic() - started)
-                timed = True
+        def count(status: int) -> None:
+            nonlocal answered
+            answered = True
+            REQUEST_SECONDS.labels(method, route).observe(time.monotonic() - started)
+            REQUESTS.labels(method, route, str(status)).inc()
 
         async def measured(message: Message) -> None:
-            nonlocal status
             if message["type"] == "http.response.start":
-                status = message["status"]
-                observe()
+                # Counted as it starts: an event stream open for an hour is a request now.
+                count(message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, measured)
         finally:
-            observe()
-            REQUESTS.labels(method, route, str(status)).inc()
+            if not answered:
+                # An exception that escaped the app: a 500 is sent further out.
+                count(500)
 
 
 def record_runs(counts: dict[RunStatus, int]) -> None:
