@@ -25,9 +25,10 @@ Where it connects, first match wins:
 
 Every POST carries an Idempotency-Key (a fresh uuid4 unless given), so the SDK retries
 connection errors, 429/502/503/504 and a 409 "key still in flight" with backoff
-without ever starting a run twice. Errors the gateway answers are raised as
-SpecopsAPIError carrying the RFC 9457 problem; an unreachable gateway as
-SpecopsConnectionError.
+without ever starting a run twice; a 503 or 429 with `Retry-After` (the gateway's answer
+while its database is unreachable) is retried when it says, up to `Retry.max_wait_s`.
+Errors the gateway answers are raised as SpecopsAPIError carrying the RFC 9457 problem;
+an unreachable gateway as SpecopsConnectionError.
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ STREAM_READ_TIMEOUT_S = 60.0
 TERMINAL_EVENT_TYPES = frozenset({"run.completed", "run.failed"})
 TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED})
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
+# The event a stream ends with when it cannot go on; its data is a problem.
+SSE_ERROR = "error"
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -137,18 +141,27 @@ def _describe_transport_error(exc: BaseException) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """Exponential backoff with jitter: try `attempts` times, waiting about backoff_s * 2**n between."""
+    """When a failed call is tried again.
+
+    A failure is retried `attempts` times in all, about backoff_s * 2**n apart (with jitter).
+    An answer that says when to come back (a 503 or 429 with `Retry-After`, as the gateway
+    sends while its database is unreachable) is retried when it asks, for as long as the
+    call has taken at most `max_wait_s` in all.
+    """
 
     attempts: int = 4
     backoff_s: float = 0.25
     max_backoff_s: float = 4.0
+    max_wait_s: float = 60.0
 
-    def delay(self, failures: int, retry_after: float | None = None) -> float:
-        """Seconds to wait after the `failures`-th consecutive failure (1-based)."""
+    def next_wait(self, failures: int, elapsed_s: float, retry_after: float | None = None) -> float | None:
+        """Seconds to wait after the `failures`-th consecutive failure (1-based), `elapsed_s`
+        after the first try; None: give up."""
         base = min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
-        if retry_after is not None:
-            return min(self.max_backoff_s, max(base, retry_after))
-        return base * random.uniform(0.5, 1.0)
+        if retry_after is None:
+            return base * random.uniform(0.5, 1.0) if failures < self.attempts else None
+        wait = max(base, retry_after)
+        return wait if elapsed_s + wait <= self.max_wait_s else None
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -156,6 +169,14 @@ def _retry_after(response: httpx.Response) -> float | None:
         return max(0.0, float(response.headers["retry-after"]))
     except (KeyError, ValueError):
         return None  # absent, or an HTTP date: the backoff schedule applies
+
+
+def _retryable(method: str, headers: Mapping[str, str] | None) -> bool:
+    """Whether sending the request twice cannot act twice: a safe or idempotent method, or a
+    POST with an Idempotency-Key (the gateway answers its repeat from the first)."""
+    return method.upper() in IDEMPOTENT_METHODS or any(
+        name.lower() == "idempotency-key" for name in (headers or {})
+    )
 
 
 def _should_retry(response: httpx.Response) -> bool:
@@ -338,26 +359,34 @@ class SpeculativeClient:
         json_body: Any = None,
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
-        """One call with retries; the successful response, or SpecopsAPIError / SpecopsConnectionError.
+        """One call with retries (`retry`); the successful response, or SpecopsAPIError /
+        SpecopsConnectionError.
 
-        Only safe requests are retried: GETs, and POSTs that carry an Idempotency-Key.
+        Only requests that cannot act twice are retried: safe and idempotent methods, and
+        POSTs that carry an Idempotency-Key (which the SDK's own POSTs always do).
         """
+        retryable = _retryable(method, headers)
+        started = time.monotonic()
         failures = 0
         while True:
             try:
                 response = self.http.request(method, path, json=json_body, headers=headers)
             except httpx.TransportError as exc:
                 failures += 1
-                if failures >= self.retry.attempts:
+                wait = self.retry.next_wait(failures, time.monotonic() - started) if retryable else None
+                if wait is None:
                     raise SpecopsConnectionError(self.base_url, exc) from exc
-                time.sleep(self.retry.delay(failures))
+                time.sleep(wait)
                 continue
             if response.is_success:
                 return response
             failures += 1
-            if not _should_retry(response) or failures >= self.retry.attempts:
+            wait = None
+            if retryable and _should_retry(response):
+                wait = self.retry.next_wait(failures, time.monotonic() - started, _retry_after(response))
+            if wait is None:
                 raise SpecopsAPIError.from_response(response)
-            time.sleep(self.retry.delay(failures, _retry_after(response)))
+            time.sleep(wait)
 
 
 class Runs:
@@ -400,13 +429,15 @@ class Runs:
         """The run's events from the start (or after `last_event_id`) until `run.completed`/`run.failed`.
 
         A dropped or stalled connection is resumed with `Last-Event-ID`, so no event is
-        lost or repeated; SpecopsConnectionError once `retry.attempts` reconnections in a
-        row brought nothing. Resumed after the terminal event, it yields nothing.
+        lost or repeated; SpecopsConnectionError once the reconnections in a row allowed by
+        `retry` brought nothing. Resumed after the terminal event, it yields nothing. A token
+        revoked while the stream is open ends it with SpecopsAPIError (401).
         """
         client = self._client
         last = None if last_event_id is None else str(last_event_id)
         timeout = httpx.Timeout(client.http.timeout.connect or 5.0, read=STREAM_READ_TIMEOUT_S)
         failures = 0
+        failing_since = time.monotonic()
         while True:
             headers = {"Accept": "text/event-stream"}
             if last is not None:
@@ -425,6 +456,8 @@ class Runs:
                         cause, retry_after = SpecopsAPIError.from_response(response), _retry_after(response)
                     else:
                         for message in parse_sse(response.iter_lines()):
+                            if message.event == SSE_ERROR:
+                                raise _stream_error(message)
                             event = RunEvent.from_sse(message)
                             last, failures, delivered = event.id, 0, True
                             yield event
@@ -436,14 +469,17 @@ class Runs:
             # or cut by something between us and the gateway; the run's status tells which.
             if cause is None and not delivered and self.get(run_id).status in TERMINAL_STATUSES:
                 return
+            if delivered:
+                failing_since = time.monotonic()
             failures += 1
-            if failures >= client.retry.attempts:
+            wait = client.retry.next_wait(failures, time.monotonic() - failing_since, retry_after)
+            if wait is None:
                 if isinstance(cause, SpecopsAPIError):
                     raise cause
                 if cause is not None:
                     raise SpecopsConnectionError(client.base_url, cause) from cause
                 raise SpecopsError(f"the event stream of run {run_id} keeps ending before the run does")
-            time.sleep(client.retry.delay(failures, retry_after))
+            time.sleep(wait)
 
     def wait(self, run_id: str, timeout: float | None = None, *, poll_s: float = 0.5) -> Run:
         """Poll until the run is completed or failed; RunTimeoutError after `timeout` seconds."""
@@ -474,6 +510,15 @@ class Runs:
             headers={"Idempotency-Key": _sf_string(key)},
         )
         return ApplyResponse.model_validate(response.json())
+
+
+def _stream_error(message: SseMessage) -> SpecopsAPIError:
+    """The problem an event stream ended with (its token was revoked, say)."""
+    try:
+        return SpecopsAPIError(Problem.model_validate_json(message.data))
+    except ValidationError:
+        text = " ".join(message.data.split())[:200]
+        return SpecopsAPIError(Problem(title="Event stream error", status=500, detail=text or None))
 
 
 def _run_path(run_id: str) -> str:

@@ -34,6 +34,7 @@ from specbus import tracing
 from specbus.broker import SpecBroker, inbox_prefix
 from specbus.dlq import DeadLetter, park
 from specbus.envelope import Envelope, EventPayload, decode_event
+from specbus.metrics import record_delivery
 from specbus.publish import MSG_ID, publish
 from specbus.subjects import DLQ_SUBJECTS, STREAM, STREAM_SUBJECTS, pattern
 
@@ -305,6 +306,8 @@ class _Delivery(Generic[M]):
         """
         started = time.monotonic()
         outcome = await self._settle_delivery(msg)
+        seconds = time.monotonic() - started
+        record_delivery(consumer=self.consumer, subject=msg.subject, verdict=outcome.verdict, seconds=seconds)
         log.info(
             "%s: %s delivery %d of %s: %s in %.3fs",
             self.consumer,
@@ -312,7 +315,7 @@ class _Delivery(Generic[M]):
             msg.metadata.num_delivered,
             outcome.message_id,
             outcome.verdict,
-            time.monotonic() - started,
+            seconds,
         )
 
     async def _settle_delivery(self, msg: Msg) -> _Outcome:

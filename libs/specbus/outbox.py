@@ -27,6 +27,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from specbus.envelope import Envelope
+from specbus.metrics import record_outbox_lag
 from specbus.publish import MSG_ID, PUBLISH_TIMEOUT_S, envelope_headers, publish_raw
 
 log = logging.getLogger(__name__)
@@ -47,11 +48,19 @@ _PENDING = """
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 """
+# What is left to publish, for the lag gauges; the partial index keeps it to the pending rows.
+_LAG = """
+    SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 FROM outbox
+    WHERE published_at IS NULL AND (%(producer)s::text IS NULL OR producer IS NULL OR producer = %(producer)s)
+"""
 _MARK = "UPDATE outbox SET published_at = now() WHERE id = ANY(%s)"
 _PURGE = "DELETE FROM outbox WHERE published_at < now() - make_interval(secs => %s)"
 # A published row is kept a day, far beyond the broker's dedup window (DUPLICATE_WINDOW_S).
 RETENTION_S = 86_400.0
 PURGE_EVERY_S = 3_600.0
+# The lag is measured after every pass, also while publishing fails; an unreachable database
+# must not hold the relay's next attempt for a whole pool timeout.
+LAG_TIMEOUT_S = 1.0
 
 
 async def add(conn: AsyncConnection[Any], envelope: Envelope[Any]) -> None:
@@ -166,6 +175,21 @@ class OutboxRelay:
             cursor = await conn.execute(_PURGE, (self.retention_s,))
             return cursor.rowcount
 
+    async def measure_lag(self) -> None:
+        """Set the outbox gauges (`specbus.metrics`) from the rows still to publish; when the
+        database cannot say, they keep their last values."""
+        try:
+            async with (
+                self.pool.connection(timeout=LAG_TIMEOUT_S) as conn,
+                conn.cursor(row_factory=tuple_row) as cursor,
+            ):
+                await cursor.execute(_LAG, {"producer": self.producer})
+                row = await cursor.fetchone()
+        except psycopg.Error:
+            return
+        if row is not None:
+            record_outbox_lag(producer=self.producer, pending=int(row[0]), oldest_age_s=float(row[1]))
+
     async def run(self) -> None:
         """Publish forever: drain, then sleep until NOTIFY or the poll interval. Cancel to stop.
 
@@ -188,9 +212,11 @@ class OutboxRelay:
                     failures += 1
                     delay = min(self.max_backoff_s, self.poll_interval_s * 2 ** (failures - 1))
                     log.warning("outbox relay: publish failed, retry in %.1fs: %r", delay, exc)
+                    await self.measure_lag()
                     await asyncio.sleep(delay)
                     continue
                 failures = 0
+                await self.measure_lag()
                 await self._wait()
         finally:
             await self._close_listener()

@@ -86,19 +86,27 @@ def parse(value: str) -> Subject:
 
 
 def template(value: str) -> str:
-    """A subject with its run / bench id and tenant tokens as `*`, e.g. `spec.run.*.requested`:
-    what a span is named after and a metric labelled with (a concrete subject is one per run).
-
-    Dead-letter subjects keep their service; a subject of no known shape is returned as it is.
+    """What kind of message a subject carries, with its ids and tenant replaced by `*`:
+    ``spec.run.<id>.requested`` -> ``spec.run.*.requested``, ``specops.intake.<tenant>.run.requested``
+    -> ``specops.intake.*.run.requested``, ``specops.results.<tenant>.run.<id>.run.completed`` ->
+    ``specops.results.*.run.*.run.completed``; a dead-letter subject (``spec.dlq.<service>``) is
+    its own template. What a span is named after and a metric labelled with: never an id, so
+    few distinct values. Anything else is ``other``: what a subject of no known shape holds is
+    unknown.
     """
     tokens = value.split(".")
-    if len(tokens) == 4 and tokens[0] == PREFIX and tokens[1] != DLQ:
-        tokens[2] = "*"
-    elif value.startswith((f"{INTAKE_PREFIX}.", f"{RESULTS_PREFIX}.")) and len(tokens) > 3:
-        tokens[2] = "*"
-        if tokens[0:2] == RESULTS_PREFIX.split(".") and tokens[3] == "run" and len(tokens) > 4:
-            tokens[4] = "*"
-    return ".".join(tokens)
+    if len(tokens) == 4 and tokens[0] == PREFIX and tokens[1] in AGGREGATES:
+        return f"{PREFIX}.{tokens[1]}.*.{tokens[3]}" if _NAME.fullmatch(tokens[3]) else "other"
+    if len(tokens) == 3 and tokens[:2] == [PREFIX, DLQ] and _NAME.fullmatch(tokens[2]):
+        return value
+    if value.startswith(f"{INTAKE_PREFIX}.") and value.endswith(f".{INTAKE_REQUEST}"):
+        return intake_pattern()
+    results = RESULTS_PREFIX.split(".")
+    if tokens[:2] == results and len(tokens) == 7 and tokens[3] == "run" and tokens[5] in AGGREGATES:
+        return f"{RESULTS_PREFIX}.*.run.*.{tokens[5]}.{tokens[6]}" if _NAME.fullmatch(tokens[6]) else "other"
+    if tokens[:2] == results and len(tokens) == 5 and tokens[3] == "intake" and _NAME.fullmatch(tokens[4]):
+        return f"{RESULTS_PREFIX}.*.intake.{tokens[4]}"
+    return "other"
 
 
 def intake_subject(tenant: str) -> str:

@@ -21,6 +21,7 @@ from specops_services.gateway import db, intake, projector, results, routes
 from specops_services.gateway.limits import BodyLimit
 from specops_services.gateway.listen import claim_port, deployment_id, listening_socket
 from specops_services.gateway.listener import RunEventsListener
+from specops_services.gateway.metrics import HttpMetrics, count_runs
 from specops_services.gateway.problems import install, problem_response, responses
 from specops_services.gateway.settings import GatewaySettings, gateway_settings
 from specplatform.db import create_pool, migrate, wait_for_database
@@ -46,8 +47,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.listener = None
-    install(app)
+    install(app, retry_after_s=settings.gateway_retry_after_s)
     app.add_middleware(BodyLimit, max_bytes=settings.gateway_max_body_bytes)
+    # Added last, so outermost: it counts what the body limit refuses too.
+    app.add_middleware(HttpMetrics, templates=lambda: app.openapi()["paths"])
     app.include_router(routes.router)
     app.add_api_route("/healthz", _healthz, methods=["GET"], tags=["probes"], summary="Process is alive")
     app.add_api_route(
@@ -78,7 +81,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await ops.start()
     await wait_for_database(dsn)
     await migrate(dsn, MIGRATIONS)
-    pool = create_pool(dsn, max_size=settings.gateway_pool_size, name="gateway")
+    pool = create_pool(
+        dsn, max_size=settings.gateway_pool_size, name="gateway", timeout_s=settings.gateway_db_timeout_s
+    )
     await pool.open(wait=True)
     broker.declare_streams(upstream_stream_configs())
     if settings.gateway_projector:
@@ -92,6 +97,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.pool, app.state.broker, app.state.listener = pool, broker, listener
         tasks.append(_spawn(listener.run()))
         tasks.append(_spawn(_purge_keys(app)))
+        tasks.append(_spawn(count_runs(pool, every_s=settings.gateway_metrics_refresh_s)))
         if settings.gateway_relay:
             tasks.append(_spawn(OutboxRelay(pool, broker, producer=results.PRODUCER).run()))
         yield

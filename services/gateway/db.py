@@ -44,6 +44,18 @@ async def find_token(conn: Connection, secret_sha256: str) -> TokenRow | None:
     return None if row is None else TokenRow(row["id"], row["tenant_id"], Role(row["role"]))
 
 
+async def token_live(conn: Connection, token_id: str) -> bool:
+    """Whether the token is still there and not revoked (an open event stream re-checks its caller's)."""
+    cur = await conn.execute("SELECT 1 FROM api_tokens WHERE id = %s AND revoked_at IS NULL", (token_id,))
+    return await cur.fetchone() is not None
+
+
+async def count_runs_by_status(conn: Connection) -> dict[RunStatus, int]:
+    """Every tenant's runs per status (none of a status: absent), for the runs-by-state gauge."""
+    cur = await conn.execute("SELECT status, count(*) AS n FROM runs GROUP BY status")
+    return {RunStatus(row["status"]): int(row["n"]) for row in await cur.fetchall()}
+
+
 async def create_token(
     conn: Connection, *, token_id: str, tenant_id: str, role: Role, secret_sha256: str, name: str | None
 ) -> None:

@@ -14,6 +14,7 @@ from collections import defaultdict
 import psycopg
 
 from specops_services.gateway import db
+from specops_services.gateway.problems import first_line
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +48,20 @@ class RunEventsListener:
             event.set()
 
     async def run(self) -> None:
-        """Listen forever, reconnecting after errors; cancel to stop."""
+        """Listen forever, reconnecting every RECONNECT_S after errors; cancel to stop. An
+        outage is logged twice, when the connection is lost and when it is back, not at
+        every attempt in between."""
+        lost = False
         while True:
             try:
                 async with await db.listen_run_events(self.dsn) as conn:
+                    if lost:
+                        log.info("run_events listener reconnected")
+                        lost = False
                     async for notify in conn.notifies():
                         self.wake(notify.payload)
             except psycopg.Error as exc:
-                log.warning("run_events listener lost its connection, reconnecting: %r", exc)
+                if not lost:
+                    log.warning("run_events listener lost its connection, reconnecting: %s", first_line(exc))
+                lost = True
             await asyncio.sleep(RECONNECT_S)

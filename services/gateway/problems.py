@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any, cast
 
+import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -15,6 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specops_schemas.api import PROBLEM_MEDIA_TYPE, Problem
 
 log = logging.getLogger(__name__)
+
+DATABASE_UNAVAILABLE = "urn:specops:problem:database-unavailable"
 
 
 class ProblemError(Exception):
@@ -94,8 +98,39 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def install(app: FastAPI) -> None:
+def database_unavailable(instance: str, retry_after_s: int) -> JSONResponse:
+    """The 503 of a request the database could not serve, with when to try again."""
+    body = Problem(
+        type=DATABASE_UNAVAILABLE,
+        title="Service Unavailable",
+        status=503,
+        detail="the database is unreachable; retry after the Retry-After seconds",
+        instance=instance,
+    )
+    return problem_response(body, {"Retry-After": str(retry_after_s)})
+
+
+def _unavailable(retry_after_s: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    async def answer(request: Request, exc: Exception) -> JSONResponse:
+        # An outage fails every request alike: one line each, no traceback.
+        log.warning(
+            "database unavailable: %s %s answered 503: %s", request.method, request.url.path, first_line(exc)
+        )
+        return database_unavailable(request.url.path, retry_after_s)
+
+    return answer
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def install(app: FastAPI, *, retry_after_s: int) -> None:
+    """Render every error as a problem; a database that cannot be reached (psycopg's
+    OperationalError, the pool's timeout among them) as a 503 with `Retry-After: retry_after_s`."""
     app.add_exception_handler(ProblemError, _problem_error)
+    app.add_exception_handler(psycopg.OperationalError, _unavailable(retry_after_s))
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated
 
+import psycopg
 from fastapi import APIRouter, Body, Depends, Header, Path, Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -12,7 +14,9 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from specops_schemas.api import API_PREFIX, ApplyRequest, ApplyResponse, RunCreateRequest, RunStatusResponse
 from specops_services.gateway import logic, runs
 from specops_services.gateway.auth import Developer, Viewer, pool_of
-from specops_services.gateway.problems import problem, responses
+from specops_services.gateway.problems import first_line, problem, responses
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix=API_PREFIX, tags=["runs"])
 
@@ -60,7 +64,7 @@ def _json(reply: logic.Reply) -> JSONResponse:
             "description": "Accepted; follow `Location` or the run's event stream.",
             "headers": {"Location": {"description": "URL of the run.", "schema": {"type": "string"}}},
         },
-        **responses(400, 401, 403, 409, 422, 429, 500),
+        **responses(400, 401, 403, 409, 422, 429, 500, 503),
     },
 )
 async def create_run(
@@ -77,7 +81,7 @@ async def create_run(
     "/runs/{run_id}",
     response_model=RunStatusResponse,
     summary="A run's status, winner and candidates",
-    responses=responses(401, 403, 404, 422, 500),
+    responses=responses(401, 403, 404, 422, 500, 503),
 )
 async def get_run(run_id: RunId, request: Request, principal: Viewer) -> RunStatusResponse:
     return await runs.read_run(pool_of(request), principal, run_id)
@@ -106,9 +110,12 @@ def _resume_after(
         "`text/event-stream`: each event has `id:` (its sequence in the run), `event:` (its type, "
         "e.g. `run.queued`, `run.running`, `run.predicted`, `bench.rep_measured`, `run.completed`) and "
         "`data:` (the event envelope as JSON). The stream ends after `run.completed` or `run.failed`; "
-        "idle streams get `: keepalive` comments. Reconnect with `Last-Event-ID` to resume."
+        "idle streams get `: keepalive` comments. Reconnect with `Last-Event-ID` to resume. A stream "
+        "whose token is revoked while it is open ends with an `error` event whose data is the 401 "
+        "problem; one cut by a database outage just ends, and reconnecting gets a 503 with "
+        "`Retry-After` until the database is back."
     ),
-    responses=responses(400, 401, 403, 404, 422, 500),
+    responses=responses(400, 401, 403, 404, 422, 500, 503),
 )
 async def stream_events(
     request: Request,
@@ -117,7 +124,7 @@ async def stream_events(
     after: Annotated[int, Depends(_resume_after)],
 ) -> AsyncIterator[ServerSentEvent]:
     settings = request.app.state.settings
-    async for event in runs.stream_events(
+    events = runs.stream_events(
         pool_of(request),
         request.app.state.listener,
         principal,
@@ -125,15 +132,22 @@ async def stream_events(
         after,
         poll_s=settings.gateway_sse_poll_s,
         keepalive_s=settings.gateway_sse_keepalive_s,
-    ):
-        yield event
+        token_check_s=settings.gateway_sse_token_check_s,
+    )
+    try:
+        async for event in events:
+            yield event
+    except psycopg.OperationalError as exc:
+        # The headers are sent, so no 503 now: the stream ends, and the client's reconnection
+        # (with Last-Event-ID) gets the 503 until the database is back.
+        log.warning("database unavailable: the event stream of run %s ends: %s", run_id, first_line(exc))
 
 
 @router.post(
     "/runs/{run_id}/apply",
     response_model=ApplyResponse,
     summary="Turn the run's winner into engine flags",
-    responses=responses(400, 401, 403, 404, 409, 422, 500),
+    responses=responses(400, 401, 403, 404, 409, 422, 500, 503),
 )
 async def apply_run(
     run_id: RunId,

@@ -42,6 +42,10 @@ PUBLISHES = (RunRequested, RunQueued, RunCompleted)
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 # The problem of a request whose Idempotency-Key another request holds right now.
 KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
+# An event stream's last event when it cannot go on (its data: a problem), and the problem
+# of a token revoked while its stream was open.
+SSE_ERROR = "error"
+TOKEN_REVOKED = "urn:specops:problem:token-revoked"
 
 
 def run_location(run_id: str) -> str:
@@ -308,10 +312,23 @@ async def stream_events(
     *,
     poll_s: float,
     keepalive_s: float,
+    token_check_s: float,
 ) -> AsyncIterator[ServerSentEvent]:
-    """The run's events after seq `after`, as they land, until its terminal event."""
-    last_sent = time.monotonic()
+    """The run's events after seq `after`, as they land, until its terminal event.
+
+    A stream may stay open for as long as the run takes: every `token_check_s` it checks
+    that its caller's token is still live, and once it is revoked the stream ends with an
+    `error` event holding the 401 problem.
+    """
+    last_sent = token_checked = time.monotonic()
     while True:
+        if time.monotonic() - token_checked >= token_check_s:
+            async with pool.connection() as conn:
+                live = await db.token_live(conn, principal.token_id)
+            if not live:
+                yield _token_revoked(run_id)
+                return
+            token_checked = time.monotonic()
         async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
             # Status first: each statement sees every commit before it started, so once the
             # status reads terminal the events query is sure to include the terminal event.
@@ -335,3 +352,15 @@ async def stream_events(
             await listener.wait(run_id, timeout=poll_s)
         else:
             await asyncio.sleep(poll_s)
+
+
+def _token_revoked(run_id: str) -> ServerSentEvent:
+    """The last event of a stream whose token was revoked while it was open."""
+    body = Problem(
+        type=TOKEN_REVOKED,
+        title="Unauthorized",
+        status=401,
+        detail="the bearer token was revoked while the stream was open",
+        instance=f"{run_location(run_id)}/events",
+    )
+    return ServerSentEvent(event=SSE_ERROR, raw_data=body.model_dump_json(exclude_none=True))

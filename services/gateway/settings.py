@@ -23,6 +23,22 @@ class GatewaySettings(Settings):
         True, description="Run the outbox relay (outbox rows -> NATS) in this process."
     )
     gateway_pool_size: int = Field(10, ge=2, le=200, description="Largest number of Postgres connections.")
+    gateway_db_timeout_s: float = Field(
+        3.0,
+        gt=0.0,
+        description="How long a request waits for a database connection; then it is a 503 with Retry-After.",
+    )
+    gateway_retry_after_s: int = Field(
+        5, ge=1, description="The Retry-After (seconds) of a 503 answered while the database is unreachable."
+    )
+    gateway_sse_token_check_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="How often an open event stream re-checks its token; a revoked token ends the stream.",
+    )
+    gateway_metrics_refresh_s: float = Field(
+        15.0, gt=0.0, description="How often the runs-by-state gauge is recounted from the runs table."
+    )
     gateway_max_body_bytes: int = Field(
         1024 * 1024, ge=1024, description="Largest request body accepted; a larger one is a 413."
     )

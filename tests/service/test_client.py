@@ -468,6 +468,55 @@ def test_create_retries_503_and_connection_errors_with_one_key(stack: Stack) -> 
     assert run.status == "queued"
 
 
+def _unavailable(retry_after: str) -> httpx.Response:
+    body = {"title": "Service Unavailable", "status": 503}
+    return httpx.Response(503, headers={"retry-after": retry_after}, json=body)
+
+
+def test_retry_after_is_honoured_past_the_attempts_while_the_wait_allows() -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        return _unavailable("0") if len(calls) < 6 else httpx.Response(200, json={})
+
+    patient = Retry(attempts=2, backoff_s=0.01, max_backoff_s=0.01, max_wait_s=WAIT_S)
+    with SpeculativeClient("http://gw", "t", transport=httpx.MockTransport(handler), retry=patient) as client:
+        assert client.request("GET", "/anything").status_code == 200
+    assert len(calls) == 6
+
+
+def test_a_retry_after_beyond_the_wait_allowed_is_not_waited_for() -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.method)
+        return _unavailable("30")
+
+    hasty = Retry(max_wait_s=1.0)
+    with (
+        SpeculativeClient("http://gw", "t", transport=httpx.MockTransport(handler), retry=hasty) as client,
+        pytest.raises(SpecopsAPIError) as err,
+    ):
+        client.request("GET", "/anything")
+    assert err.value.status == 503 and len(calls) == 1
+
+
+def test_a_post_without_an_idempotency_key_is_never_sent_twice() -> None:
+    calls: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.headers.get("idempotency-key"))
+        # Each POST's first try is refused; only the one with a key is tried again.
+        return _unavailable("0") if len(calls) <= 2 else httpx.Response(200, json={})
+
+    with SpeculativeClient("http://gw", "t", transport=httpx.MockTransport(handler), retry=FAST) as client:
+        with pytest.raises(SpecopsAPIError):
+            client.request("POST", "/anything", json_body={})
+        assert client.request("POST", "/anything", json_body={}, headers={"Idempotency-Key": '"k"'})
+    assert calls == [None, '"k"', '"k"']
+
+
 def test_no_gateway_is_a_connection_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

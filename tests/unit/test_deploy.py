@@ -228,6 +228,30 @@ def test_every_service_has_a_deployment_running_it() -> None:
     assert config["NATS_URL"] == "nats://nats:4222"
 
 
+def test_prometheus_scrapes_every_service_on_its_ops_port() -> None:
+    """The pods carry the annotations Prometheus' kubernetes-pods job reads, and serve
+    /metrics (specplatform.ops) on the port they name; compose sets the same port."""
+    config = _objects("ConfigMap")["specops-config"]["data"]
+    port = int(config["SPECOPS_METRICS_PORT"])
+    assert config["SPECOPS_METRICS_HOST"] == "0.0.0.0"
+    for name, deployment in _objects("Deployment").items():
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations == {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(port),
+            "prometheus.io/path": "/metrics",
+        }, name
+        ports = {p["name"]: p["containerPort"] for p in _container(deployment)["ports"]}
+        assert ports["metrics"] == port, name
+    services = _compose()["services"]
+    for name in SERVICES:
+        environment = services[name]["environment"]
+        assert (environment["SPECOPS_METRICS_HOST"], environment["SPECOPS_METRICS_PORT"]) == (
+            "0.0.0.0",
+            str(port),
+        ), name
+
+
 def _jetstream_triggers(scaled: dict[str, Any]) -> list[dict[str, str]]:
     triggers = scaled["spec"]["triggers"]
     assert all(t["type"] == "nats-jetstream" for t in triggers), scaled["metadata"]["name"]

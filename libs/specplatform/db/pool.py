@@ -18,10 +18,13 @@ Pool = AsyncConnectionPool[psycopg.AsyncConnection[DictRow]]
 Connection = psycopg.AsyncConnection[DictRow]
 
 
-def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, name: str = "specops") -> Pool:
+def create_pool(
+    dsn: str, *, min_size: int = 1, max_size: int = 10, name: str = "specops", timeout_s: float = 30.0
+) -> Pool:
     """An unopened pool of dict-row connections; use `async with create_pool(dsn) as pool:`.
 
     Unopened because AsyncConnectionPool must be opened inside a running event loop.
+    `timeout_s`: how long `pool.connection()` waits for a connection before PoolTimeout.
     """
     kwargs: dict[str, Any] = {"row_factory": dict_row}
     return AsyncConnectionPool(
@@ -29,6 +32,7 @@ def create_pool(dsn: str, *, min_size: int = 1, max_size: int = 10, name: str = 
         min_size=min_size,
         max_size=max_size,
         name=name,
+        timeout=timeout_s,
         kwargs=kwargs,
         connection_class=psycopg.AsyncConnection[DictRow],
         open=False,
