@@ -404,8 +404,7 @@ def postgres_outage(seconds: float) -> Callable[[Stack, list[str], Result], dt.d
 
 
 def stop_watcher(stack: Stack) -> None:
-    state = StateDir(stack.settings.state_dir).load()
-    watcher = getattr(state, "watcher", None)
+    watcher = StateDir(stack.settings.state_dir).load().watcher
     if watcher is not None and watcher.alive():
         os.kill(watcher.pid, signal.SIGTERM)
         while watcher.alive():
