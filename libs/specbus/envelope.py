@@ -156,4 +156,12 @@ def decode_event(data: bytes | str, types: Mapping[str, type[EventPayload]]) -> 
     payload_cls = types.get(str(raw.get("type")))
     if payload_cls is None:
         raise ValueError(f"unknown event type {raw.get('type')!r}; known: {', '.join(types)}")
-    return Envelope[payload_cls].model_validate(raw)  # type: ignore[valid-type]
+    event = Envelope[payload_cls].model_validate(raw)  # type: ignore[valid-type]
+    # A payload of a later version may mean something this code does not know, even
+    # where its fields happen to validate.
+    if event.schema_version > payload_cls.schema_version:
+        raise ValueError(
+            f"{event.type} schema version {event.schema_version} is newer than the one read here "
+            f"({payload_cls.schema_version})"
+        )
+    return event
