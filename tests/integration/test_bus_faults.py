@@ -1,5 +1,6 @@
 """Faults of the infrastructure against a real nats-server and PostgreSQL: an outage of the
-database longer than a message's retry budget, and an outbox row NATS will never take."""
+database longer than a message's retry budget, an outbox row NATS will never take, and
+streams at their size limit."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import nats
 import pytest
 from fixtures import bus
 from fixtures.postgres import OwnPostgres
@@ -27,10 +29,13 @@ from specbus import (
     publish,
     subscriber,
 )
+from specbus.broker import MAX_AGE_S, MAX_BYTES, UPSTREAM_MAX_BYTES
 from specbus.envelope import Envelope, new_event
 from specbus.faults import is_transient
-from specbus.subjects import STREAM, dlq_subject
+from specbus.subjects import INTAKE_STREAM, STREAM, dlq_subject
+from specops.runtime.stream import apply_stream_config
 from specops_schemas.events import RunQueued
+from specplatform.errors import RuntimeSetupError
 
 # The budget of a failure of the message's own: three deliveries, less than a second of
 # backoff. The outage below lasts twice as many attempts.
@@ -156,3 +161,37 @@ async def test_an_outbox_row_nats_refuses_is_quarantined_and_the_rows_behind_it_
     assert await bus.count(js, doomed.subject) == 0
     [logged] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert doomed.event_id in logged.getMessage() and doomed.subject in logged.getMessage()
+
+
+async def test_the_streams_limits_are_set_from_the_environment_and_discard_the_oldest(
+    own_nats_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await apply_stream_config(own_nats_url)
+    nc = await nats.connect(own_nats_url)
+    try:
+        js = nc.jetstream()
+        spec, intake = await js.stream_info(STREAM), await js.stream_info(INTAKE_STREAM)
+        assert (spec.config.max_bytes, spec.config.max_age) == (MAX_BYTES, MAX_AGE_S)
+        assert intake.config.max_bytes == UPSTREAM_MAX_BYTES
+
+        # Changed settings reach the stream that exists, events and all.
+        events = [_run_queued() for _ in range(20)]
+        await publish(js, events[0])
+        monkeypatch.setenv("SPECOPS_STREAM_MAX_BYTES", "8192")
+        monkeypatch.setenv("SPECOPS_STREAM_MAX_AGE_DAYS", "30")
+        await apply_stream_config(own_nats_url)
+        spec = await js.stream_info(STREAM)
+        assert (spec.config.max_bytes, spec.config.max_age) == (8192, 30 * 86_400.0)
+        # At the limit a publish still succeeds: the oldest events make room.
+        for event in events[1:]:
+            await publish(js, event)
+        state = (await js.stream_info(STREAM)).state
+        assert state.bytes <= 8192 and 0 < state.messages < len(events)
+        assert state.last_seq == len(events) and state.first_seq > 1
+
+        # Limits the server cannot reserve: an error that says which setting to lower.
+        monkeypatch.setenv("SPECOPS_STREAM_MAX_BYTES", str(2**60))
+        with pytest.raises(RuntimeSetupError, match="SPECOPS_STREAM_MAX_BYTES"):
+            await apply_stream_config(own_nats_url)
+    finally:
+        await nc.close()

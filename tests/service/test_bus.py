@@ -35,6 +35,7 @@ from specbus import (
     subscriber,
 )
 from specbus.broker import reconnect_delay
+from specbus.consumer import MAX_ACK_PENDING
 from specbus.dlq import KEPT_BYTES, DeadLetter
 from specbus.envelope import Envelope, new_event
 from specbus.publish import MSG_ID, publish_raw
@@ -434,6 +435,7 @@ async def test_one_handler_takes_several_event_types_and_config_changes_reach_th
 
     assert handled == ["run.queued", "run.running"]
     assert info.config.ack_wait == 7.0
+    assert info.config.max_ack_pending == MAX_ACK_PENDING
     assert sorted(info.config.filter_subjects or []) == ["spec.run.*.queued", "spec.run.*.running"]
 
 
