@@ -199,7 +199,8 @@ class OutboxRelay:
         """Count a refusal of the row; True if that quarantined it."""
         error = f"{type(exc).__name__}: {exc}"
         params = {"id": event_id, "error": error, "max_attempts": self.max_attempts}
-        row = await (await conn.execute(_REFUSED, params)).fetchone()
+        async with conn.cursor(row_factory=tuple_row) as cursor:
+            row = await (await cursor.execute(_REFUSED, params)).fetchone()
         quarantined = bool(row and row[0])
         if quarantined:
             log.error(

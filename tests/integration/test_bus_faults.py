@@ -35,6 +35,7 @@ from specbus.faults import is_transient
 from specbus.subjects import INTAKE_STREAM, STREAM, dlq_subject
 from specops.runtime.stream import apply_stream_config
 from specops_schemas.events import RunQueued
+from specplatform.db import create_pool
 from specplatform.errors import RuntimeSetupError
 
 # The budget of a failure of the message's own: three deliveries, less than a second of
@@ -119,7 +120,7 @@ async def test_an_outbox_row_nats_refuses_is_quarantined_and_the_rows_behind_it_
     js: JetStreamContext, db: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     before, doomed, after = _run_queued(), _run_queued(), _run_queued()
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(db, min_size=1, max_size=2, open=False)
+    pool = create_pool(db, max_size=2)  # dict rows, as the services' pools
     await pool.open(wait=True)
     try:
         async with pool.connection() as conn, conn.transaction():
