@@ -27,12 +27,24 @@ log = logging.getLogger(__name__)
 # Broker-side dedup on Nats-Msg-Id; the outbox relay relies on it to make a re-send
 # after a crash (published, not yet marked) harmless. Beyond it the consumers' inbox does.
 DUPLICATE_WINDOW_S = 120.0
-# The stream is the event log that audit replays, so it keeps events for a long time.
+# Every stream is bounded in age and in size. At either limit it discards its OLDEST
+# messages to store the new one (DiscardPolicy.OLD): a publish never fails for lack of
+# room, and what goes is the oldest history (dead letters included: they live in SPEC).
+# The server reserves each stream's max_bytes in its JetStream store when the stream is
+# created, so the three must fit there together: 75% of the disk free at the server's
+# start unless its config sets max_file_store; the defaults fit the 10 GiB volume of
+# infra/base/nats.yaml. `specops up` and `specops deploy init` take other values from
+# the environment (specops.runtime.stream.StreamLimits).
+#
+# The stream is the event log that audit replays, so it keeps events for a long time:
+# a year, or 6 GiB (a few million events, years of runs at the pace of one team).
 MAX_AGE_S = 365 * 24 * 3600.0
+MAX_BYTES = 6 * 2**30
 # Upstream requests and the copies of their runs' events are kept a week: long enough to
 # read back after an outage; the record that lasts is SPEC (the gateway re-publishes an
 # accepted request there as `run.requested`).
 UPSTREAM_MAX_AGE_S = 7 * 24 * 3600.0
+UPSTREAM_MAX_BYTES = 512 * 2**20
 
 RECONNECT_BASE_S = 0.25
 RECONNECT_CAP_S = 5.0
@@ -41,12 +53,12 @@ RECONNECT_CAP_S = 5.0
 PING_INTERVAL_S = 20
 
 
-def stream_config(*, max_age_s: float = MAX_AGE_S) -> StreamConfig:
+def stream_config(*, max_age_s: float = MAX_AGE_S, max_bytes: int = MAX_BYTES) -> StreamConfig:
     """The SPEC stream: every `spec.>` event, limits retention, 2-minute dedup window.
 
     Messages cannot be deleted nor the stream purged: it is the record the audit log
     is checked against (`specops audit verify --against-stream`) and rebuilt from.
-    Only max_age retires messages.
+    Only its limits retire messages, the oldest first: max_age and max_bytes.
     """
     return StreamConfig(
         name=STREAM,
@@ -56,14 +68,18 @@ def stream_config(*, max_age_s: float = MAX_AGE_S) -> StreamConfig:
         storage=StorageType.FILE,
         discard=DiscardPolicy.OLD,
         max_age=max_age_s,
+        max_bytes=max_bytes,
         duplicate_window=DUPLICATE_WINDOW_S,
         deny_delete=True,
         deny_purge=True,
     )
 
 
-def upstream_stream_configs() -> list[StreamConfig]:
-    """SPEC_INTAKE (what tenants publish) and SPEC_RESULTS (what they read back)."""
+def upstream_stream_configs(
+    *, max_age_s: float = UPSTREAM_MAX_AGE_S, max_bytes: int = UPSTREAM_MAX_BYTES
+) -> list[StreamConfig]:
+    """SPEC_INTAKE (what tenants publish) and SPEC_RESULTS (what they read back), each
+    bounded by `max_age_s` and `max_bytes`."""
     return [
         StreamConfig(
             name=name,
@@ -72,7 +88,8 @@ def upstream_stream_configs() -> list[StreamConfig]:
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             discard=DiscardPolicy.OLD,
-            max_age=UPSTREAM_MAX_AGE_S,
+            max_age=max_age_s,
+            max_bytes=max_bytes,
             duplicate_window=DUPLICATE_WINDOW_S,
         )
         for name, prefix, description in (

@@ -5,6 +5,11 @@ acknowledgement (`AckPolicy.MANUAL`) so that every delivery ends in exactly one 
 ack (handled), nak with a backoff delay (retry), or park on `spec.dlq.<service>` then
 term (malformed, or failed `max_deliver` times). Nothing is dropped silently.
 
+Only failures of the message's own count toward `max_deliver`. A failure of the
+infrastructure (Postgres or NATS unreachable, see `specbus.faults`) is retried within the
+same delivery, kept alive by heartbeats, with a capped backoff and without limit: an
+outage of any length delays a message but never parks it.
+
 `subscriber` takes events (`spec.<aggregate>.*.<event>`); `dead_letter_subscriber`
 takes the dead letters themselves (`spec.dlq.>`); `raw_subscriber` takes messages as
 they are on the wire, undecoded, for a handler that must keep what does not parse
@@ -34,6 +39,7 @@ from specbus import tracing
 from specbus.broker import SpecBroker, inbox_prefix
 from specbus.dlq import DeadLetter, park
 from specbus.envelope import Envelope, EventPayload, decode_event
+from specbus.faults import is_transient
 from specbus.metrics import record_delivery
 from specbus.publish import MSG_ID, publish
 from specbus.subjects import DLQ_SUBJECTS, STREAM, STREAM_SUBJECTS, pattern
@@ -47,6 +53,13 @@ Handler: TypeAlias = Callable[[Envelope[P]], Awaitable[Reply]]
 LetterHandler: TypeAlias = Callable[[DeadLetter], Awaitable[Reply]]
 
 _CONSUMER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# Messages a durable consumer has handed out and not yet seen settled, over all its
+# replicas: those in a handler and those waiting out a retry backoff (a nak'd message stays
+# pending). At the limit the server delivers nothing more until some settle. A transient
+# failure holds its worker instead of naking, so what accumulates here are permanent
+# failures, each parked within its policy's backoff (about 2.6 minutes by default): room
+# for a burst of them to wait without stalling the messages behind them.
+MAX_ACK_PENDING = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,17 +75,26 @@ class RetryPolicy:
     """Delay before attempt n+1 after failure n; the last value repeats."""
     ack_wait_s: float = 30.0
     """Redelivery delay if a process dies mid-handler; a running handler extends it by heartbeats."""
+    transient_backoff_s: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+    """Delay before trying again after a transient failure n (`specbus.faults`); the last value
+    repeats, without limit: these retries happen within the delivery and never count toward
+    `max_deliver`."""
 
     def __post_init__(self) -> None:
         if self.max_deliver is not None and self.max_deliver < 1:
             raise ValueError(f"max_deliver must be >= 1, got {self.max_deliver}")
-        if not self.backoff_s or min(self.backoff_s) < 0:
-            raise ValueError(f"backoff_s must be non-empty and non-negative, got {self.backoff_s}")
+        backoffs = {"backoff_s": self.backoff_s, "transient_backoff_s": self.transient_backoff_s}
+        for name, backoff in backoffs.items():
+            if not backoff or min(backoff) < 0:
+                raise ValueError(f"{name} must be non-empty and non-negative, got {backoff}")
         if self.ack_wait_s <= 0:
             raise ValueError(f"ack_wait_s must be positive, got {self.ack_wait_s}")
 
     def delay(self, failures: int) -> float:
         return self.backoff_s[min(failures, len(self.backoff_s)) - 1]
+
+    def transient_delay(self, failures: int) -> float:
+        return self.transient_backoff_s[min(failures, len(self.transient_backoff_s)) - 1]
 
     def exhausted(self, deliveries: int) -> bool:
         """Whether the `deliveries`-th delivery is the last the handler gets."""
@@ -252,6 +274,7 @@ def _bind(
         # instead drop it with only an advisory when parking failed or the process
         # died during the last attempt.
         max_deliver=-1,
+        max_ack_pending=MAX_ACK_PENDING,
         filter_subject=subjects[0] if len(subjects) == 1 else None,
         filter_subjects=list(subjects) if len(subjects) > 1 else None,
     )
@@ -322,7 +345,9 @@ class _Delivery(Generic[M]):
         deliveries = msg.metadata.num_delivered
         unknown = _message_id(msg, None)
         if self.retry.max_deliver is not None and deliveries > self.retry.max_deliver:
-            # The last attempt never reported back: the process died or overran ack_wait.
+            # Only permanent failures end a delivery (transient ones are retried within it),
+            # and the last of them parks: this delivery means the previous attempts never
+            # reported back (the process died, or overran ack_wait without a heartbeat).
             error = f"no attempt finished in {self.retry.max_deliver} deliveries"
             return _Outcome(unknown, await self._give_up(msg, error, deliveries))
         try:
@@ -331,12 +356,15 @@ class _Delivery(Generic[M]):
             # Retrying cannot fix a malformed message: park it at once.
             return _Outcome(unknown, await self._give_up(msg, f"malformed {self.kind}: {exc}", deliveries))
         message_id = _message_id(msg, message)
-        try:
+
+        async def attempt() -> None:
             with self._span(msg, message_id):
-                async with self._heartbeat(msg):
-                    reply = await self.handler(message)
-                    for follow in _as_events(reply):
-                        await publish(self.broker, follow)
+                reply = await self.handler(message)
+                for follow in _as_events(reply):
+                    await publish(self.broker, follow)
+
+        try:
+            await self._through_outages(msg, f"delivery {deliveries} of {message_id}", attempt)
         except Unprocessable as exc:
             return _Outcome(
                 message_id, await self._give_up(msg, f"unprocessable {self.kind}: {exc}", deliveries)
@@ -357,8 +385,12 @@ class _Delivery(Generic[M]):
 
     async def _give_up(self, msg: Msg, error: str, deliveries: int) -> str:
         """Park the message and terminate it; what happened, for the delivery's log line."""
-        try:
+
+        async def park_it() -> None:
             await park(self.broker, self.service, msg, error=error, deliveries=deliveries)
+
+        try:
+            await self._through_outages(msg, "parking", park_it)
         except Exception:
             # Not parked, so not terminated either: it comes back and parking is retried.
             log.exception("could not park %s; it will be redelivered", msg.subject)
@@ -367,6 +399,36 @@ class _Delivery(Generic[M]):
             return f"not parked, retry in {delay:g}s"
         await _settle(msg.term())
         return "parked"
+
+    async def _through_outages(self, msg: Msg, what: str, step: Callable[[], Awaitable[None]]) -> None:
+        """`step()`, run again after each transient failure (`specbus.faults`) for as long as it takes.
+
+        The retries happen within this delivery, which the heartbeat keeps ours, so an
+        outage of Postgres or NATS, however long, never uses up the message's deliveries;
+        a permanent failure is raised for the caller to count. Stopping the process
+        cancels the wait, and the message is redelivered after ack_wait.
+        """
+        failures = 0
+        async with self._heartbeat(msg):
+            while True:
+                try:
+                    await step()
+                    return
+                except Exception as exc:
+                    if isinstance(exc, Unprocessable) or not is_transient(exc):
+                        raise
+                    failures += 1
+                    delay = self.retry.transient_delay(failures)
+                    log.warning(
+                        "%s: %s %s failed on the infrastructure (%d in a row), retry in %.1fs: %r",
+                        self.consumer,
+                        msg.subject,
+                        what,
+                        failures,
+                        delay,
+                        exc,
+                    )
+                    await asyncio.sleep(delay)
 
     def _span(self, msg: Msg, message_id: str) -> Any:
         return tracing.process_span(msg, consumer=self.consumer, message_id=message_id)

@@ -7,6 +7,11 @@ announce state that was rolled back. `add` writes the event in the caller's tran
 re-send after a crash between publish and mark is dropped by the broker's dedup window.
 Published rows are deleted once they are older than `retention_s` (far beyond that
 window): the `SPEC` stream keeps the events, the table only keeps what is in flight.
+
+A row NATS refuses while the relay is connected (too large, a subject no stream takes
+or the service may not publish: `specbus.faults`) is counted against it; after
+`max_attempts` it is quarantined, kept but no longer published, and the rows behind it
+go on. An outage (NATS unreachable, a timeout) only stops the pass: no row is blamed.
 """
 
 from __future__ import annotations
@@ -19,14 +24,15 @@ from uuid import UUID
 
 import psycopg
 from faststream.nats import NatsBroker
-from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from psycopg import AsyncConnection
 from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from specbus.broker import jetstream
 from specbus.envelope import Envelope
+from specbus.faults import is_transient, publish_denied
 from specbus.metrics import record_outbox_lag
 from specbus.publish import MSG_ID, PUBLISH_TIMEOUT_S, envelope_headers, publish_raw
 
@@ -43,7 +49,8 @@ _INSERT = """
 # rows (and rows older than the producer column); one without a producer, all rows.
 _PENDING = """
     SELECT id, subject, body, headers FROM outbox
-    WHERE published_at IS NULL AND (%(producer)s::text IS NULL OR producer IS NULL OR producer = %(producer)s)
+    WHERE published_at IS NULL AND quarantined_at IS NULL
+      AND (%(producer)s::text IS NULL OR producer IS NULL OR producer = %(producer)s)
     ORDER BY seq
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -51,9 +58,16 @@ _PENDING = """
 # What is left to publish, for the lag gauges; the partial index keeps it to the pending rows.
 _LAG = """
     SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 FROM outbox
-    WHERE published_at IS NULL AND (%(producer)s::text IS NULL OR producer IS NULL OR producer = %(producer)s)
+    WHERE published_at IS NULL AND quarantined_at IS NULL
+        AND (%(producer)s::text IS NULL OR producer IS NULL OR producer = %(producer)s)
 """
 _MARK = "UPDATE outbox SET published_at = now() WHERE id = ANY(%s)"
+_REFUSED = """
+    UPDATE outbox SET attempts = attempts + 1, last_error = %(error)s,
+        quarantined_at = CASE WHEN attempts + 1 >= %(max_attempts)s THEN now() END
+    WHERE id = %(id)s
+    RETURNING quarantined_at IS NOT NULL
+"""
 _PURGE = "DELETE FROM outbox WHERE published_at < now() - make_interval(secs => %s)"
 # A published row is kept a day, far beyond the broker's dedup window (DUPLICATE_WINDOW_S).
 RETENTION_S = 86_400.0
@@ -61,6 +75,9 @@ PURGE_EVERY_S = 3_600.0
 # The lag is measured after every pass, also while publishing fails; an unreachable database
 # must not hold the relay's next attempt for a whole pool timeout.
 LAG_TIMEOUT_S = 1.0
+# Refusals of one row before it is quarantined: with the relay's backoff between passes
+# (1, 2, 4, 8 s by default) a refusal that was really a passing hiccup has time to clear.
+MAX_ATTEMPTS = 5
 
 
 async def add(conn: AsyncConnection[Any], envelope: Envelope[Any]) -> None:
@@ -112,9 +129,10 @@ class OutboxRelay:
         retention_s: float = RETENTION_S,
         purge_every_s: float = PURGE_EVERY_S,
         producer: str | None = None,
+        max_attempts: int = MAX_ATTEMPTS,
     ) -> None:
-        if batch_size < 1 or poll_interval_s <= 0:
-            raise ValueError("batch_size must be >= 1 and poll_interval_s > 0")
+        if batch_size < 1 or poll_interval_s <= 0 or max_attempts < 1:
+            raise ValueError("batch_size and max_attempts must be >= 1 and poll_interval_s > 0")
         self.pool = pool
         self.target = target
         self.batch_size = batch_size
@@ -124,6 +142,7 @@ class OutboxRelay:
         self.retention_s = retention_s
         self.purge_every_s = purge_every_s
         self.producer = producer
+        self.max_attempts = max_attempts
         # LISTEN needs a connection of its own, outside the pool.
         self.listen_conninfo = listen_conninfo or (pool.conninfo if isinstance(pool.conninfo, str) else None)
         self._listener: AsyncConnection[Any] | None = None
@@ -144,8 +163,10 @@ class OutboxRelay:
     async def publish_pending(self) -> int:
         """One pass over at most `batch_size` rows; returns how many were published.
 
-        Rows published before a failure are still marked (and committed) before the
-        error is raised, so they are not sent again.
+        The pass stops at the first failure, which is raised, unless it was the last
+        refusal a row gets: then that row is quarantined and the pass goes on. Rows
+        published before a failure are still marked (and committed) first, so they are
+        not sent again.
         """
         published: list[UUID] = []
         failure: Exception | None = None
@@ -159,15 +180,49 @@ class OutboxRelay:
                     await publish_raw(
                         self.target, subject, bytes(body), headers, timeout=self.publish_timeout_s
                     )
-                except (NatsError, OSError, TimeoutError) as exc:
-                    failure = exc
-                    break
+                except Exception as exc:
+                    if self._outage(subject, exc) or not await self._refused(conn, event_id, subject, exc):
+                        # Retried after the relay's backoff, still ahead of the rows behind it.
+                        failure = exc
+                        break
+                    continue
                 published.append(event_id)
             if published:
                 await conn.execute(_MARK, (published,))
         if failure is not None:
             raise failure
         return len(published)
+
+    def _outage(self, subject: str, exc: Exception) -> bool:
+        """Whether a failed publish on `subject` is NATS's fault rather than the row's."""
+        # nats-py keeps the client on the JetStream context only as a private attribute.
+        connection = jetstream(self.target)._nc
+        if not connection.is_connected:
+            return True
+        if publish_denied(subject, connection.last_error):
+            return False
+        return is_transient(exc)
+
+    async def _refused(
+        self, conn: AsyncConnection[Any], event_id: UUID, subject: str, exc: Exception
+    ) -> bool:
+        """Count a refusal of the row; True if that quarantined it."""
+        error = f"{type(exc).__name__}: {exc}"
+        params = {"id": event_id, "error": error, "max_attempts": self.max_attempts}
+        async with conn.cursor(row_factory=tuple_row) as cursor:
+            row = await (await cursor.execute(_REFUSED, params)).fetchone()
+        quarantined = bool(row and row[0])
+        if quarantined:
+            log.error(
+                "outbox relay: quarantined row %s on %s after %d refusals, the rows behind it go on: %s",
+                event_id,
+                subject,
+                self.max_attempts,
+                error,
+            )
+        else:
+            log.warning("outbox relay: NATS refused row %s on %s: %s", event_id, subject, error)
+        return quarantined
 
     async def purge_published(self) -> int:
         """Delete rows published more than `retention_s` ago; returns how many."""

@@ -6,7 +6,8 @@ the table can rewrite a row and recompute every later hash with the database's o
 second, independent copy: it denies deletes and purges (specbus.broker.stream_config),
 so each row is compared with the message at its `stream_seq`, recorded as the audit
 records it (`logic.entry_from_message`), and a message between recorded ones without a
-row is named too.
+row is named too. Rows older than the stream's first message (retired at its age or size
+limit) are counted, not checked.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from nats.aio.client import Client
 from psycopg import AsyncConnection
 
+from specbus.subjects import STREAM
 from specops_services.audit import db
 from specops_services.audit.logic import StreamChecker, StreamReport
 from specops_services.audit.replay import message_at
@@ -26,7 +28,10 @@ async def verify_against_stream(conn: AsyncConnection[Any], nc: Client) -> Strea
 
     `conn` must not be inside a transaction already: this one sets its isolation level.
     """
-    checker = StreamChecker()
+    # Read before the rows: a message the stream retires meanwhile is then one it "holds no
+    # more", which the row names, rather than one silently skipped.
+    kept = await nc.jetstream().stream_info(STREAM)
+    checker = StreamChecker(first_kept_seq=kept.state.first_seq)
     async with conn.transaction():
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         async for row in db.iter_rows(conn):

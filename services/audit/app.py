@@ -3,8 +3,9 @@
 Its one durable consumer, `<service>-record` on `spec.>`, is a `specbus.raw_subscriber`:
 the handler takes raw messages (events, dead letters on `spec.dlq.>`, malformed ones;
 see `logic.entry_from_message`), since the audit must keep exactly the messages a typed
-subscriber would park. It never parks anything either (`max_deliver=None`): when the
-database is down it naks with backoff for as long as it takes. Parking would send the
+subscriber would park. It never parks anything either (`max_deliver=None`): while the
+database is down it retries for as long as it takes (specbus retries an outage within the
+delivery, and naks any other failure with backoff). Parking would send the
 message to `spec.dlq.audit`, back into the same failing sink, and the stream keeps
 every message for a year, so waiting loses nothing. Replicas share the consumer; the
 table's trigger keeps them on one chain.

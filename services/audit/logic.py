@@ -295,6 +295,7 @@ class StreamReport:
 
     rows: int  # rows checked (up to and including the first that differs)
     broken: ChainBreak | None  # the first row that differs, or the first message without a row
+    retired: int = 0  # rows not checked: their messages are past the stream's age or size limit
 
     @property
     def ok(self) -> bool:
@@ -303,11 +304,12 @@ class StreamReport:
     def summary(self) -> str:
         if self.broken is not None:
             return f"audit log differs from the stream at seq {self.broken.seq}: {self.broken.reason}"
-        return f"audit log matches the stream: {self.rows} rows"
+        older = f" ({self.retired} older rows not checked: the stream no longer keeps them)"
+        return f"audit log matches the stream: {self.rows} rows" + (older if self.retired else "")
 
     def to_dict(self) -> dict[str, Any]:
         broken = None if self.broken is None else {"seq": self.broken.seq, "reason": self.broken.reason}
-        return {"ok": self.ok, "rows": self.rows, "broken": broken}
+        return {"ok": self.ok, "rows": self.rows, "retired": self.retired, "broken": broken}
 
 
 def stream_mismatch(row: AuditRow, message: tuple[str, bytes] | None) -> str | None:
@@ -334,10 +336,17 @@ def stream_mismatch(row: AuditRow, message: tuple[str, bytes] | None) -> str | N
 
 class StreamChecker:
     """Rows against their stream messages, one at a time; then whether a message between the
-    first and the last recorded one has no row (a row deleted, the chain recomputed)."""
+    first and the last recorded one has no row (a row deleted, the chain recomputed).
 
-    def __init__(self) -> None:
+    `first_kept_seq`: the stream's first message. The stream discards its oldest messages
+    at its age or size limit (specbus.broker), so rows of earlier ones have nothing left
+    to be checked against and are only counted.
+    """
+
+    def __init__(self, first_kept_seq: int = 1) -> None:
+        self.first_kept_seq = first_kept_seq
         self._rows = 0
+        self._retired = 0
         self._seqs: dict[int, int] = {}  # stream_seq -> row seq
         self._broken: ChainBreak | None = None
 
@@ -345,6 +354,9 @@ class StreamChecker:
         """Check the next row; False once one differs (later rows are not checked)."""
         if self._broken is not None:
             return False
+        if row.stream_seq is not None and row.stream_seq < self.first_kept_seq:
+            self._retired += 1
+            return True
         self._rows += 1
         reason = stream_mismatch(row, message)
         if reason is not None:
@@ -370,7 +382,7 @@ class StreamChecker:
                         f"stream {missing} no audit row (rows deleted, or not recorded yet)",
                     )
                     break
-        return StreamReport(self._rows, broken)
+        return StreamReport(self._rows, broken, retired=self._retired)
 
 
 def _json_object(data: bytes) -> dict[str, Any] | None:

@@ -111,6 +111,13 @@ def render_authorization(users: Mapping[str, Permissions]) -> str:
     return f"authorization: {json.dumps(_authorization(users), indent=2)}\n"
 
 
+# Fixed rather than nats-server's default, 75% of the disk free when it starts: each stream
+# reserves its max_bytes in this store, and a store that shrinks as the disk fills would
+# make `specops up` fail to re-apply the streams. Their own limits (specbus.broker) are
+# what bound the disk they use.
+MAX_FILE_STORE = 2**40
+
+
 def render_config(
     *, host: str, port: int, monitor_port: int, store_dir: Path, users: Mapping[str, Permissions]
 ) -> str:
@@ -120,7 +127,7 @@ def render_config(
         "host": host,
         "port": port,
         "http": f"{host}:{monitor_port}",
-        "jetstream": {"store_dir": str(store_dir)},
+        "jetstream": {"store_dir": str(store_dir), "max_file_store": MAX_FILE_STORE},
         "authorization": _authorization(users),
     }
     return json.dumps(config, indent=2) + "\n"

@@ -35,6 +35,7 @@ from specbus import (
     subscriber,
 )
 from specbus.broker import reconnect_delay
+from specbus.consumer import MAX_ACK_PENDING
 from specbus.dlq import KEPT_BYTES, DeadLetter
 from specbus.envelope import Envelope, new_event
 from specbus.publish import MSG_ID, publish_raw
@@ -181,6 +182,7 @@ async def test_malformed_messages_are_parked_and_the_next_good_one_is_processed(
         b"{not json": "not JSON",
         json.dumps({k: v for k, v in fields.items() if k != "tenant_id"}).encode(): "tenant_id",
         json.dumps(fields | {"type": "run.exploded"}).encode(): "unknown event type",
+        json.dumps(fields | {"schema_version": RunQueued.schema_version + 1}).encode(): "is newer",
         b"[" * 5000: "nested too deeply",
         oversized: "padding",
     }
@@ -191,11 +193,17 @@ async def test_malformed_messages_are_parked_and_the_next_good_one_is_processed(
         await publish(js, good)
         await _wait_for(lambda: handled == [good.event_id])
         letters = await _dead_letters(js, service, len(bad_bodies))
+        # One worker takes them in order: each bad one was settled before the good one.
+        info = await js.consumer_info(STREAM, consumer_name(service, "on_queued"))
 
+    # Each parked once, none left to come back.
+    assert await _stored(js, dlq_subject(service)) == len(bad_bodies)
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0
+    assert info.delivered.consumer_seq == len(bad_bodies) + 1
     # A body too large to travel in its letter stays in its stream, which the letter names.
     kept = [body if len(body) <= KEPT_BYTES else b"" for body in bad_bodies]
     assert [letter.data for letter in letters] == kept
-    assert [letter.omitted_bytes for letter in letters] == [None] * 4 + [len(oversized)]
+    assert [letter.omitted_bytes for letter in letters] == [None] * 5 + [len(oversized)]
     for letter, reason in zip(letters, bad_bodies.values(), strict=True):
         assert letter.error.startswith("malformed event") and reason in letter.error
         assert (letter.service, letter.subject, letter.deliveries) == (service, good.subject, 1)
@@ -303,6 +311,9 @@ async def test_outbox_relay_publishes_a_row_committed_while_nats_was_down_exactl
     stored = await js.get_last_msg(STREAM, event.subject)
     assert stored.data == event.to_json_bytes()
     assert stored.headers is not None and stored.headers[MSG_ID] == event.event_id
+    # NATS was away: an outage, not the row's fault, so nothing was counted against it.
+    blamed = "SELECT count(*) FROM outbox WHERE id = %s AND attempts = 0 AND quarantined_at IS NULL"
+    assert await _count(pool, blamed, event.event_id) == 1
 
 
 async def test_outbox_resend_after_a_crash_before_marking_is_deduplicated(
@@ -424,6 +435,7 @@ async def test_one_handler_takes_several_event_types_and_config_changes_reach_th
 
     assert handled == ["run.queued", "run.running"]
     assert info.config.ack_wait == 7.0
+    assert info.config.max_ack_pending == MAX_ACK_PENDING
     assert sorted(info.config.filter_subjects or []) == ["spec.run.*.queued", "spec.run.*.running"]
 
 

@@ -146,8 +146,8 @@ def _stream_of(rows: list[AuditRow]) -> dict[int, tuple[str, bytes]]:
     return {r.stream_seq: (r.subject, r.payload) for r in rows if r.stream_seq is not None}
 
 
-def _check(rows: list[AuditRow], stream: dict[int, tuple[str, bytes]]) -> str:
-    checker = StreamChecker()
+def _check(rows: list[AuditRow], stream: dict[int, tuple[str, bytes]], first_kept_seq: int = 1) -> str:
+    checker = StreamChecker(first_kept_seq=first_kept_seq)
     for row in rows:
         if not checker.feed(row, None if row.stream_seq is None else stream.get(row.stream_seq)):
             break
@@ -186,6 +186,17 @@ def test_rows_missing_between_stream_messages_and_rows_without_a_message_are_nam
     assert "at seq 2: stream message 3 has no audit row" in _check(gap, _stream_of(gap))
     assert "stream holds no message 30" in _check([*rows[:2], replace(rows[2], stream_seq=30)], stream)
     assert "has no stream_seq" in _check([replace(rows[0], stream_seq=None)], {})
+
+
+def test_rows_of_messages_the_stream_retired_at_its_limits_are_counted_not_checked() -> None:
+    rows = _chain(4, stride=1)
+    # The stream discarded its two oldest messages (max_age or max_bytes).
+    kept = {seq: message for seq, message in _stream_of(rows).items() if seq >= 3}
+    assert _check(rows, kept, first_kept_seq=3) == (
+        "audit log matches the stream: 2 rows (2 older rows not checked: the stream no longer keeps them)"
+    )
+    # A message missing above the first one kept is still named.
+    assert "stream holds no message 4" in _check(rows, {3: kept[3]}, first_kept_seq=3)
 
 
 def test_a_version_1_run_queued_is_recorded_with_the_bytes_it_was_published_with() -> None:
