@@ -3,6 +3,7 @@ waits for one, with its stage and what to check, and the run's SSE stream ends."
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -37,19 +38,17 @@ def _specops(runtime: Runtime, *args: str) -> str:
     return done.stdout
 
 
-async def test_a_run_no_benchmark_runner_takes_is_failed_by_the_reaper(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_run_no_benchmark_runner_takes_is_failed_by_the_reaper(monkeypatch: pytest.MonkeyPatch) -> None:
     with started(monkeypatch, replicas={"benchmark-runner": 0}, env=TINY | REAPER) as runtime:
-        token = (await issue_token(runtime.database_url, tenant_id="reaped", role=Role.DEVELOPER)).secret
-        auth = {"Authorization": f"Bearer {token}"}
-        async with httpx.AsyncClient(base_url=runtime.url, headers=auth, timeout=STREAM_TIMEOUT_S) as client:
-            created = await client.post(f"{API_PREFIX}/runs", json=REQUEST)
+        issued = asyncio.run(issue_token(runtime.database_url, tenant_id="reaped", role=Role.DEVELOPER))
+        auth = {"Authorization": f"Bearer {issued.secret}"}
+        with httpx.Client(base_url=runtime.url, headers=auth, timeout=STREAM_TIMEOUT_S) as client:
+            created = client.post(f"{API_PREFIX}/runs", json=REQUEST)
             assert created.status_code == 202, created.text
             run_id = created.json()["id"]
             # The stream ends with the run's run.failed (the client would wait forever otherwise).
-            stream = await client.get(f"{API_PREFIX}/runs/{run_id}/events")
-            run = (await client.get(f"{API_PREFIX}/runs/{run_id}")).json()
+            stream = client.get(f"{API_PREFIX}/runs/{run_id}/events")
+            run = client.get(f"{API_PREFIX}/runs/{run_id}").json()
         letters = _specops(runtime, "dlq", "ls")
         gateway_log = runtime.log("gateway")
 
