@@ -13,6 +13,7 @@ import pytest
 from fixtures.runtime import TINY, Runtime, started
 
 from specops.client import parse_sse
+from specops.runtime.supervisor import SERVICES
 from specops_schemas.api import API_PREFIX
 from specops_schemas.catalog import Role
 from specops_services.gateway.tokens import issue_token
@@ -39,7 +40,8 @@ def _specops(runtime: Runtime, *args: str) -> str:
 
 
 def test_a_run_no_benchmark_runner_takes_is_failed_by_the_reaper(monkeypatch: pytest.MonkeyPatch) -> None:
-    with started(monkeypatch, replicas={"benchmark-runner": 0}, env=TINY | REAPER) as runtime:
+    replicas = dict.fromkeys(SERVICES, 1) | {"benchmark-runner": 0}
+    with started(monkeypatch, replicas=replicas, env=TINY | REAPER) as runtime:
         issued = asyncio.run(issue_token(runtime.database_url, tenant_id="reaped", role=Role.DEVELOPER))
         auth = {"Authorization": f"Bearer {issued.secret}"}
         with httpx.Client(base_url=runtime.url, headers=auth, timeout=STREAM_TIMEOUT_S) as client:

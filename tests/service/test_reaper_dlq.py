@@ -101,6 +101,8 @@ async def test_redrive_completes_a_run_whose_request_was_parked_by_an_error_fixe
 
         assert await asyncio.to_thread(_cli, "dlq", "redrive", str(seq)) == 2
         again = capsys.readouterr().err
+        assert await asyncio.to_thread(_cli, "dlq", "redrive", "--all", "--service", predictor) == 0
+        everything = capsys.readouterr().out
         assert await asyncio.to_thread(_cli, "dlq", "ls", "--service", predictor, "--json") == 0
         [relisted] = _json_lines(capsys.readouterr().out)
         depth.cancel()
@@ -112,6 +114,7 @@ async def test_redrive_completes_a_run_whose_request_was_parked_by_an_error_fixe
     assert f"redrove {seq} -> spec.run.{run_id}.requested" in redrove
     assert completed["error"] is None and completed["winner"] is not None
     assert "was redriven" in again and "--force" in again
+    assert everything.splitlines()[-1] == "nothing to redrive"
     assert relisted["redriven_at"] is not None
 
 
