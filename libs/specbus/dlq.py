@@ -1,18 +1,23 @@
-"""Parking a message a service gave up on, verbatim, on `spec.dlq.<service>`, as a DeadLetter."""
+"""Parking a message a service gave up on, verbatim, on `spec.dlq.<service>`, as a DeadLetter;
+the record of a letter redriven (`specops dlq redrive`), and how many are left (a gauge)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
+from collections.abc import Mapping
 
 from faststream.nats import NatsBroker
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from opentelemetry import propagate
+from prometheus_client import Gauge
 from pydantic import Base64Bytes, Field
 
+from specbus.broker import jetstream
 from specbus.publish import MSG_ID, publish_raw
-from specbus.subjects import dlq_subject
+from specbus.subjects import DLQ_SUBJECTS, REDRIVEN_SUBJECTS, STREAM, dlq_subject
 from specbus.wire import Model, UtcDatetime, utc_now
 
 log = logging.getLogger(__name__)
@@ -93,3 +98,71 @@ async def park(
         error,
     )
     return letter
+
+
+# --- redrive -----------------------------------------------------------------------------------
+
+
+class Redriven(Model):
+    """The record that a dead letter was redriven (`spec.redriven.<service>.<letter seq>`)."""
+
+    letter_seq: int = Field(ge=1, description="Stream sequence of the dead letter in SPEC.")
+    service: str = Field(description="Service that had parked the message.")
+    subject: str = Field(description="Subject the message was republished on (its original one).")
+    msg_id: str = Field(description="Nats-Msg-Id of the republished message.")
+    republished_seq: int = Field(ge=1, description="Stream sequence of the republished message.")
+    redriven_at: UtcDatetime = Field(default_factory=utc_now, description="When, UTC.")
+
+
+# Headers the broker reads on publish: the republished message gets its own dedup id, and
+# the expected stream is set again by the publish itself.
+_BROKER_HEADERS = frozenset({MSG_ID.lower(), "nats-expected-stream"})
+
+
+def redrive_headers(letter: DeadLetter, msg_id: str) -> dict[str, str]:
+    """The parked message's headers (trace context, CloudEvents attributes) under a fresh Nats-Msg-Id.
+
+    The original id would be swallowed by the stream's dedup window if the message was
+    parked less than its duration ago.
+    """
+    kept = {name: value for name, value in letter.headers.items() if name.lower() not in _BROKER_HEADERS}
+    return kept | {MSG_ID: msg_id}
+
+
+def depth_by_service(
+    letters: Mapping[str, int], redriven: Mapping[str, int], *, first_seq: int
+) -> dict[str, int]:
+    """Letters not redriven, per service, from the stream's per-subject message counts.
+
+    `letters`: counts of `spec.dlq.<service>`; `redriven`: of `spec.redriven.<service>.<seq>`
+    (one subject per redriven letter, whatever the number of redrives). A record whose
+    letter is older than the stream's first sequence (retired by max_age) counts for nothing.
+    """
+    depth = {subject.rsplit(".", 1)[-1]: count for subject, count in letters.items()}
+    for subject in redriven:
+        _, _, service, seq = subject.split(".")
+        if int(seq) >= first_seq and service in depth:
+            depth[service] -= 1
+    return {service: max(count, 0) for service, count in depth.items()}
+
+
+DEAD_LETTERS = Gauge("specops_dead_letters", "Dead letters on spec.dlq.<service> not redriven.", ["service"])
+DEPTH_INTERVAL_S = 30.0
+
+
+async def watch_depth(target: NatsBroker | JetStreamContext, *, interval_s: float = DEPTH_INTERVAL_S) -> None:
+    """Keep DEAD_LETTERS current until cancelled: two stream-info calls per interval, no message read."""
+    js = jetstream(target)
+    while True:
+        try:
+            letters = await js.stream_info(STREAM, subjects_filter=DLQ_SUBJECTS)
+            redriven = await js.stream_info(STREAM, subjects_filter=REDRIVEN_SUBJECTS)
+            depth = depth_by_service(
+                letters.state.subjects or {}, redriven.state.subjects or {}, first_seq=letters.state.first_seq
+            )
+            for service, count in depth.items():
+                DEAD_LETTERS.labels(service).set(count)
+        except Exception as exc:
+            # NATS away: the gauge keeps its last value until the next look.
+            log.warning("could not count dead letters: %r", exc)
+        await asyncio.sleep(interval_s)

@@ -20,6 +20,10 @@ STREAM = "SPEC"
 STREAM_SUBJECTS = f"{PREFIX}.>"
 DLQ = "dlq"
 DLQ_SUBJECTS = f"{PREFIX}.{DLQ}.>"
+# `specops dlq redrive` records each letter it redrove on `spec.redriven.<service>.<letter seq>`:
+# outside `spec.dlq.>`, so the dead-letter consumers never take a record for a letter.
+REDRIVEN = "redriven"
+REDRIVEN_SUBJECTS = f"{PREFIX}.{REDRIVEN}.>"
 
 INTAKE_STREAM = "SPEC_INTAKE"
 INTAKE_PREFIX = "specops.intake"
@@ -71,6 +75,13 @@ def pattern(aggregate: str, event: str = "*") -> str:
 def dlq_subject(service: str) -> str:
     """Where `service` parks messages it gave up on after its retries."""
     return f"{PREFIX}.{DLQ}.{_check('service', service, _NAME)}"
+
+
+def redriven_subject(service: str, letter_seq: int) -> str:
+    """Where the redrive of `service`'s dead letter at stream sequence `letter_seq` is recorded."""
+    if letter_seq < 1:
+        raise ValueError(f"stream sequences start at 1, got {letter_seq}")
+    return f"{PREFIX}.{REDRIVEN}.{_check('service', service, _NAME)}.{letter_seq}"
 
 
 def parse(value: str) -> Subject:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from specbus.subjects import DLQ, PREFIX
+from specbus.subjects import DLQ, PREFIX, REDRIVEN
 from specbus.wire import loads_json
 from specops_schemas.events import parse_event
 
@@ -39,8 +39,10 @@ _DOMAIN = b"specops-audit-row-v1"
 _RAW_NAMESPACE = uuid.UUID("6f1c2a52-2d0e-4d53-9b8e-3c1f0a7d4e21")
 
 DLQ_TYPE = "dlq"
+REDRIVEN_TYPE = "dlq.redriven"
 INVALID_TYPE = "invalid"
 _DLQ_PREFIX = f"{PREFIX}.{DLQ}."
+_REDRIVEN_PREFIX = f"{PREFIX}.{REDRIVEN}."
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,12 +274,17 @@ def entry_from_message(subject: str, data: bytes, stream_seq: int | None = None)
     - an event that validates: its own event_id, type and tenant, canonical JSON;
     - a dead letter (``spec.dlq.<service>``): type ``dlq``, the body verbatim, the tenant
       of the parked event when it can be read;
+    - the record of a redriven letter (``spec.redriven.<service>.<seq>``): type
+      ``dlq.redriven``, the body verbatim;
     - anything else on ``spec.>`` (malformed or unknown type): type ``invalid``, a JSON
       object with the validation error and the base64 body, so the audit shows it.
     """
     if is_dead_letter(subject):
         tenant = _dead_letter_tenant(data)
         return AuditEntry(raw_event_id(subject, data), subject, DLQ_TYPE, tenant, data, stream_seq)
+    if subject.startswith(_REDRIVEN_PREFIX):
+        # `specops dlq redrive`'s record that a letter was redriven: the operator's act, kept verbatim.
+        return AuditEntry(raw_event_id(subject, data), subject, REDRIVEN_TYPE, None, data, stream_seq)
     try:
         event = parse_event(data)
     except ValueError as exc:

@@ -17,7 +17,7 @@ from specbus.broker import make_broker, upstream_stream_configs
 from specbus.outbox import OutboxRelay
 from specops_schemas import MIGRATIONS
 from specops_schemas.api import Problem
-from specops_services.gateway import db, intake, projector, results, routes
+from specops_services.gateway import db, intake, projector, reaper, results, routes
 from specops_services.gateway.limits import BodyLimit
 from specops_services.gateway.listen import claim_port, deployment_id, listening_socket
 from specops_services.gateway.listener import RunEventsListener
@@ -100,6 +100,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks.append(_spawn(count_runs(pool, every_s=settings.gateway_metrics_refresh_s)))
         if settings.gateway_relay:
             tasks.append(_spawn(OutboxRelay(pool, broker, producer=results.PRODUCER).run()))
+        if settings.gateway_reaper:
+            deadlines = settings.stage_deadlines()
+            tasks.append(_spawn(reaper.run(pool, deadlines, interval_s=settings.reaper_interval_s)))
         yield
     finally:
         await _stop(tasks)

@@ -21,7 +21,7 @@ from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import Role, RunStatus
 from specops_schemas.events import RunCompleted
 from specops_services.gateway.cache import CACHE_TTL, KEY_COLUMNS
-from specops_services.gateway.logic import RunState, StoredResponse
+from specops_services.gateway.logic import RunProgress, RunState, StoredResponse
 from specplatform.db import Connection, connect
 
 # --- tokens ------------------------------------------------------------------------------
@@ -358,3 +358,40 @@ async def listen_run_events(dsn: str) -> Connection:
 
 async def ping(conn: Connection) -> None:
     await conn.execute("SELECT 1")
+
+
+# --- stalled runs (the reaper) ---------------------------------------------------------------
+
+# A run not yet answered with its latest event, by when it happened (a run has its
+# run.queued from the start; updated_at stands in should it have none).
+_PROGRESS = """SELECT r.id, r.tenant_id, e.type, e.payload -> 'payload' ->> 'stage' AS running_stage,
+                      coalesce(e.occurred_at, r.updated_at) AS last_at
+               FROM runs r LEFT JOIN LATERAL (
+                   SELECT type, payload, occurred_at FROM run_events
+                   WHERE run_id = r.id ORDER BY occurred_at DESC, seq DESC LIMIT 1
+               ) e ON true
+               WHERE r.status NOT IN ('completed', 'failed')"""
+
+
+def _progress(row: dict[str, Any]) -> RunProgress:
+    return RunProgress(
+        run_id=row["id"],
+        tenant_id=row["tenant_id"],
+        last_type=row["type"],
+        last_running_stage=row["running_stage"],
+        last_at=row["last_at"],
+    )
+
+
+async def unanswered_runs(conn: Connection) -> list[RunProgress]:
+    """Every tenant's runs not yet completed or failed (the owning role: no row-level filter)."""
+    cur = await conn.execute(_PROGRESS)
+    return [_progress(row) for row in await cur.fetchall()]
+
+
+async def lock_unanswered_run(conn: Connection, run_id: str) -> RunProgress | None:
+    """The run, locked to the end of the transaction, if it is still unanswered and no other
+    transaction holds it (that one is moving it, or another replica's reaper is failing it)."""
+    cur = await conn.execute(f"{_PROGRESS} AND r.id = %s FOR UPDATE OF r SKIP LOCKED", (run_id,))
+    row = await cur.fetchone()
+    return None if row is None else _progress(row)

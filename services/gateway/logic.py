@@ -11,8 +11,9 @@ import json
 import re
 import secrets
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from specbus.envelope import Envelope
@@ -20,7 +21,7 @@ from specbus.subjects import ID_PATTERN
 from specops_schemas.api import RunCreateRequest, RunError, RunStatusResponse
 from specops_schemas.base import UtcDatetime
 from specops_schemas.candidates import CandidateResult
-from specops_schemas.catalog import Role, RunStatus
+from specops_schemas.catalog import ErrorStage, Role, RunStatus
 from specops_schemas.events import RunCompleted, RunFailed, RunPredicted
 
 # --- roles -------------------------------------------------------------------------------
@@ -213,11 +214,18 @@ class RunState:
 
 
 def fold(state: RunState, envelope: Envelope[Any]) -> RunState:
-    """The run after one more event; the same state when the event moves nothing."""
+    """The run after one more event; the same state when the event moves nothing.
+
+    A run failed because one of its messages was parked (`dead_letter`) is completed by a
+    later `run.completed`: the parked message was redriven (`specops dlq redrive`) and
+    carried the run to its answer.
+    """
+    payload = envelope.payload
+    if isinstance(payload, RunCompleted) and is_redrivable(state):
+        return _completed(replace(state, error=None), payload)
     status = next_status(state.status, envelope.type)
     if status == state.status:
         return state
-    payload = envelope.payload
     if isinstance(payload, RunPredicted):
         candidates = [
             CandidateResult(candidate=c.candidate, prediction=c.prediction).model_dump(mode="json")
@@ -225,19 +233,29 @@ def fold(state: RunState, envelope: Envelope[Any]) -> RunState:
         ]
         return replace(state, status=status, candidates=candidates, pareto_front=list(payload.pareto_front))
     if isinstance(payload, RunCompleted):
-        return replace(
-            state,
-            status=status,
-            cache_hit=payload.cache_hit,
-            measured=payload.measured,
-            winner=payload.winner.model_dump(mode="json") if payload.winner else None,
-            candidates=[c.model_dump(mode="json") for c in payload.candidates],
-            pareto_front=list(payload.pareto_front),
-        )
+        return _completed(state, payload)
     if isinstance(payload, RunFailed):
         error = RunError(error_stage=payload.error_stage, message=payload.message)
         return replace(state, status=status, error=error.model_dump(mode="json"))
     return replace(state, status=status)
+
+
+def is_redrivable(state: RunState) -> bool:
+    """Whether the run failed only because one of its messages was parked (it may still complete)."""
+    error_stage = (state.error or {}).get("error_stage")
+    return state.status == RunStatus.FAILED and error_stage == ErrorStage.DEAD_LETTER
+
+
+def _completed(state: RunState, payload: RunCompleted) -> RunState:
+    return replace(
+        state,
+        status=RunStatus.COMPLETED,
+        cache_hit=payload.cache_hit,
+        measured=payload.measured,
+        winner=payload.winner.model_dump(mode="json") if payload.winner else None,
+        candidates=[c.model_dump(mode="json") for c in payload.candidates],
+        pareto_front=list(payload.pareto_front),
+    )
 
 
 def answer_to_cache(before: RunState, after: RunState, envelope: Envelope[Any]) -> RunCompleted | None:
@@ -314,3 +332,72 @@ def parse_last_event_id(value: str | None) -> int:
     if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise ValueError("Last-Event-ID must be an event id this stream sent (a non-negative integer)")
     return int(text)
+
+
+# --- stalled runs (the reaper) ---------------------------------------------------------------
+
+# Where a run waits, named for its user, read off its latest event: the service expected
+# to move it next, and the stage its failure is charged to.
+STALL_STAGES: dict[str, tuple[ErrorStage, str]] = {
+    "queued": (ErrorStage.PREDICTION, "is a predictor running?"),
+    "predicting": (ErrorStage.PREDICTION, "is a predictor running?"),
+    "benchmarking": (ErrorStage.BENCHMARK, "is a benchmark-runner running?"),
+    "gating": (ErrorStage.QUALITY_GATE, "are a quality-gate and a predictor running?"),
+}
+_STAGE_OF_EVENT: dict[str, str] = {
+    "run.queued": "queued",
+    "run.predicted": "benchmarking",
+    "bench.requested": "benchmarking",
+    "bench.rep_measured": "benchmarking",
+    "bench.completed": "gating",
+    "gate.evaluated": "gating",
+}
+_STAGE_OF_RUNNING = {"predicting": "predicting", "measuring": "benchmarking", "gating": "gating"}
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """A run not yet answered and its latest event (by when it happened): what the reaper judges."""
+
+    run_id: str
+    tenant_id: str
+    last_type: str | None
+    """The latest event's type; None for a run with no event recorded (it is queued)."""
+    last_running_stage: str | None
+    """`stage` of a `run.running`, when that is the latest event."""
+    last_at: UtcDatetime
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """Why a run is failed: no progress in `stage` for longer than its deadline."""
+
+    stage: str
+    waited: timedelta
+
+    def failure(self, run_id: str) -> RunFailed:
+        error_stage, hint = STALL_STAGES[self.stage]
+        minutes = self.waited.total_seconds() / 60
+        waited = f"{minutes:.0f} min" if minutes >= 1 else f"{self.waited.total_seconds():.0f} s"
+        return RunFailed(
+            run_id=run_id,
+            error_stage=error_stage,
+            message=f"no progress in {self.stage} for {waited}: {hint} see `specops status`",
+        )
+
+
+def stall_stage(progress: RunProgress) -> str:
+    """The stage a run waits in, from its latest event (an unknown one counts as benchmarking,
+    the stage with the most generous deadline on a CPU host)."""
+    if progress.last_type is None:
+        return "queued"
+    if progress.last_type == "run.running":
+        return _STAGE_OF_RUNNING.get(progress.last_running_stage or "", "benchmarking")
+    return _STAGE_OF_EVENT.get(progress.last_type, "benchmarking")
+
+
+def stalled(progress: RunProgress, deadlines: Mapping[str, timedelta], now: datetime) -> Stall | None:
+    """The run's stall when its stage's deadline has passed since its latest event, else None."""
+    stage = stall_stage(progress)
+    waited = now - progress.last_at
+    return Stall(stage, waited) if waited > deadlines[stage] else None

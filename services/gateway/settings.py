@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from pydantic import Field
 
 from specplatform.settings import Settings, service_settings
@@ -50,6 +52,39 @@ class GatewaySettings(Settings):
         ge=1,
         description="Runs a tenant may have queued or running at once; more are refused (429 or rejected).",
     )
+
+    gateway_reaper: bool = Field(
+        True, description="Fail the runs that made no progress within their stage's deadline (reaper.py)."
+    )
+    reaper_interval_s: float = Field(
+        30.0, gt=0.0, le=3600.0, description="SPECOPS_REAPER_INTERVAL_S: how often the reaper looks."
+    )
+    # Deadlines per stage, since the run's latest event. Sized for the CPU host, where a
+    # bench waits behind the benches of the runs before it and measures for minutes.
+    stage_deadline_queued_s: float = Field(
+        600.0, gt=0.0, description="SPECOPS_STAGE_DEADLINE_QUEUED_S: a run waits this long for a predictor."
+    )
+    stage_deadline_predicting_s: float = Field(
+        600.0, gt=0.0, description="SPECOPS_STAGE_DEADLINE_PREDICTING_S: planning a run."
+    )
+    stage_deadline_benchmarking_s: float = Field(
+        1800.0,
+        gt=0.0,
+        description="SPECOPS_STAGE_DEADLINE_BENCHMARKING_S: between two events of a bench (queued "
+        "behind others, loading models, measuring reps).",
+    )
+    stage_deadline_gating_s: float = Field(
+        1200.0, gt=0.0, description="SPECOPS_STAGE_DEADLINE_GATING_S: between two verdicts of the gate."
+    )
+
+    def stage_deadlines(self) -> dict[str, timedelta]:
+        """The deadline of each stage of `logic.STALL_STAGES`."""
+        return {
+            "queued": timedelta(seconds=self.stage_deadline_queued_s),
+            "predicting": timedelta(seconds=self.stage_deadline_predicting_s),
+            "benchmarking": timedelta(seconds=self.stage_deadline_benchmarking_s),
+            "gating": timedelta(seconds=self.stage_deadline_gating_s),
+        }
 
 
 def gateway_settings(given: Settings | None = None) -> GatewaySettings:

@@ -22,7 +22,7 @@ from faststream import FastStream
 from faststream.nats import NatsBroker
 
 from specbus import RetryPolicy, consumer_name, dead_letter_subscriber, make_broker, process_once, subscriber
-from specbus.dlq import DeadLetter
+from specbus.dlq import DeadLetter, watch_depth
 from specbus.envelope import Envelope
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
@@ -140,7 +140,20 @@ def create_app(settings: Settings | None = None) -> FastStream:
     )
     log.info("host: %s", planner.host)
     subscribe(broker, pool, planner)
-    return service_app(broker, pool, dsn, migrations=MIGRATIONS, producer=logic.PRODUCER, logger=log)
+    app = service_app(broker, pool, dsn, migrations=MIGRATIONS, producer=logic.PRODUCER, logger=log)
+    counting: list[asyncio.Task[None]] = []
+
+    # The predictor takes every dead letter already, so it is where their number is shown.
+    @app.after_startup
+    async def count_dead_letters() -> None:
+        counting.append(asyncio.get_running_loop().create_task(watch_depth(broker)))
+
+    @app.on_shutdown
+    async def stop_counting() -> None:
+        for task in counting:
+            task.cancel()
+
+    return app
 
 
 def serve(settings: Settings | None = None) -> None:

@@ -219,7 +219,7 @@ async def mark_finalized(conn: Connection, bench_id: str) -> None:
 
 
 async def mark_failed(conn: Connection, bench_id: str) -> None:
-    """The bench's run was failed before the bench could answer it (a dead letter of its flow)."""
+    """The bench's run was failed for good (`run.failed` of another service, e.g. the gateway's reaper)."""
     await conn.execute("UPDATE benches SET failed_at = now() WHERE bench_id = %s", (bench_id,))
 
 

@@ -11,7 +11,8 @@ Per run (all events carry correlation_id = run id):
 - a dead letter (`spec.dlq.<service>`) holding one of the run's events ->
   `run.failed(dead_letter)`, unless the run has ended: nothing would carry it on.
   Whether it has is the predictor's own record (`RequestedRun`): its own answers, and
-  the `run.failed` other services publish.
+  the `run.failed` other services publish. The run's bench stays open, so a redrive of
+  the parked message (`specops dlq redrive`) can still answer it: `run.completed`.
 """
 
 from __future__ import annotations
@@ -303,6 +304,12 @@ def can_fail(run: RequestedRun | None) -> bool:
     return run is not None and not run.ended
 
 
+def is_final(failed: RunFailed) -> bool:
+    """Whether a run.failed ends the run for good; one for a parked message (`dead_letter`) is
+    undone when the message is redriven and carries the run to its answer."""
+    return failed.error_stage != ErrorStage.DEAD_LETTER
+
+
 def dead_letter_failed(letter: DeadLetter, parked: Envelope[Any]) -> Envelope[RunFailed]:
     """`run.failed(dead_letter)` for the run of a parked event, caused by that event.
 
@@ -314,7 +321,8 @@ def dead_letter_failed(letter: DeadLetter, parked: Envelope[Any]) -> Envelope[Ru
         error = error[: DEAD_LETTER_ERROR_CHARS - 3] + "..."
     message = (
         f"{letter.service} gave up on {parked.type} ({letter.subject}) after {letter.deliveries} "
-        f"deliveries and parked it on the dead-letter queue: {error}"
+        f"deliveries and parked it on the dead-letter queue: {error} (once that is fixed, an "
+        "operator can redrive it: `specops dlq ls`, `specops dlq redrive`)"
     )
     payload = RunFailed(run_id=parked.correlation_id, error_stage=ErrorStage.DEAD_LETTER, message=message)
     return _derived(

@@ -61,9 +61,15 @@ async def received(pool: Pool, event: Envelope[RunRequested]) -> None:
 
 
 async def run_failed(pool: Pool, event: Envelope[RunFailed]) -> None:
-    """Mark a run ended by a `run.failed` (the benchmark-runner's, the quality gate's, ours)."""
+    """Mark a run ended by a `run.failed` (the benchmark-runner's, the quality gate's, the
+    gateway's reaper's, ours), and its bench failed, so that a bench completed late answers
+    nothing; unless it failed as `dead_letter`, which a redrive of the parked message undoes."""
+    run_id = event.payload.run_id
     async with pool.connection() as conn, conn.transaction():
-        await db.mark_ended(conn, event.payload.run_id, event.tenant_id)
+        bench = await db.lock_bench(conn, logic.bench_id_for(run_id))
+        if bench is not None and not bench.finalized and logic.is_final(event.payload):
+            await db.mark_failed(conn, bench.bench_id)
+        await db.mark_ended(conn, run_id, event.tenant_id)
 
 
 async def plan(
@@ -163,15 +169,14 @@ async def dead_letter(conn: db.Connection, letter: DeadLetter, parked: Envelope[
         # The request itself proves the run, even if its receipt (`received`) never committed.
         await db.record_run(conn, run_id, parked.tenant_id)
     # Locked first, as the answering steps do: whichever commits second sees the other.
-    bench = await db.lock_bench(conn, logic.bench_id_for(run_id))
+    await db.lock_bench(conn, logic.bench_id_for(run_id))
     run = await db.lock_run(conn, run_id, parked.tenant_id)
     if not logic.can_fail(run):
         state = "unknown here" if run is None else "ended"
         log.info("dead letter of %s: run %s is %s; nothing to fail", parked.type, run_id, state)
         return []
-    if bench is not None:
-        # Failed now, so a bench.completed or verdict arriving later does not answer it too.
-        await db.mark_failed(conn, bench.bench_id)
+    # The bench stays open: should the parked message be redriven (`specops dlq redrive`),
+    # its bench.completed and verdicts still answer the run, which then completes.
     await db.mark_ended(conn, run_id, parked.tenant_id)
     return [logic.dead_letter_failed(letter, parked)]
 

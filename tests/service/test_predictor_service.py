@@ -401,9 +401,38 @@ async def test_a_parked_bench_fails_its_run_once_and_the_gateway_shows_it(
     assert "RuntimeError: boom" in error["message"]
     assert [m.event for m in sse][-1] == "run.failed"
     assert [m.event for m in sse].count("run.failed") == 1
-    # Failed, so the bench cannot be answered later as well.
+    # Open: a redrive of the parked bench.requested may still answer the run.
     answered = "SELECT finalized_at IS NULL, failed_at IS NOT NULL FROM benches WHERE run_id = %s"
-    assert bus.sql(db, answered, (run_id,)) == [(True, True)]
+    assert bus.sql(db, answered, (run_id,)) == [(True, False)]
+
+
+async def test_a_run_failed_by_a_parked_message_completes_when_the_redriven_message_answers_it(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    requested = _requested(db, _request())
+    run_id = requested.correlation_id
+    async with running_gateway(db, nats_url) as gw, _predictor(db, nats_url) as service:
+        await publish(js, requested)
+        bench = await _planned(js, run_id)
+        cids = [c.candidate_id for c in bench.payload.plan.candidates]
+        done = _bench_completed(bench, dict.fromkeys(cids, 1.3))
+        # The quality gate gives up on the bench.completed: the run fails...
+        await publish_raw(js, dlq_subject("quality_gate"), _letter(done.to_json_bytes()), {MSG_ID: run_id})
+        failed = await gw.wait_status(run_id, "failed")
+        # ...until the letter is redriven, the gate (fixed) takes it and gives its verdicts.
+        await bus.acked(js, consumer_name(service, "bench_completed"), await publish(js, done))
+        for cid in cids:
+            await publish(js, _verdict(done, cid, passed=True))
+        completed = await gw.wait_status(run_id, "completed")
+        await asyncio.sleep(0.6)  # time for the relay to publish anything else that queued
+
+    assert (
+        failed["error"]["error_stage"] == "dead_letter"
+        and "specops dlq redrive" in failed["error"]["message"]
+    )
+    assert completed["error"] is None and completed["winner"] is not None
+    assert await bus.count(js, f"spec.run.{run_id}.completed") == 1
+    assert await bus.count(js, f"spec.run.{run_id}.failed") == 1
 
 
 async def test_a_parked_request_fails_its_run_though_the_predictor_never_took_it(

@@ -125,6 +125,9 @@ def test_messages_become_entries_events_dead_letters_and_invalid_ones() -> None:
     dead = entry_from_message("spec.dlq.predictor", letter)
     assert (dead.type, dead.tenant_id, dead.payload) == ("dlq", "acme", letter)
     assert dead.event_id == raw_event_id("spec.dlq.predictor", letter)  # a redelivery maps to the same id
+    record_of_redrive = b'{"letter_seq": 12}'
+    redriven = entry_from_message("spec.redriven.predictor.12", record_of_redrive)
+    assert (redriven.type, redriven.tenant_id, redriven.payload) == ("dlq.redriven", None, record_of_redrive)
 
     bad = entry_from_message("spec.run.r1.queued", b'{"type": "run.nope", "tenant_id": "acme"}')
     record = json.loads(bad.payload)

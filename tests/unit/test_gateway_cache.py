@@ -63,9 +63,12 @@ def test_only_the_answer_that_completes_a_run_is_cached() -> None:
     assert logic.answer_to_cache(running, logic.fold(running, hit), hit) is None
     # A redelivery (the run is completed already) or a late answer to a failed run.
     assert logic.answer_to_cache(done, done, completed) is None
-    failed = logic.fold(
+    failed = logic.fold(running, event(RunFailed(run_id="r1", error_stage=ErrorStage.BENCHMARK, message="x")))
+    assert logic.answer_to_cache(failed, logic.fold(failed, completed), completed) is None
+    # A run failed because a message was parked is completed once the message is redriven.
+    parked = logic.fold(
         running, event(RunFailed(run_id="r1", error_stage=ErrorStage.DEAD_LETTER, message="x"))
     )
-    assert logic.answer_to_cache(failed, logic.fold(failed, completed), completed) is None
+    assert logic.answer_to_cache(parked, logic.fold(parked, completed), completed) == answer
     measuring = event(RunRunning(run_id="r1", stage="measuring"))
     assert logic.answer_to_cache(running, logic.fold(running, measuring), measuring) is None

@@ -162,7 +162,8 @@ def test_every_dead_letter_of_a_run_fails_it_with_one_event() -> None:
     failed = first.payload
     assert (failed.run_id, failed.error_stage) == ("r1", ErrorStage.DEAD_LETTER)
     assert "benchmark_runner" in failed.message and "run.running" in failed.message
-    assert failed.message.endswith("RuntimeError: boom")
-    assert len(second.payload.message) < 1000 and second.payload.message.endswith("...")
+    assert "queue: RuntimeError: boom (once that is fixed" in failed.message
+    assert failed.message.endswith("`specops dlq redrive`)")
+    assert len(second.payload.message) < 1000 and "... (once that is fixed" in second.payload.message
     other_run = _parked(RunRunning(run_id="r2", stage="measuring"), run_id="r2")
     assert logic.dead_letter_failed(_letter_of(b"{}"), other_run).event_id != first.event_id
