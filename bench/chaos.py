@@ -22,6 +22,7 @@ one terminal event, or one message id twice on the stream), stuck (not terminal 
 scenario; the exit status is 1 when any lost/duplicated/stuck is not 0.
 
     .venv/bin/python bench/chaos.py --out bench/results/chaos.json
+    .venv/bin/python bench/chaos.py --only kill-nats   # rerun one; the other rows are kept
 """
 
 from __future__ import annotations
@@ -134,11 +135,17 @@ class Stack:
     def admin_seed(self) -> str:
         return str(Keys(self.settings.state_dir).seed_file(ADMIN))
 
-    def pid(self, service: str, replica: int = 0) -> int:
+    def pid_or_none(self, service: str, replica: int = 0) -> int | None:
         for p in status(self.settings).processes:
             if p.service == service and p.replica == replica and p.alive:
                 return p.pid
-        raise RuntimeError(f"{service}[{replica}] is not running")
+        return None
+
+    def pid(self, service: str, replica: int = 0) -> int:
+        pid = self.pid_or_none(service, replica)
+        if pid is None:
+            raise RuntimeError(f"{service}[{replica}] is not running")
+        return pid
 
     def server_pid(self, name: str) -> int:
         for s in status(self.settings).servers:
@@ -247,16 +254,15 @@ def wait_for_event(stack: Stack, run_ids: Sequence[str], kind: str, timeout_s: f
 def wait_recovered(
     stack: Stack, run_ids: Sequence[str], since: dt.datetime, timeout_s: float
 ) -> float | None:
-    """Seconds until every component is healthy and every run in flight at `since` moved on."""
-    begin = time.monotonic()
-    while time.monotonic() - begin < timeout_s:
+    """Seconds from `since` until every component is healthy and every run in flight then moved on."""
+    while (utc_now() - since).total_seconds() < timeout_s:
         events = event_types(stack, run_ids)
         moved = events and all(
             any(at > since or kind in ("run.completed", "run.failed") for kind, at in events.get(r, []))
             for r in run_ids
         )
         if moved and stack.healthy():
-            return round(time.monotonic() - begin, 1)
+            return round((utc_now() - since).total_seconds(), 1)
         time.sleep(POLL_S)
     return None
 
@@ -427,7 +433,9 @@ def kill_replicas(stack: Stack, run_ids: list[str], result: Result) -> dt.dateti
         log(f"kill -9 {REPLICATED}[{replica}] (pid {pid})")
         kill(pid)
         cleared = utc_now()
-        time.sleep(15)
+        # The other replica carries the work meanwhile; the next kill waits for this one's restart.
+        while stack.pid_or_none(REPLICATED, replica) in (None, pid):
+            time.sleep(0.5)
     return cleared
 
 
@@ -541,6 +549,9 @@ def scenarios(postgres_outage_s: float) -> list[Scenario]:
     ]
 
 
+ORDER = [s.name for s in scenarios(0.0)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/chaos.json"))
@@ -576,8 +587,14 @@ def write(args: argparse.Namespace, results: list[Result], elapsed_s: float) -> 
         "postgres_outage_s": args.postgres_outage_s,
         "suite_elapsed_s": round(elapsed_s, 1),
     }
+    rows = [asdict(r) | produced for r in results]
+    if args.only and args.out.exists():
+        # A rerun of some scenarios replaces their rows and keeps the others'.
+        replaced = {row["scenario"] for row in rows}
+        rows = [row for row in json.loads(args.out.read_text()) if row["scenario"] not in replaced] + rows
+        rows.sort(key=lambda row: ORDER.index(row["scenario"]))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps([asdict(r) | produced for r in results], indent=2) + "\n")
+    args.out.write_text(json.dumps(rows, indent=2) + "\n")
 
 
 if __name__ == "__main__":
