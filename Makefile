@@ -54,7 +54,7 @@ scale-check: setup
 
 # Faults against a live stack with runs in flight (kill -9 of each service, of nats-server,
 # PostgreSQL down 5 minutes, poison messages, replicas killed in turn): nothing lost, done
-# twice or stuck. About half an hour; writes bench/results/chaos.json.
+# twice or stuck. About 13 minutes on 2 cores; writes bench/results/chaos.json.
 chaos: setup
 	$(PY) bench/chaos.py --out bench/results/chaos.json
 
