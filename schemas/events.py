@@ -1,4 +1,5 @@
-"""Payloads of the T1 flow: gateway -> predictor -> benchmark-runner -> quality-gate -> predictor.
+"""Payloads of the T1 flow: gateway -> predictor -> benchmark-runner -> quality-gate -> predictor
+(the T2 flow's are in `specops_schemas.tune`).
 
 Each payload class names its `event_type` (`<aggregate>.<event>`); EVENT_TYPES maps
 that string back to the class, which is how consumers and `parse_event` decode.
@@ -23,6 +24,7 @@ from specops_schemas.candidates import (
     Sampling,
 )
 from specops_schemas.catalog import ErrorStage, Fingerprint, GateMethod, Mode
+from specops_schemas.tune import TUNE_EVENT_TYPES
 
 
 class RunEvent(EventPayload):
@@ -238,20 +240,22 @@ class RunFailed(RunEvent):
     message: str = Field(min_length=1, description="Human-readable cause, safe to show the client.")
 
 
+# The T1 flow's events (what a run's SSE stream shows).
+RUN_FLOW_TYPES: tuple[type[EventPayload], ...] = (
+    RunRequested,
+    RunQueued,
+    RunRunning,
+    RunPredicted,
+    BenchRequested,
+    BenchRepMeasured,
+    BenchCompleted,
+    GateEvaluated,
+    RunCompleted,
+    RunFailed,
+)
+# Every event type on `spec.>`, by its `type` string.
 EVENT_TYPES: dict[str, type[EventPayload]] = {
-    cls.event_type: cls
-    for cls in (
-        RunRequested,
-        RunQueued,
-        RunRunning,
-        RunPredicted,
-        BenchRequested,
-        BenchRepMeasured,
-        BenchCompleted,
-        GateEvaluated,
-        RunCompleted,
-        RunFailed,
-    )
+    cls.event_type: cls for cls in (*RUN_FLOW_TYPES, *TUNE_EVENT_TYPES)
 }
 
 

@@ -20,12 +20,15 @@ from specbus.envelope import Envelope
 from specops_schemas.api import ApplyRequest, ApplyResponse, Problem, RunCreateRequest, RunStatusResponse
 from specops_schemas.events import EVENT_TYPES
 from specops_schemas.intake import IntakeAccepted, IntakeRejected, IntakeRequest
+from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionResponse
 
 API_MODELS: tuple[type[BaseModel], ...] = (
     RunCreateRequest,
     RunStatusResponse,
     ApplyRequest,
     ApplyResponse,
+    TuneSessionCreateRequest,
+    TuneSessionResponse,
     Problem,
 )
 # What upstream systems publish and hear back on NATS (specops_schemas.intake).

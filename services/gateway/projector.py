@@ -19,14 +19,14 @@ from faststream.nats import NatsBroker
 
 from specbus.consumer import RetryPolicy, subscriber
 from specbus.envelope import Envelope
-from specops_schemas.events import EVENT_TYPES, RunRequested
+from specops_schemas.events import RUN_FLOW_TYPES, RunRequested
 from specops_services.gateway import projection, results
 from specplatform.db import Pool, tenant_transaction
 
 SERVICE = "gateway"
 CONSUMER = "projector"
 # Every event of the T1 flow but `run.requested`, which the gateway itself publishes.
-PROJECTED = tuple(t for t in EVENT_TYPES.values() if t is not RunRequested)
+PROJECTED = tuple(t for t in RUN_FLOW_TYPES if t is not RunRequested)
 
 
 async def project(pool: Pool, event: Envelope[Any]) -> bool:
