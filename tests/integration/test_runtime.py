@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import signal
@@ -196,12 +195,13 @@ def test_nats_is_restarted_on_its_port_or_not_at_all(settings: Settings) -> None
     os.kill(nats_before.pid, signal.SIGKILL)
     _wait_until(lambda: "nats" not in _alive(settings))
     port = int(nats_before.url.rsplit(":", 1)[1])
+    # The killed server's sockets may outlive its pid for a moment on a busy host; a squatter
+    # that could not bind then would leave the port free again by the time `up` looks.
+    _wait_until(lambda: port_free(port), timeout_s=30.0)
     with socket.socket() as squatter:
         squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # On a busy host another process may hold it already: the same case.
-        with contextlib.suppress(OSError):
-            squatter.bind(("127.0.0.1", port))
-            squatter.listen()
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
         with pytest.raises(RuntimeSetupError, match=f"cannot restart on 127.0.0.1:{port}"):
             up(settings, {"alpha": 0, "beta": 0}, services=SERVICES, command=sleeper, start_grace_s=GRACE_S)
     _wait_until(lambda: port_free(port), timeout_s=30.0)
