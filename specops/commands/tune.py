@@ -156,12 +156,13 @@ def candidate_text(c: Candidate) -> str:
     return " ".join(parts)
 
 
-def trial_speed(t: TrialResult) -> str:
+def trial_speed(t: TrialResult, *, sigma: bool = True) -> str:
     """`1.42x ± 0.05`: the mean per-rep speedup and its sigma (the value when there is no speedup)."""
     if t.speedup is None:
         return f"value {t.value:.3g}" if t.value is not None else "-"
-    sigma = f" ± {t.speedup_stdev:.2f}" if t.speedup_stdev is not None else ""
-    return f"{t.speedup:.2f}x{sigma}"
+    if not sigma or t.speedup_stdev is None:
+        return f"{t.speedup:.2f}x"
+    return f"{t.speedup:.2f}x ± {t.speedup_stdev:.2f}"
 
 
 @dataclass
@@ -209,7 +210,9 @@ class Progress:
             self.best = t
         failed = f"FAILED ({t.error_stage}: {t.error_message})"
         outcome = failed if t.state == "failed" else trial_speed(t)
-        best = f"best {trial_speed(self.best)} (trial {self.best.trial})" if self.best else "no best yet"
+        best = "no best yet"
+        if self.best is not None:
+            best = f"best {trial_speed(self.best, sigma=False)} (trial {self.best.trial})"
         budget = f" of {clock(self.budget_s)}" if self.budget_s else ""
         seeded = " (seeded)" if t.seeded else ""
         return (
