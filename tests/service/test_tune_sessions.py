@@ -11,12 +11,14 @@ import argparse
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import nats
+import psycopg
 import pytest
 from fixtures import bus
 from fixtures.gateway import (
@@ -28,11 +30,13 @@ from fixtures.gateway import (
     run_body,
     running_gateway,
 )
+from fixtures.postgres import PostgresCluster
 
 from specbus.envelope import Envelope, new_event
 from specbus.subjects import STREAM
 from specops.client import Retry, SpecopsAPIError, SpeculativeClient
 from specops.commands import tune as tune_cli
+from specops.runtime.rebuild import diff, rebuild
 from specops_schemas.api import API_PREFIX, PROBLEM_MEDIA_TYPE, RunCreateRequest
 from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Measurement, Prediction
 from specops_schemas.catalog import Family, GateMethod
@@ -48,6 +52,7 @@ from specops_schemas.tune import (
     TuneStarted,
     TuneTrialCompleted,
 )
+from specops_services.audit.replay import ReplayStart
 from specops_services.gateway.app import create_app
 
 SESSIONS = f"{API_PREFIX}/tune-sessions"
@@ -108,6 +113,8 @@ async def completed_run(gw: Gateway, who: str = "dev", *, measured: bool = True)
         pareto_front=["ngram-k4", "lookahead-k5"],
     )
     event = new_event(answer, tenant_id=tenant, correlation_id=run_id, producer="predictor")
+    # As the predictor would: after the gateway's own events are on the stream.
+    await published(gw.nats_url, f"spec.run.{run_id}.queued")
     await bus.publish_all(gw.nats_url, [event])
     await gw.wait_status(run_id, "completed", who)
     return run_id
@@ -255,6 +262,24 @@ async def wait_session(gw: Gateway, session_id: str, until: Any, who: str = "dev
         await asyncio.sleep(0.05)
 
 
+async def published(nats_url: str, subject: str) -> dict[str, Any]:
+    """The last event on `subject` of the SPEC stream, once the outbox relay has put it there."""
+    nc = await nats.connect(nats_url)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            try:
+                msg = await nc.jetstream().get_last_msg(STREAM, subject)
+                event: dict[str, Any] = json.loads(msg.data or b"{}")
+                return event
+            except nats.js.errors.NotFoundError:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+    finally:
+        await nc.close()
+
+
 def sse_events(text: str) -> list[dict[str, str]]:
     events = []
     for block in text.replace("\r\n", "\n").split("\n\n"):
@@ -307,20 +332,7 @@ async def test_post_queues_tune_requested_with_the_runs_answer(gw: Gateway) -> N
     again = await gw.client.post(SESSIONS, json=body, headers=gw.auth(**key))
     assert again.json()["id"] == session["id"] and again.headers["idempotent-replayed"] == "true"
 
-    nc = await nats.connect(gw.nats_url)
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            try:
-                msg = await nc.jetstream().get_last_msg(STREAM, f"spec.tune.{session['id']}.requested")
-                break
-            except nats.js.errors.NotFoundError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
-    finally:
-        await nc.close()
-    event = json.loads(msg.data or b"{}")
+    event = await published(gw.nats_url, f"spec.tune.{session['id']}.requested")
     assert event["correlation_id"] == session["id"] and event["tenant_id"] == "acme"
     payload = event["payload"]
     assert payload["run_pareto_front"] == ["ngram-k4", "lookahead-k5"]
@@ -414,6 +426,33 @@ async def test_a_failed_session_reports_its_error_and_foreign_events_are_skipped
     assert body["error"] == {"error_stage": "benchmark", "message": "no benchmark-runner answered"}
     assert body["trials"] == [] and body["winner"] is None
     assert_problem(await gw.client.post(f"{SESSIONS}/{session_id}/apply", headers=gw.auth()), 409)
+
+
+async def test_a_rebuild_from_the_stream_equals_the_live_session(
+    gw: Gateway, embedded_postgres: PostgresCluster
+) -> None:
+    since = datetime.now(UTC)
+    run_id = await completed_run(gw)
+    session_id = (await start(gw, run_id)).json()["id"]
+    # As the tuner would: once tune.requested is on the stream.
+    await published(gw.nats_url, f"spec.tune.{session_id}.requested")
+    await bus.publish_all(gw.nats_url, tuner_flow(session_id, run_id))
+    await wait_session(gw, session_id, lambda s: s["status"] == "completed")
+    name = f"rebuilt_{uuid.uuid4().hex[:12]}"
+    into = embedded_postgres.create(name)
+    try:
+        nc = await nats.connect(gw.nats_url)
+        try:
+            report = await rebuild(nc, into, ReplayStart(since=since))
+        finally:
+            await nc.close()
+        assert not report.unwritten
+        assert await diff(gw.dsn, into) == []
+        async with await psycopg.AsyncConnection.connect(into) as conn:
+            cur = await conn.execute("SELECT status FROM tune_sessions WHERE id = %s", (session_id,))
+            assert await cur.fetchone() == ("completed",)
+    finally:
+        embedded_postgres.drop(name)
 
 
 # --- the SDK and `specops tune` on uvicorn ----------------------------------------------------------
