@@ -103,10 +103,14 @@ def _follow(client: SpeculativeClient, args: argparse.Namespace) -> int:
         session_id = created.id
         say(f"tune session {session_id} submitted to {client.base_url}")
     progress = Progress()
-    for event in client.tune_sessions.stream(session_id):
-        line = progress.describe(event)
-        if line is not None:
-            say(line)
+    try:
+        for event in client.tune_sessions.stream(session_id):
+            line = progress.describe(event)
+            if line is not None:
+                say(line)
+    except KeyboardInterrupt:
+        _stderr(f"detached; the session goes on: `specops tune --session {session_id}` re-attaches")
+        raise
     final = client.tune_sessions.get(session_id)
     if args.json:
         print(final.model_dump_json())
