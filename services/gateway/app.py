@@ -51,7 +51,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app = FastAPI(
         title="specops gateway",
         version="1",
-        description="T1 speculative-decoding runs (DESIGN.md §6). Errors are `application/problem+json`.",
+        description="T1 speculative-decoding runs and T2 tune sessions (DESIGN.md §6). "
+        "Errors are `application/problem+json`.",
         lifespan=_lifespan,
     )
     app.state.settings = settings
