@@ -33,7 +33,7 @@ from fixtures.gateway import (
 from fixtures.postgres import PostgresCluster
 
 from specbus.envelope import Envelope, new_event
-from specbus.subjects import STREAM
+from specbus.subjects import RESULTS_STREAM, STREAM, result_subject
 from specops.client import Retry, SpecopsAPIError, SpeculativeClient
 from specops.commands import tune as tune_cli
 from specops.runtime.rebuild import diff, rebuild
@@ -262,14 +262,14 @@ async def wait_session(gw: Gateway, session_id: str, until: Any, who: str = "dev
         await asyncio.sleep(0.05)
 
 
-async def published(nats_url: str, subject: str) -> dict[str, Any]:
-    """The last event on `subject` of the SPEC stream, once the outbox relay has put it there."""
+async def published(nats_url: str, subject: str, stream: str = STREAM) -> dict[str, Any]:
+    """The last event on `subject` of `stream`, once the outbox relay has put it there."""
     nc = await nats.connect(nats_url)
     try:
         deadline = time.monotonic() + WAIT_S
         while True:
             try:
-                msg = await nc.jetstream().get_last_msg(STREAM, subject)
+                msg = await nc.jetstream().get_last_msg(stream, subject)
                 event: dict[str, Any] = json.loads(msg.data or b"{}")
                 return event
             except nats.js.errors.NotFoundError:
@@ -389,6 +389,10 @@ async def test_a_scripted_session_moves_get_sse_curve_cache_and_apply(gw: Gatewa
     whole = sse_events((await gw.client.get(f"{path}/events", headers=gw.auth("viewer"))).text)
     assert whole[0]["event"] == "tune.requested" and whole[-1]["event"] == "tune.completed"
     assert [e["id"] for e in whole] == [str(n) for n in range(1, 10)]
+
+    # The tenant hears the session's events on its results subjects, as it hears its runs'.
+    heard = await published(gw.nats_url, result_subject("acme", session_id, "tune.completed"), RESULTS_STREAM)
+    assert heard["payload"]["winner"]["candidate"]["candidate_id"] == "ngram-k6"
 
     # The tuned winner is the cached answer of the T1 request, and apply gives its flags.
     hit = await gw.create()
