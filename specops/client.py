@@ -14,6 +14,13 @@
         winner = client.runs.get(run.id).winner
         flags = client.runs.apply(run.id, engine="vllm").cli_args
 
+        # T2: tune the completed run for 20 minutes, following each trial.
+        session = client.tune_sessions.create(run_id=run.id, budget_minutes=20, reps=3)
+        for event in client.tune_sessions.stream(session.id):
+            print(event.type)
+        tuned = client.tune_sessions.get(session.id).winner
+        png = client.tune_sessions.curve_png(session.id)
+
 Where it connects, first match wins:
 
 - base URL: the `base_url` argument; `SPECOPS_URL`; the gateway of the local runtime
@@ -38,7 +45,7 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -54,14 +61,16 @@ from specops_schemas.api import (
     ApplyRequest,
     ApplyResponse,
     Goal,
+    Priorities,
     Problem,
     RunCreateRequest,
     RunStatusResponse,
     Target,
     Workload,
 )
-from specops_schemas.catalog import Engine, Mode, RunStatus
+from specops_schemas.catalog import Engine, Family, Mode, RunStatus
 from specops_schemas.events import parse_event
+from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionResponse
 
 URL_ENV = "SPECOPS_URL"
 TOKEN_ENV = "SPECOPS_TOKEN"
@@ -69,6 +78,8 @@ TOKEN_FILE = "token"
 
 Run: TypeAlias = RunStatusResponse
 """What `runs.create` and `runs.get` return: `.id`, `.status`, `.cache_hit`, `.winner`, `.candidates`."""
+TuneSession: TypeAlias = TuneSessionResponse
+"""What `tune_sessions.create` and `.get` return: `.id`, `.status`, `.trials`, `.best`, `.winner`."""
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 # The gateway sends a keepalive comment every 15 s on an idle stream; a stream silent for
@@ -76,6 +87,8 @@ DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=5.0)
 STREAM_READ_TIMEOUT_S = 60.0
 TERMINAL_EVENT_TYPES = frozenset({"run.completed", "run.failed"})
 TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED})
+TUNE_TERMINAL_EVENT_TYPES = frozenset({"tune.completed", "tune.failed"})
+TUNE_TERMINAL_STATUSES = frozenset({"completed", "failed"})
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
@@ -233,7 +246,8 @@ def parse_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:
-    """One event of a run's stream: queued, running, predicted, per-rep, gate, completed ..."""
+    """One event of a run's stream (queued, running, predicted, per-rep, gate, completed ...) or of
+    a tune session's (tune.started, tune.trial_completed, ... tune.completed)."""
 
     id: str
     """Its position in the run's stream; pass it as `last_event_id` to resume after it."""
@@ -251,7 +265,8 @@ class RunEvent:
 
     @property
     def terminal(self) -> bool:
-        return self.type in TERMINAL_EVENT_TYPES
+        """Whether it ends its stream (a run's or a tune session's answer or failure)."""
+        return self.type in TERMINAL_EVENT_TYPES or self.type in TUNE_TERMINAL_EVENT_TYPES
 
     @classmethod
     def from_sse(cls, message: SseMessage) -> RunEvent:
@@ -339,6 +354,7 @@ class SpeculativeClient:
             base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
         )
         self.runs = Runs(self)
+        self.tune_sessions = TuneSessions(self)
 
     def close(self) -> None:
         self.http.close()
@@ -433,53 +449,12 @@ class Runs:
         `retry` brought nothing. Resumed after the terminal event, it yields nothing. A token
         revoked while the stream is open ends it with SpecopsAPIError (401).
         """
-        client = self._client
-        last = None if last_event_id is None else str(last_event_id)
-        timeout = httpx.Timeout(client.http.timeout.connect or 5.0, read=STREAM_READ_TIMEOUT_S)
-        failures = 0
-        failing_since = time.monotonic()
-        while True:
-            headers = {"Accept": "text/event-stream"}
-            if last is not None:
-                headers["Last-Event-ID"] = last
-            cause: BaseException | None = None
-            retry_after = None
-            delivered = False
-            try:
-                with client.http.stream(
-                    "GET", f"{_run_path(run_id)}/events", headers=headers, timeout=timeout
-                ) as response:
-                    if not response.is_success:
-                        response.read()
-                        if not _should_retry(response):
-                            raise SpecopsAPIError.from_response(response)
-                        cause, retry_after = SpecopsAPIError.from_response(response), _retry_after(response)
-                    else:
-                        for message in parse_sse(response.iter_lines()):
-                            if message.event == SSE_ERROR:
-                                raise _stream_error(message)
-                            event = RunEvent.from_sse(message)
-                            last, failures, delivered = event.id, 0, True
-                            yield event
-                            if event.terminal:
-                                return
-            except httpx.TransportError as exc:
-                cause = exc
-            # A clean, empty end: resumed after the terminal event (nothing is left to send),
-            # or cut by something between us and the gateway; the run's status tells which.
-            if cause is None and not delivered and self.get(run_id).status in TERMINAL_STATUSES:
-                return
-            if delivered:
-                failing_since = time.monotonic()
-            failures += 1
-            wait = client.retry.next_wait(failures, time.monotonic() - failing_since, retry_after)
-            if wait is None:
-                if isinstance(cause, SpecopsAPIError):
-                    raise cause
-                if cause is not None:
-                    raise SpecopsConnectionError(client.base_url, cause) from cause
-                raise SpecopsError(f"the event stream of run {run_id} keeps ending before the run does")
-            time.sleep(wait)
+        return _follow(
+            self._client,
+            _run_path(run_id),
+            last_event_id,
+            lambda: self.get(run_id).status in TERMINAL_STATUSES,
+        )
 
     def wait(self, run_id: str, timeout: float | None = None, *, poll_s: float = 0.5) -> Run:
         """Poll until the run is completed or failed; RunTimeoutError after `timeout` seconds."""
@@ -512,6 +487,140 @@ class Runs:
         return ApplyResponse.model_validate(response.json())
 
 
+class TuneSessions:
+    """T2 tune sessions: `POST tune-sessions`, `GET tune-sessions/{id}[/events|/curve.png]`,
+    `POST tune-sessions/{id}/apply`."""
+
+    def __init__(self, client: SpeculativeClient) -> None:
+        self._client = client
+
+    def create(
+        self,
+        run_id: str,
+        budget_minutes: float | None = None,
+        reps: int | None = None,
+        priorities: Priorities | Mapping[str, float] | None = None,
+        families: Iterable[Family | str] | None = None,
+        max_trials: int | None = None,
+        seed: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> TuneSession:
+        """Tune a completed, measured T1 run within `budget_minutes` of wall clock (default 60).
+
+        The answer is `queued`; follow it with `stream`. Invalid arguments raise pydantic's
+        ValidationError before anything is sent; an unknown run a 404, a run not completed
+        or not measured here a 409 (SpecopsAPIError).
+        """
+        given = {
+            "run_id": run_id,
+            "budget_minutes": budget_minutes,
+            "reps": reps,
+            "priorities": priorities,
+            "families": list(families) if families is not None else None,
+            "max_trials": max_trials,
+            "seed": seed,
+        }
+        request = TuneSessionCreateRequest.model_validate({k: v for k, v in given.items() if v is not None})
+        key = idempotency_key or str(uuid.uuid4())
+        response = self._client.request(
+            "POST",
+            f"{API_PREFIX}/tune-sessions",
+            json_body=request.model_dump(mode="json", exclude_none=True),
+            headers={"Idempotency-Key": _sf_string(key)},
+        )
+        return TuneSession.model_validate(response.json())
+
+    def get(self, session_id: str) -> TuneSession:
+        """The session: status, trials (mean ± sigma), best so far, curve, dropped dimensions, winner."""
+        return TuneSession.model_validate(self._client.request("GET", _session_path(session_id)).json())
+
+    def stream(self, session_id: str, last_event_id: str | int | None = None) -> Iterator[RunEvent]:
+        """The session's events from the start (or after `last_event_id`) until `tune.completed` /
+        `tune.failed`; resumed across dropped connections exactly as `runs.stream`."""
+        return _follow(
+            self._client,
+            _session_path(session_id),
+            last_event_id,
+            lambda: self.get(session_id).status in TUNE_TERMINAL_STATUSES,
+        )
+
+    def curve_png(self, session_id: str) -> bytes:
+        """The best-so-far curve as PNG bytes; SpecopsAPIError (404) until a trial has ended."""
+        return self._client.request("GET", f"{_session_path(session_id)}/curve.png").content
+
+    def apply(
+        self,
+        session_id: str,
+        engine: Engine | str | None = None,
+        candidate_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> ApplyResponse:
+        """Engine flags for the session's winner (or a complete trial's `candidate_id`)."""
+        body = ApplyRequest.model_validate({"engine": engine, "candidate_id": candidate_id})
+        key = idempotency_key or str(uuid.uuid4())
+        response = self._client.request(
+            "POST",
+            f"{_session_path(session_id)}/apply",
+            json_body=body.model_dump(mode="json"),
+            headers={"Idempotency-Key": _sf_string(key)},
+        )
+        return ApplyResponse.model_validate(response.json())
+
+
+def _follow(
+    client: SpeculativeClient, path: str, last_event_id: str | int | None, ended: Callable[[], bool]
+) -> Iterator[RunEvent]:
+    """The events of `path`/events until a terminal one, resumed across dropped connections.
+
+    `ended()` says whether the run or session has ended: a clean, empty stream then means
+    there is nothing left to send.
+    """
+    last = None if last_event_id is None else str(last_event_id)
+    timeout = httpx.Timeout(client.http.timeout.connect or 5.0, read=STREAM_READ_TIMEOUT_S)
+    failures = 0
+    failing_since = time.monotonic()
+    while True:
+        headers = {"Accept": "text/event-stream"}
+        if last is not None:
+            headers["Last-Event-ID"] = last
+        cause: BaseException | None = None
+        retry_after = None
+        delivered = False
+        try:
+            with client.http.stream("GET", f"{path}/events", headers=headers, timeout=timeout) as response:
+                if not response.is_success:
+                    response.read()
+                    if not _should_retry(response):
+                        raise SpecopsAPIError.from_response(response)
+                    cause, retry_after = SpecopsAPIError.from_response(response), _retry_after(response)
+                else:
+                    for message in parse_sse(response.iter_lines()):
+                        if message.event == SSE_ERROR:
+                            raise _stream_error(message)
+                        event = RunEvent.from_sse(message)
+                        last, failures, delivered = event.id, 0, True
+                        yield event
+                        if event.terminal:
+                            return
+        except httpx.TransportError as exc:
+            cause = exc
+        # A clean, empty end: resumed after the terminal event (nothing is left to send),
+        # or cut by something between us and the gateway; the resource's status tells which.
+        if cause is None and not delivered and ended():
+            return
+        if delivered:
+            failing_since = time.monotonic()
+        failures += 1
+        wait = client.retry.next_wait(failures, time.monotonic() - failing_since, retry_after)
+        if wait is None:
+            if isinstance(cause, SpecopsAPIError):
+                raise cause
+            if cause is not None:
+                raise SpecopsConnectionError(client.base_url, cause) from cause
+            raise SpecopsError(f"the event stream of {path} keeps ending before its run or session does")
+        time.sleep(wait)
+
+
 def _stream_error(message: SseMessage) -> SpecopsAPIError:
     """The problem an event stream ended with (its token was revoked, say)."""
     try:
@@ -524,6 +633,10 @@ def _stream_error(message: SseMessage) -> SpecopsAPIError:
 def _run_path(run_id: str) -> str:
     # Run ids are subject tokens; anything else is quoted whole, and the gateway answers 404.
     return f"{API_PREFIX}/runs/{quote(run_id, safe='')}"
+
+
+def _session_path(session_id: str) -> str:
+    return f"{API_PREFIX}/tune-sessions/{quote(session_id, safe='')}"
 
 
 def _sf_string(key: str) -> str:

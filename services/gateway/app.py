@@ -17,7 +17,16 @@ from specbus.broker import make_broker, upstream_stream_configs
 from specbus.outbox import OutboxRelay
 from specops_schemas import MIGRATIONS
 from specops_schemas.api import Problem
-from specops_services.gateway import db, intake, projector, reaper, results, routes
+from specops_services.gateway import (
+    db,
+    intake,
+    projector,
+    reaper,
+    results,
+    routes,
+    tune_projector,
+    tune_routes,
+)
 from specops_services.gateway.limits import BodyLimit
 from specops_services.gateway.listen import claim_port, deployment_id, listening_socket
 from specops_services.gateway.listener import RunEventsListener
@@ -33,7 +42,7 @@ log = logging.getLogger(__name__)
 PURGE_INTERVAL_S = 600.0
 # Not traced: the probes (a trace per poll) and the event streams (an open stream polls
 # the database four times a second: thousands of spans in one trace).
-UNTRACED_URLS = "/healthz$,/readyz$,/runs/[^/]+/events$"
+UNTRACED_URLS = "/healthz$,/readyz$,/runs/[^/]+/events$,/tune-sessions/[^/]+/events$"
 STOP_RETRY_S = 0.5
 
 
@@ -42,7 +51,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app = FastAPI(
         title="specops gateway",
         version="1",
-        description="T1 speculative-decoding runs (DESIGN.md §6). Errors are `application/problem+json`.",
+        description="T1 speculative-decoding runs and T2 tune sessions (DESIGN.md §6). "
+        "Errors are `application/problem+json`.",
         lifespan=_lifespan,
     )
     app.state.settings = settings
@@ -52,6 +62,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     # Added last, so outermost: it counts what the body limit refuses too.
     app.add_middleware(HttpMetrics, templates=lambda: app.openapi()["paths"])
     app.include_router(routes.router)
+    app.include_router(tune_routes.router)
     app.add_api_route("/healthz", _healthz, methods=["GET"], tags=["probes"], summary="Process is alive")
     app.add_api_route(
         "/readyz",
@@ -88,6 +99,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     broker.declare_streams(upstream_stream_configs())
     if settings.gateway_projector:
         projector.register(broker, pool)
+        tune_projector.register(broker, pool)
     if settings.gateway_intake:
         intake.register(broker, pool, max_active_runs=settings.gateway_max_active_runs)
     tasks: list[asyncio.Task[None]] = []

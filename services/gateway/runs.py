@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
@@ -27,7 +25,8 @@ from specops_schemas.api import (
     RunStatusResponse,
 )
 from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunRequested
-from specops_services.gateway import cache, db, engine_flags, logic, projection, results
+from specops_schemas.tune import TuneRequested
+from specops_services.gateway import cache, db, engine_flags, logic, projection, results, sse
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import ProblemError, problem
@@ -37,15 +36,12 @@ log = logging.getLogger(__name__)
 
 PRODUCER = results.PRODUCER
 # What the gateway publishes on SPEC (its NATS user may publish these subjects, and the
-# tenants' result subjects, only); run.failed is the reaper's.
-PUBLISHES = (RunRequested, RunQueued, RunCompleted, RunFailed)
+# tenants' result subjects, only); run.failed is the reaper's, tune.requested POST tune-sessions'.
+PUBLISHES = (RunRequested, RunQueued, RunCompleted, RunFailed, TuneRequested)
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 # The problem of a request whose Idempotency-Key another request holds right now.
 KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
-# An event stream's last event when it cannot go on (its data: a problem), and the problem
-# of a token revoked while its stream was open.
-SSE_ERROR = "error"
-TOKEN_REVOKED = "urn:specops:problem:token-revoked"
+SSE_ERROR, TOKEN_REVOKED = sse.SSE_ERROR, sse.TOKEN_REVOKED
 
 
 def run_location(run_id: str) -> str:
@@ -314,53 +310,23 @@ async def stream_events(
     keepalive_s: float,
     token_check_s: float,
 ) -> AsyncIterator[ServerSentEvent]:
-    """The run's events after seq `after`, as they land, until its terminal event.
+    """The run's events after seq `after`, as they land, until its terminal event (`sse.follow`)."""
 
-    A stream may stay open for as long as the run takes: every `token_check_s` it checks
-    that its caller's token is still live, and once it is revoked the stream ends with an
-    `error` event holding the 401 problem.
-    """
-    last_sent = token_checked = time.monotonic()
-    while True:
-        if time.monotonic() - token_checked >= token_check_s:
-            async with pool.connection() as conn:
-                live = await db.token_live(conn, principal.token_id)
-            if not live:
-                yield _token_revoked(run_id)
-                return
-            token_checked = time.monotonic()
-        async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
-            # Status first: each statement sees every commit before it started, so once the
-            # status reads terminal the events query is sure to include the terminal event.
-            status = await db.run_status(conn, run_id)
-            rows = await db.events_after(conn, run_id, after)
-        for event in rows:
-            yield ServerSentEvent(id=str(event.seq), event=event.type, raw_data=event.data)
-            after = event.seq
-            last_sent = time.monotonic()
-            if event.type in logic.TERMINAL_EVENT_TYPES:
-                return
-        if rows:
-            continue
-        # Resumed after the terminal event, or the run vanished: nothing more will come.
-        if status is None or status in logic.TERMINAL_STATUSES:
-            return
-        if time.monotonic() - last_sent >= keepalive_s:
-            yield ServerSentEvent(comment="keepalive")
-            last_sent = time.monotonic()
-        if listener is not None:
-            await listener.wait(run_id, timeout=poll_s)
-        else:
-            await asyncio.sleep(poll_s)
+    async def read(conn: Connection, after: int) -> tuple[bool, list[db.EventRow]]:
+        status = await db.run_status(conn, run_id)
+        rows = await db.events_after(conn, run_id, after)
+        return status is None or status in logic.TERMINAL_STATUSES, rows
 
-
-def _token_revoked(run_id: str) -> ServerSentEvent:
-    """The last event of a stream whose token was revoked while it was open."""
-    body = Problem(
-        type=TOKEN_REVOKED,
-        title="Unauthorized",
-        status=401,
-        detail="the bearer token was revoked while the stream was open",
-        instance=f"{run_location(run_id)}/events",
+    feed = sse.Feed(run_id, run_location(run_id), read, logic.TERMINAL_EVENT_TYPES)
+    events = sse.follow(
+        pool,
+        listener,
+        principal,
+        feed,
+        after,
+        poll_s=poll_s,
+        keepalive_s=keepalive_s,
+        token_check_s=token_check_s,
     )
-    return ServerSentEvent(event=SSE_ERROR, raw_data=body.model_dump_json(exclude_none=True))
+    async for event in events:
+        yield event

@@ -6,7 +6,9 @@ publishes the event (nothing is measured or predicted again):
 
 - gateway (`gateway.projection`): every event of a run (`run.requested` / `run.queued`
   open it) -> `runs`, `run_events`, `winner_cache`, and the run's `tenants` row (its
-  id only: live, a tenant's first token creates it);
+  id only: live, a tenant's first token creates it); (`gateway.tune_projection`) every
+  event of a tune session (`tune.requested` opens it) -> `tune_sessions`,
+  `tune_session_events`, and a completed session's winner -> `winner_cache`;
 - predictor (`predictor.projection`): `run.predicted` -> `candidates`;
 - benchmark-runner (`benchmark_runner.projection`): `bench.rep_measured` -> `bench_results`;
 - quality gate (`quality_gate.projection`): `gate.evaluated` -> `gate_results`.
@@ -37,6 +39,7 @@ from specops_schemas.events import parse_event
 from specops_services.audit.replay import ReplayStart, messages
 from specops_services.benchmark_runner import projection as bench_projection
 from specops_services.gateway import projection as gateway_projection
+from specops_services.gateway import tune_projection as gateway_tune_projection
 from specops_services.predictor import projection as predictor_projection
 from specops_services.quality_gate import projection as gate_projection
 from specplatform.db import Connection, connect, migrate, tenant_transaction
@@ -78,6 +81,7 @@ async def _project_owned(conn: Connection, event: Envelope[Any]) -> None:
     # tenant-scoped (row-level security), the others' are not.
     async with tenant_transaction(conn, event.tenant_id):
         await gateway_projection.rebuild(conn, event)
+        await gateway_tune_projection.rebuild(conn, event)
     async with conn.transaction():
         await predictor_projection.project(conn, event)
         await bench_projection.project(conn, event)

@@ -35,6 +35,8 @@ TABLES = (
         "runs", ("id",), ("tenant_id", "status", "request", "result", "error", "cache_hit", "measured")
     ),
     TableSpec("run_events", ("event_id",), ("run_id", "seq", "type", "payload", "occurred_at")),
+    TableSpec("tune_sessions", ("id",), ("tenant_id", "run_id", "status", "session", "source", "created_at")),
+    TableSpec("tune_session_events", ("event_id",), ("session_id", "seq", "type", "payload", "occurred_at")),
     TableSpec(
         "candidates", ("run_id", "candidate_id"), ("rank", "family", "candidate", "prediction", "created_at")
     ),

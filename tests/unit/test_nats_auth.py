@@ -41,6 +41,10 @@ def test_each_service_may_pull_only_its_own_consumers_and_publish_only_its_event
     assert [n for n, p in allowed.items() if "specops.results.*.>" in p.publish] == ["gateway"]
     pull_intake = "$JS.API.CONSUMER.MSG.NEXT.SPEC_INTAKE.gateway-intake"
     assert [n for n, p in allowed.items() if pull_intake in p.publish] == ["gateway"]
+    # T2: the gateway asks for tune sessions and folds the tuner's answers on a durable of its own.
+    assert [n for n, p in allowed.items() if "spec.tune.*.requested" in p.publish] == ["gateway"]
+    pull_tune = "$JS.API.CONSUMER.MSG.NEXT.SPEC.gateway-tune_projector"
+    assert [n for n, p in allowed.items() if pull_tune in p.publish] == ["gateway"]
     assert all(not any(s.startswith("$JS.API.STREAM.DELETE") for s in p.publish) for p in allowed.values())
 
 

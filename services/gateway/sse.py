@@ -1,0 +1,103 @@
+"""An event stream as server-sent events: a run's, a tune session's — any feed of numbered events.
+
+A *feed* is one stream in the database: `read(conn, after)` returns whether the stream
+has ended (its resource is gone, or its status is terminal) and its events after seq
+`after`; `terminal_types` are the event types that end it. :func:`follow` turns it into
+SSE — ids are the seqs, so `Last-Event-ID` resumes — woken by the LISTEN notifications
+of new events (`listener`), with keepalive comments and a periodic check that the
+caller's token is still live.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from fastapi.sse import ServerSentEvent
+
+from specops_schemas.api import Problem
+from specops_services.gateway import db
+from specops_services.gateway.auth import Principal
+from specops_services.gateway.listener import RunEventsListener
+from specplatform.db import Connection, Pool, tenant_transaction
+
+# An event stream's last event when it cannot go on (its data: a problem), and the problem
+# of a token revoked while its stream was open.
+SSE_ERROR = "error"
+TOKEN_REVOKED = "urn:specops:problem:token-revoked"
+
+# (ended, events after the given seq): `ended` is read first, so once it says so the
+# events read after it are sure to include the terminal one.
+Read = Callable[[Connection, int], Awaitable[tuple[bool, list[db.EventRow]]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Feed:
+    stream_id: str
+    """The run or session id: what the listener is woken with."""
+    location: str
+    """URL path of the resource the stream belongs to."""
+    read: Read
+    terminal_types: frozenset[str]
+
+
+async def follow(
+    pool: Pool,
+    listener: RunEventsListener | None,
+    principal: Principal,
+    feed: Feed,
+    after: int,
+    *,
+    poll_s: float,
+    keepalive_s: float,
+    token_check_s: float,
+) -> AsyncIterator[ServerSentEvent]:
+    """The feed's events after seq `after`, as they land, until its terminal event.
+
+    A stream may stay open for as long as its run or session takes: every `token_check_s`
+    it checks that its caller's token is still live, and once it is revoked the stream
+    ends with an `error` event holding the 401 problem.
+    """
+    last_sent = token_checked = time.monotonic()
+    while True:
+        if time.monotonic() - token_checked >= token_check_s:
+            async with pool.connection() as conn:
+                live = await db.token_live(conn, principal.token_id)
+            if not live:
+                yield token_revoked(feed.location)
+                return
+            token_checked = time.monotonic()
+        async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
+            ended, rows = await feed.read(conn, after)
+        for event in rows:
+            yield ServerSentEvent(id=str(event.seq), event=event.type, raw_data=event.data)
+            after = event.seq
+            last_sent = time.monotonic()
+            if event.type in feed.terminal_types:
+                return
+        if rows:
+            continue
+        # Resumed after the terminal event, or the resource vanished: nothing more will come.
+        if ended:
+            return
+        if time.monotonic() - last_sent >= keepalive_s:
+            yield ServerSentEvent(comment="keepalive")
+            last_sent = time.monotonic()
+        if listener is not None:
+            await listener.wait(feed.stream_id, timeout=poll_s)
+        else:
+            await asyncio.sleep(poll_s)
+
+
+def token_revoked(location: str) -> ServerSentEvent:
+    """The last event of a stream whose token was revoked while it was open."""
+    body = Problem(
+        type=TOKEN_REVOKED,
+        title="Unauthorized",
+        status=401,
+        detail="the bearer token was revoked while the stream was open",
+        instance=f"{location}/events",
+    )
+    return ServerSentEvent(event=SSE_ERROR, raw_data=body.model_dump_json(exclude_none=True))

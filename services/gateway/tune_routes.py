@@ -1,0 +1,143 @@
+"""The T2 HTTP surface under API_PREFIX: thin handlers over `tune_sessions`, as routes.py is over `runs`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+import psycopg
+from fastapi import APIRouter, Body, Depends, Path, Request
+from fastapi.responses import JSONResponse, Response
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from specops_schemas.api import API_PREFIX, ApplyRequest, ApplyResponse
+from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionResponse
+from specops_services.gateway import tune_sessions
+from specops_services.gateway.auth import Developer, Viewer, pool_of
+from specops_services.gateway.problems import first_line, responses
+from specops_services.gateway.routes import IdempotencyKey, _fingerprint, _json, _key, _resume_after
+
+log = logging.getLogger(__name__)
+
+router = APIRouter(prefix=API_PREFIX, tags=["tune-sessions"])
+
+SessionId = Annotated[str, Path(description="Tune session id, as returned by `POST tune-sessions`.")]
+
+
+@router.post(
+    "/tune-sessions",
+    status_code=202,
+    response_model=TuneSessionResponse,
+    summary="Start a T2 tune session on a completed T1 run",
+    description=(
+        "A budgeted Bayesian search (Optuna TPE, seeded with the run's pareto points) over family, "
+        "draft, k, tree shape and each family's knobs, each trial measured (N reps, mean and sigma) "
+        "and gated. The run must be the tenant's, completed, and measured on this host (404, 409 "
+        "otherwise). Follow `Location` or the session's event stream."
+    ),
+    responses={
+        202: {
+            "description": "Accepted; the session is queued for the tuner.",
+            "headers": {"Location": {"description": "URL of the session.", "schema": {"type": "string"}}},
+        },
+        **responses(400, 401, 403, 404, 409, 422, 500, 503),
+    },
+)
+async def create_session(
+    body: TuneSessionCreateRequest,
+    request: Request,
+    principal: Developer,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    key = _key(idempotency_key)
+    fingerprint = await _fingerprint(request)
+    reply = await tune_sessions.create_session(pool_of(request), principal, body, key, fingerprint)
+    return _json(reply)
+
+
+@router.get(
+    "/tune-sessions/{session_id}",
+    response_model=TuneSessionResponse,
+    summary="A tune session: status, trials (mean ± sigma), best so far, curve, winner",
+    responses=responses(401, 403, 404, 422, 500, 503),
+)
+async def get_session(session_id: SessionId, request: Request, principal: Viewer) -> TuneSessionResponse:
+    return await tune_sessions.read_session(pool_of(request), principal, session_id)
+
+
+async def _owned_session(session_id: SessionId, request: Request, principal: Viewer) -> str:
+    # A dependency, not the generator: the 404 must be decided before the stream starts.
+    await tune_sessions.require_session(pool_of(request), principal, session_id)
+    return session_id
+
+
+@router.get(
+    "/tune-sessions/{session_id}/events",
+    response_class=EventSourceResponse,
+    summary="The session's progress as server-sent events",
+    description=(
+        "`text/event-stream`, as a run's: each event has `id:` (its sequence in the session), `event:` "
+        "(`tune.requested`, `tune.started`, `tune.trial_completed`, `tune.improved`, "
+        "`tune.space_narrowed`, `tune.terminated`, `tune.completed`, `tune.failed`) and `data:` (the "
+        "event envelope as JSON). The stream ends after `tune.completed` or `tune.failed`; idle streams "
+        "get `: keepalive` comments; reconnect with `Last-Event-ID` to resume. The curve the trials draw "
+        "is `curve_png` of the session."
+    ),
+    responses=responses(400, 401, 403, 404, 422, 500, 503),
+)
+async def stream_events(
+    request: Request,
+    principal: Viewer,
+    session_id: Annotated[str, Depends(_owned_session)],
+    after: Annotated[int, Depends(_resume_after)],
+) -> AsyncIterator[ServerSentEvent]:
+    settings = request.app.state.settings
+    events = tune_sessions.stream_events(
+        pool_of(request),
+        request.app.state.listener,
+        principal,
+        session_id,
+        after,
+        poll_s=settings.gateway_sse_poll_s,
+        keepalive_s=settings.gateway_sse_keepalive_s,
+        token_check_s=settings.gateway_sse_token_check_s,
+    )
+    try:
+        async for event in events:
+            yield event
+    except psycopg.OperationalError as exc:
+        log.warning("database unavailable: the event stream of %s ends: %s", session_id, first_line(exc))
+
+
+@router.get(
+    "/tune-sessions/{session_id}/curve.png",
+    response_class=Response,
+    summary="The best-so-far curve as a PNG",
+    description="Each trial's value (failed trials marked), the best so far, the T1 winner, the budget. "
+    "404 until a trial has ended.",
+    responses={200: {"content": {"image/png": {}}}, **responses(401, 403, 404, 422, 500, 503)},
+)
+async def get_curve(session_id: SessionId, request: Request, principal: Viewer) -> Response:
+    png = await tune_sessions.curve_png(pool_of(request), principal, session_id)
+    return Response(png, media_type="image/png", headers={"Cache-Control": "no-cache"})
+
+
+@router.post(
+    "/tune-sessions/{session_id}/apply",
+    response_model=ApplyResponse,
+    summary="Turn the session's winner into engine flags",
+    responses=responses(400, 401, 403, 404, 409, 422, 500, 503),
+)
+async def apply_session(
+    session_id: SessionId,
+    request: Request,
+    principal: Developer,
+    body: Annotated[ApplyRequest | None, Body()] = None,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    key = _key(idempotency_key)
+    reply = await tune_sessions.apply_session(
+        pool_of(request), principal, session_id, body or ApplyRequest(), key, await _fingerprint(request)
+    )
+    return _json(reply)
