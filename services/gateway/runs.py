@@ -27,6 +27,7 @@ from specops_schemas.api import (
     RunStatusResponse,
 )
 from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunRequested
+from specops_schemas.registry import DatastoreRegistered
 from specops_services.gateway import cache, db, engine_flags, logic, projection, results
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.listener import RunEventsListener
@@ -37,8 +38,9 @@ log = logging.getLogger(__name__)
 
 PRODUCER = results.PRODUCER
 # What the gateway publishes on SPEC (its NATS user may publish these subjects, and the
-# tenants' result subjects, only); run.failed is the reaper's.
-PUBLISHES = (RunRequested, RunQueued, RunCompleted, RunFailed)
+# tenants' result subjects, only); run.failed is the reaper's, registry.datastore_registered
+# the datastores upload's.
+PUBLISHES = (RunRequested, RunQueued, RunCompleted, RunFailed, DatastoreRegistered)
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 # The problem of a request whose Idempotency-Key another request holds right now.
 KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
