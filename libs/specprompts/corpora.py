@@ -110,14 +110,16 @@ def candidate_datastore(
     workload: str,
     exclude_ids: frozenset[str],
     *,
-    tenant_id: str,
-    artifact_root: Path,
+    tenant_id: str | None = None,
+    artifact_root: Path | None = None,
 ) -> Path | None:
     """The datastore file a rest candidate's draft names: a built-in one (builtin_datastore),
     the tenant's uploaded corpus (``ds-<hex>``) indexed for this target, or None when ``ref``
     is a datastore file already. SpecError when an uploaded corpus is not in the tenant's
     part of the artifact store."""
     if is_datastore_id(ref):
+        if tenant_id is None or artifact_root is None:
+            raise SpecError(f"datastore {ref} is an uploaded corpus, and no artifact store is known here")
         corpus = find_corpus(artifact_root, tenant_id, str(ref))
         if corpus is None:
             raise SpecError(
