@@ -136,9 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The services' commands live in specops/commands/, one module per area; each
     # parser sets `handler`.
-    from specops.commands import audit, db, deploy, dlq, heads, nats, run, runtime, serve, tokens
+    from specops.commands import audit, datastores, db, deploy, dlq, heads, nats, run, runtime, serve, tokens
 
-    for module in (runtime, db, tokens, nats, audit, dlq, serve, run, heads, deploy):
+    for module in (runtime, db, tokens, nats, audit, dlq, serve, run, heads, deploy, datastores):
         module.add_parsers(sub)
     return parser
 
