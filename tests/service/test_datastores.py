@@ -4,13 +4,15 @@ benchmark-runner measuring a rest candidate on an uploaded corpus (smollm2)."""
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import uuid
 from pathlib import Path
 
 import pytest
 from fixtures import bus
-from fixtures.gateway import running_gateway
+from fixtures.gateway import ServerThread, gateway_settings, issue_tokens, running_gateway
 from nats.js import JetStreamContext
 from psycopg.types.json import Jsonb
 
@@ -19,12 +21,15 @@ from specbus.envelope import Envelope, new_event
 from speccatalog.artifacts import corpus_path, datastore_id
 from speccore.model_cache import ModelCache
 from speccore.models import LoadedModel
+from specops.client import SpeculativeClient
+from specops.commands import datastores as datastores_cli
 from specops_schemas.api import API_PREFIX, RunCreateRequest, Target
 from specops_schemas.candidates import Candidate
 from specops_schemas.events import BenchPlan, BenchRequested, RunRequested
 from specops_schemas.registry import DatastoreRegistered
 from specops_services.benchmark_runner.app import subscribe as subscribe_runner
 from specops_services.benchmark_runner.runner import BenchmarkRunnerSettings, BenchRunner
+from specops_services.gateway.app import create_app
 from specops_services.predictor.app import subscribe as subscribe_predictor
 from specops_services.predictor.plan import HostInfo
 from specops_services.predictor.steps import Planner
@@ -92,6 +97,46 @@ async def test_upload_is_content_addressed_tenant_scoped_and_announced(
     assert (ds.datastore_id, ds.size_bytes, ds.path) == (
         store["id"], len(jsonl), corpus_path("acme", store["sha256"], "jsonl")
     )  # fmt: skip
+
+
+def test_sdk_and_cli_upload_and_list(
+    db: str, nats_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokens = asyncio.run(issue_tokens(db))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"prompt": "def add(a, b):", "completion": " return a + b"}) + "\n")
+    source = tmp_path / "lib.py"
+    source.write_text(CODE)
+    settings = gateway_settings(db, nats_url, artifact_dir=tmp_path / "artifacts")
+    with ServerThread(create_app(settings)) as server:
+        with SpeculativeClient(server.url, tokens["dev"]) as client:
+            store = client.datastores.upload(corpus, fingerprints=["code"])
+            same = client.datastores.upload(corpus.read_bytes(), name="again", jsonl=True)
+            assert client.datastores.get(store.id) == store
+        parser = argparse.ArgumentParser()
+        datastores_cli.add_parsers(parser.add_subparsers(dest="command", required=True))
+        auth = ["--url", server.url, "--token", tokens["dev"]]
+        upload = parser.parse_args(["datastores", "upload", str(source), "--name", "lib", *auth])
+        assert upload.handler(upload) == 0
+        # The last line: the gateway's broker logs on stdout too.
+        uploaded_id = capsys.readouterr().out.splitlines()[-1]
+        ls = parser.parse_args(["datastores", "ls", "--json", *auth])
+        assert ls.handler(ls) == 0
+        listed = json.loads(capsys.readouterr().out.splitlines()[-1])
+        viewer = parser.parse_args(
+            ["datastores", "upload", str(source), "--url", server.url, "--token", tokens["viewer"]]
+        )
+        assert viewer.handler(viewer) == 2
+        assert "403" in capsys.readouterr().err
+
+    assert (store.name, store.format, store.documents, store.fingerprints) == (
+        "corpus.jsonl",
+        "jsonl",
+        1,
+        ["code"],
+    )
+    assert same == store
+    assert [s["id"] for s in listed] == [uploaded_id, store.id] and listed[0]["format"] == "text"
 
 
 def _run_requested(dsn: str, tenant: str, fingerprint: str = "code") -> Envelope[RunRequested]:
