@@ -6,7 +6,8 @@ publishes the event (nothing is measured or predicted again):
 
 - gateway (`gateway.projection`): every event of a run (`run.requested` / `run.queued`
   open it) -> `runs`, `run_events`, `winner_cache`, and the run's `tenants` row (its
-  id only: live, a tenant's first token creates it);
+  id only: live, a tenant's first token creates it); `registry.datastore_registered` ->
+  `datastores`;
 - predictor (`predictor.projection`): `run.predicted` -> `candidates`;
 - benchmark-runner (`benchmark_runner.projection`): `bench.rep_measured` -> `bench_results`;
 - quality gate (`quality_gate.projection`): `gate.evaluated` -> `gate_results`.

@@ -55,7 +55,7 @@ def test_two_rows_under_one_key_are_an_error() -> None:
 def test_the_compared_tables_leave_out_pure_bookkeeping() -> None:
     by_name = {spec.name: spec for spec in TABLES}
     assert set(by_name) == {
-        "runs", "run_events", "candidates", "bench_results", "gate_results", "winner_cache"
+        "runs", "run_events", "candidates", "bench_results", "gate_results", "datastores", "winner_cache"
     }  # fmt: skip
     assert not {"created_at", "updated_at"} & set(by_name["runs"].columns)
     assert "recorded_at" in by_name["bench_results"].columns  # when the rep was measured: the event's time
