@@ -33,6 +33,8 @@ from specops_services.gateway.app import create_app
 from specops_services.predictor.app import subscribe as subscribe_predictor
 from specops_services.predictor.plan import HostInfo
 from specops_services.predictor.steps import Planner
+from specops_services.quality_gate.runner import GateRunner
+from specops_services.quality_gate.settings import QualityGateSettings
 from specplatform.db import Pool
 
 DATASTORES = f"{API_PREFIX}/datastores"
@@ -261,3 +263,37 @@ async def test_runner_measures_a_rest_candidate_on_an_uploaded_corpus(
         and "no corpus in tenant acme's artifact store" in failure.message
     )
     assert list((tmp_path / "cache" / "datastores").glob("upload-bbbbbbbbbbbbbbbb-*.npz"))
+
+
+@pytest.mark.slow
+def test_gate_decodes_a_rest_candidate_with_an_uploaded_corpus(
+    smollm: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECOPS_CACHE_DIR", str(tmp_path / "cache"))
+    sha256 = "d" * 64
+    corpus = tmp_path / "artifacts" / corpus_path("acme", sha256, "text")
+    corpus.parent.mkdir(parents=True)
+    corpus.write_text(CODE * 20)
+    uploaded = Candidate(candidate_id="rest-k4-up", family="rest", k=4, draft=datastore_id("acme", sha256))
+    plan = BenchPlan(
+        run_id="run-gate",
+        target=Target(model_ref=SMOLLM, gpu="cpu", engine="speccore"),
+        fingerprint="code",
+        mode="interactive",
+        quality_gate="exact",
+        candidates=[uploaded],
+        reps=1,
+        n_prompts=1,
+        max_new_tokens=8,
+    )
+    settings = QualityGateSettings(
+        gate_prompts=1, gate_new_tokens=8, gate_batch_size=1, threads=2, artifact_dir=tmp_path / "artifacts"
+    )
+    runner = GateRunner(settings, ModelCache(loader=lambda ref, device, dtype: smollm))
+    passed = runner.evaluate(plan, uploaded, tenant_id="acme")
+    # Another tenant's bench cannot reach acme's corpus (F-S1): the gate fails closed, with the reason.
+    foreign = runner.evaluate(plan, uploaded, tenant_id="globex")
+    assert passed.passed is True, passed.details
+    assert (
+        foreign.passed is False and "no corpus in tenant globex's artifact store" in foreign.details["error"]
+    )
