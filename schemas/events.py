@@ -1,5 +1,5 @@
 """Payloads of the T1 flow: gateway -> predictor -> benchmark-runner -> quality-gate -> predictor
-(the T2 flow's are in `specops_schemas.tune`).
+(the T2 flow's are in `specops_schemas.tune`, the registry's in `specops_schemas.registry`).
 
 Each payload class names its `event_type` (`<aggregate>.<event>`); EVENT_TYPES maps
 that string back to the class, which is how consumers and `parse_event` decode.
@@ -24,6 +24,7 @@ from specops_schemas.candidates import (
     Sampling,
 )
 from specops_schemas.catalog import ErrorStage, Fingerprint, GateMethod, Mode
+from specops_schemas.registry import REGISTRY_EVENT_TYPES
 from specops_schemas.tune import TUNE_EVENT_TYPES
 
 
@@ -255,7 +256,7 @@ RUN_FLOW_TYPES: tuple[type[EventPayload], ...] = (
 )
 # Every event type on `spec.>`, by its `type` string.
 EVENT_TYPES: dict[str, type[EventPayload]] = {
-    cls.event_type: cls for cls in (*RUN_FLOW_TYPES, *TUNE_EVENT_TYPES)
+    cls.event_type: cls for cls in (*RUN_FLOW_TYPES, *TUNE_EVENT_TYPES, *REGISTRY_EVENT_TYPES)
 }
 
 

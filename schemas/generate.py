@@ -20,6 +20,7 @@ from specbus.envelope import Envelope
 from specops_schemas.api import ApplyRequest, ApplyResponse, Problem, RunCreateRequest, RunStatusResponse
 from specops_schemas.events import EVENT_TYPES
 from specops_schemas.intake import IntakeAccepted, IntakeRejected, IntakeRequest
+from specops_schemas.registry import DatastoreList, DatastoreResponse
 from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionResponse
 
 API_MODELS: tuple[type[BaseModel], ...] = (
@@ -29,6 +30,8 @@ API_MODELS: tuple[type[BaseModel], ...] = (
     ApplyResponse,
     TuneSessionCreateRequest,
     TuneSessionResponse,
+    DatastoreResponse,
+    DatastoreList,
     Problem,
 )
 # What upstream systems publish and hear back on NATS (specops_schemas.intake).

@@ -136,9 +136,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The services' commands live in specops/commands/, one module per area; each
     # parser sets `handler`.
-    from specops.commands import audit, db, deploy, dlq, heads, nats, run, runtime, serve, tokens, tune
+    from specops.commands import (
+        audit,
+        datastores,
+        db,
+        deploy,
+        dlq,
+        heads,
+        nats,
+        run,
+        runtime,
+        serve,
+        tokens,
+        tune,
+    )
 
-    for module in (runtime, db, tokens, nats, audit, dlq, serve, run, tune, heads, deploy):
+    for module in (runtime, db, tokens, nats, audit, dlq, serve, run, tune, heads, deploy, datastores):
         module.add_parsers(sub)
     return parser
 

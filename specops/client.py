@@ -21,6 +21,9 @@
         tuned = client.tune_sessions.get(session.id).winner
         png = client.tune_sessions.curve_png(session.id)
 
+        store = client.datastores.upload("corpus.jsonl", name="our code", fingerprints=["code"])
+        # the tenant's later `code` runs offer rest candidates drafting from it (draft = store.id)
+
 Where it connects, first match wins:
 
 - base URL: the `base_url` argument; `SPECOPS_URL`; the gateway of the local runtime
@@ -40,6 +43,7 @@ an unreachable gateway as SpecopsConnectionError.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import random
@@ -68,8 +72,9 @@ from specops_schemas.api import (
     Target,
     Workload,
 )
-from specops_schemas.catalog import Engine, Family, Mode, RunStatus
+from specops_schemas.catalog import Engine, Family, Fingerprint, Mode, RunStatus
 from specops_schemas.events import parse_event
+from specops_schemas.registry import DatastoreList, DatastoreResponse
 from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionResponse
 
 URL_ENV = "SPECOPS_URL"
@@ -355,6 +360,7 @@ class SpeculativeClient:
         )
         self.runs = Runs(self)
         self.tune_sessions = TuneSessions(self)
+        self.datastores = Datastores(self)
 
     def close(self) -> None:
         self.http.close()
@@ -373,7 +379,10 @@ class SpeculativeClient:
         path: str,
         *,
         json_body: Any = None,
+        content: bytes | None = None,
+        params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
+        retryable: bool | None = None,
     ) -> httpx.Response:
         """One call with retries (`retry`); the successful response, or SpecopsAPIError /
         SpecopsConnectionError.
@@ -381,12 +390,15 @@ class SpeculativeClient:
         Only requests that cannot act twice are retried: safe and idempotent methods, and
         POSTs that carry an Idempotency-Key (which the SDK's own POSTs always do).
         """
-        retryable = _retryable(method, headers)
+        if retryable is None:
+            retryable = _retryable(method, headers)
         started = time.monotonic()
         failures = 0
         while True:
             try:
-                response = self.http.request(method, path, json=json_body, headers=headers)
+                response = self.http.request(
+                    method, path, json=json_body, content=content, params=params, headers=headers
+                )
             except httpx.TransportError as exc:
                 failures += 1
                 wait = self.retry.next_wait(failures, time.monotonic() - started) if retryable else None
@@ -619,6 +631,65 @@ def _follow(
                 raise SpecopsConnectionError(client.base_url, cause) from cause
             raise SpecopsError(f"the event stream of {path} keeps ending before its run or session does")
         time.sleep(wait)
+
+
+# Media types of an upload, by the corpus file's suffix (anything else is sent as text).
+JSONL_SUFFIXES = frozenset({".jsonl", ".ndjson"})
+
+
+class Datastores:
+    """Customer corpora for the rest family: `POST datastores`, `GET datastores[/{id}]`."""
+
+    def __init__(self, client: SpeculativeClient) -> None:
+        self._client = client
+
+    def upload(
+        self,
+        corpus: str | Path | bytes,
+        *,
+        name: str | None = None,
+        fingerprints: Iterable[Fingerprint | str] = (),
+        jsonl: bool | None = None,
+    ) -> DatastoreResponse:
+        """Upload a corpus: a file path (`.jsonl` / `.ndjson`: one record a line with `"text"`,
+        or `"prompt"` + `"completion"`; anything else: one text document) or its bytes.
+
+        `name` defaults to the file's name; `jsonl` overrides what the suffix says (bytes are
+        text unless it is True). Uploading the same bytes again returns the same datastore.
+        Content-addressed, so a retried upload cannot register it twice.
+        """
+        if isinstance(corpus, bytes):
+            data, suffix = corpus, ""
+        else:
+            path = Path(corpus)
+            data, suffix = path.read_bytes(), path.suffix.lower()
+            name = name or path.name
+        if not name:
+            raise ValueError("name the corpus: upload(..., name=...)")
+        is_jsonl = jsonl if jsonl is not None else suffix in JSONL_SUFFIXES
+        params = {"name": name}
+        workloads = [Fingerprint(f).value for f in fingerprints]
+        if workloads:
+            params["fingerprints"] = ",".join(workloads)
+        media = "application/jsonl" if is_jsonl else "text/plain; charset=utf-8"
+        response = self._client.request(
+            "POST",
+            f"{API_PREFIX}/datastores",
+            content=data,
+            params=params,
+            headers={"Content-Type": media},
+            retryable=True,
+        )
+        return DatastoreResponse.model_validate(response.json())
+
+    def list(self) -> builtins.list[DatastoreResponse]:
+        """The tenant's datastores, newest first."""
+        response = self._client.request("GET", f"{API_PREFIX}/datastores")
+        return DatastoreList.model_validate(response.json()).datastores
+
+    def get(self, datastore_id: str) -> DatastoreResponse:
+        path = f"{API_PREFIX}/datastores/{quote(datastore_id, safe='')}"
+        return DatastoreResponse.model_validate(self._client.request("GET", path).json())
 
 
 def _stream_error(message: SseMessage) -> SpecopsAPIError:

@@ -15,7 +15,8 @@ Corpus formats:
 - a ``.jsonl`` file: one JSON object per line; its ``"text"``, else its
   ``"completion"`` (after ``"prompt"`` when present), else the string contents
   of its ``"conversations"`` / ``"messages"`` list is one document;
-- a ``.txt`` / ``.md`` file: one document per blank-line-separated block;
+- a ``.txt`` / ``.md`` file: one document per blank-line-separated block (with
+  ``paragraphs=False``: the whole file, as an uploaded text corpus is read);
 - any other file: the whole file is one document.
 """
 
@@ -224,6 +225,7 @@ def build_datastore(
     *,
     pattern: str = "*",
     exclude: Sequence[str] = (),
+    paragraphs: bool = True,
     progress: bool = True,
 ) -> Datastore:
     """Tokenize ``corpus`` (see the module docstring), index it and save it to ``out``."""
@@ -231,7 +233,7 @@ def build_datastore(
     if not corpus.exists():
         raise SpecError(f"corpus {corpus} does not exist")
     started = time.perf_counter()
-    docs = list(_documents(corpus, pattern, tuple(exclude)))
+    docs = list(_documents(corpus, pattern, tuple(exclude), paragraphs=paragraphs))
     if not docs:
         raise SpecError(f"corpus {corpus} holds no documents (pattern {pattern!r})")
     pieces: list[np.ndarray] = []
@@ -293,7 +295,9 @@ def _batches(docs: list[str]) -> Iterator[list[str]]:
         yield batch
 
 
-def _documents(corpus: Path, pattern: str, exclude: tuple[str, ...]) -> Iterator[str]:
+def _documents(
+    corpus: Path, pattern: str, exclude: tuple[str, ...], *, paragraphs: bool = True
+) -> Iterator[str]:
     skip = (".*", "__pycache__", *exclude)
     if corpus.is_dir():
         files = sorted(
@@ -313,7 +317,7 @@ def _documents(corpus: Path, pattern: str, exclude: tuple[str, ...]) -> Iterator
         yield from _jsonl_documents(corpus)
     else:
         text = _read_text(corpus, skip_binary=False) or ""
-        if corpus.suffix in _PARAGRAPH_SUFFIXES:
+        if paragraphs and corpus.suffix in _PARAGRAPH_SUFFIXES:
             yield from (block for block in _BLOCK_SPLIT.split(text) if block.strip())
         elif text.strip():
             yield text
@@ -337,7 +341,7 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise SpecError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            doc = _record_text(record)
+            doc = record_text(record)
             if doc is None:
                 raise SpecError(
                     f'{path}:{lineno}: need an object with "text", "completion", '
@@ -347,7 +351,8 @@ def _jsonl_documents(path: Path) -> Iterator[str]:
                 yield doc
 
 
-def _record_text(record: Any) -> str | None:
+def record_text(record: Any) -> str | None:
+    """The document of one JSONL record (see the module docstring), or None if it holds none."""
     if not isinstance(record, dict):
         return None
     if isinstance(record.get("text"), str):

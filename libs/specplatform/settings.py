@@ -83,6 +83,11 @@ class Settings(BaseSettings):
         description="Directory of nkey seeds, `<user>.nk` (`specops nats config --write`): "
         "`specops serve S` connects as S, other commands as admin.",
     )
+    artifact_dir: Path | None = Field(
+        None,
+        description="SPECOPS_ARTIFACT_DIR: the content-addressed artifact store (uploaded corpora); "
+        "unset: `<state dir>/artifacts`. Every service that reads artifacts must see the same directory.",
+    )
     gateway_host: str = Field("127.0.0.1", description="Interface the HTTP gateway binds.")
     gateway_port: int = Field(8787, ge=1, le=65535, description="Port of the HTTP gateway.")
     # Per process (specplatform.ops): `specops up` gives each replica its own, a container 9464.
@@ -92,6 +97,10 @@ class Settings(BaseSettings):
     metrics_host: str = Field(
         "127.0.0.1", description="Interface of /metrics and /healthz (0.0.0.0 in a container)."
     )
+
+    @property
+    def artifact_root(self) -> Path:
+        return self.artifact_dir if self.artifact_dir is not None else self.state_dir / "artifacts"
 
     @property
     def gateway_url(self) -> str:

@@ -1,20 +1,28 @@
-"""Default REST datastores built from corpora that ship with this machine.
+"""REST datastores of a candidate's draft: the defaults built from corpora that ship with
+this machine, and the corpora tenants uploaded (`POST datastores`).
 
 code: the Python standard library's sources. chat: ShareGPT assistant replies,
-leaving out the conversations whose prompts are being measured.
+leaving out the conversations whose prompts are being measured. An uploaded corpus
+(``ds-<hex>``, speccatalog.artifacts) is found in its tenant's part of the artifact
+store and indexed with the measuring target's tokenizer on first use.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sysconfig
+import time
 from pathlib import Path
 
+from speccatalog.artifacts import find_corpus, is_datastore_id
 from speccore.datastore import build_datastore, vocab_fingerprint
 from speccore.errors import SpecError
 from speccore.models import LoadedModel, cache_root
 from specprompts.sources import sharegpt_conversations
+
+log = logging.getLogger(__name__)
 
 # A datastore ref naming a default datastore rather than a file: "builtin:<workload>".
 BUILTIN_PREFIX = "builtin:"
@@ -64,3 +72,60 @@ def builtin_datastore(
     if not name.startswith(BUILTIN_PREFIX):
         return None
     return default_datastore(target, name.removeprefix(BUILTIN_PREFIX), exclude_ids)
+
+
+def uploaded_datastore(target: LoadedModel, corpus: Path) -> Path:
+    """The datastore of an uploaded corpus file for this tokenizer, built on first use.
+
+    Cached by the corpus's sha256 (its file name in the artifact store) and the
+    tokenizer's vocabulary, so every tenant's copy of one corpus is indexed once per
+    tokenizer; a text corpus is one document, as it was uploaded.
+    """
+    vocab = vocab_fingerprint(target.tokenizer)
+    out = cache_root() / "datastores" / f"upload-{corpus.stem[:16]}-{vocab[:16]}.npz"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log.info(
+        "indexing corpus %s (%d bytes) with %s's tokenizer ...",
+        corpus.name,
+        corpus.stat().st_size,
+        getattr(target.tokenizer, "name_or_path", "the target"),
+    )
+    started = time.perf_counter()
+    store = build_datastore(target.tokenizer, corpus, out, paragraphs=False, progress=False)
+    log.info(
+        "datastore %s: %d docs, %d tokens in %.1fs",
+        out.name,
+        store.meta["n_docs"],
+        store.meta["n_tokens"],
+        time.perf_counter() - started,
+    )
+    return out
+
+
+def candidate_datastore(
+    target: LoadedModel,
+    ref: str | None,
+    workload: str,
+    exclude_ids: frozenset[str],
+    *,
+    tenant_id: str | None = None,
+    artifact_root: Path | None = None,
+) -> Path | None:
+    """The datastore file a rest candidate's draft names: a built-in one (builtin_datastore),
+    the tenant's uploaded corpus (``ds-<hex>``) indexed for this target, or None when ``ref``
+    is a datastore file already. SpecError when an uploaded corpus is not in the tenant's
+    part of the artifact store."""
+    if is_datastore_id(ref):
+        if tenant_id is None or artifact_root is None:
+            raise SpecError(f"datastore {ref} is an uploaded corpus, and no artifact store is known here")
+        corpus = find_corpus(artifact_root, tenant_id, str(ref))
+        if corpus is None:
+            raise SpecError(
+                f"datastore {ref} has no corpus in tenant {tenant_id}'s artifact store "
+                f"({artifact_root}); upload it with `specops datastores upload`, or set "
+                "SPECOPS_ARTIFACT_DIR to the gateway's store"
+            )
+        return uploaded_datastore(target, corpus)
+    return builtin_datastore(target, ref, workload, exclude_ids)

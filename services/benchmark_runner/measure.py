@@ -24,6 +24,7 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from speccatalog.families.base import DraftSource
 from speccore.bench import BaselineFailed, Method, RepRun, Schedule, describe, engine_method, interleave
@@ -37,7 +38,7 @@ from speccore.sampling import SamplingParams
 from specops_schemas.candidates import BASELINE_ID, Candidate, Measurement, Sampling
 from specops_schemas.catalog import ErrorStage, Mode
 from specops_schemas.events import BenchPlan, CandidateFailure, RepMetrics
-from specprompts.corpora import builtin_datastore
+from specprompts.corpora import candidate_datastore
 from specprompts.sets import encode_for, prompts_for_model
 
 # Rows of one generate() call in batch mode; interactive mode is batch=1.
@@ -91,10 +92,13 @@ def measure(
     done: Iterable[RepRow] = (),
     device: str = "auto",
     dtype: str = "auto",
+    tenant_id: str | None = None,
+    artifact_root: Path | None = None,
 ) -> BenchOutcome:
     """Measure every rep of `plan` not in `done`, reporting each new row through `on_rep`.
 
-    An exception `on_rep` raises stops the bench.
+    An exception `on_rep` raises stops the bench. `tenant_id` (the bench's) and
+    `artifact_root` locate the corpora a rest candidate's draft may name (`ds-<hex>`).
     """
     stored = _check_done(plan, done)
     rows = list(stored.values())
@@ -112,7 +116,9 @@ def measure(
             if all((cid, r) in stored for r in pending):
                 continue
             try:
-                methods[cid] = engine_method(_engine(target, candidate, plan, prompt_ids))
+                methods[cid] = engine_method(
+                    _engine(target, candidate, plan, prompt_ids, Corpora(tenant_id, artifact_root))
+                )
             except _CandidateFailed as err:
                 failures[cid] = err.failure(cid)
 
@@ -255,7 +261,17 @@ class _CandidateFailed(Exception):
         return CandidateFailure(candidate_id=candidate_id, error_stage=self.error_stage, message=str(self))
 
 
-def _engine(target: LoadedModel, candidate: Candidate, plan: BenchPlan, prompt_ids: frozenset[str]) -> Engine:
+@dataclass(frozen=True, slots=True)
+class Corpora:
+    """Where a bench's uploaded corpora are: its tenant's part of the artifact store."""
+
+    tenant_id: str | None
+    artifact_root: Path | None
+
+
+def _engine(
+    target: LoadedModel, candidate: Candidate, plan: BenchPlan, prompt_ids: frozenset[str], corpora: Corpora
+) -> Engine:
     """The speccore engine for a candidate; _CandidateFailed says why there is none."""
     try:
         spec = speccore_candidate(candidate)
@@ -264,8 +280,16 @@ def _engine(target: LoadedModel, candidate: Candidate, plan: BenchPlan, prompt_i
     config = spec.config
     try:
         if spec.source == DraftSource.DATASTORE:
-            # Leave the measured prompts' conversations out of the corpus it retrieves from.
-            built = builtin_datastore(target, config.datastore, str(plan.fingerprint), prompt_ids)
+            # A built-in corpus leaves the measured prompts' conversations out; an uploaded one
+            # is indexed with this target's tokenizer on first use.
+            built = candidate_datastore(
+                target,
+                config.datastore,
+                str(plan.fingerprint),
+                prompt_ids,
+                tenant_id=corpora.tenant_id,
+                artifact_root=corpora.artifact_root,
+            )
             if built is not None:
                 config = dataclasses.replace(config, datastore=str(built))
         return Engine(target, spec.family, config)

@@ -34,8 +34,11 @@ class BenchRunner:
         on_rep: RepCallback,
         done: Iterable[RepRow] = (),
         stop: threading.Event | None = None,
+        *,
+        tenant_id: str | None = None,
     ) -> BenchOutcome:
-        """`measure.measure` with this host's device, dtype and thread budget.
+        """`measure.measure` with this host's device, dtype, thread budget and artifact store
+        (`tenant_id`: the bench's tenant, whose uploaded corpora its rest candidates may name).
 
         Waits for the device lock first; `stop` set meanwhile raises LockAbandoned.
         """
@@ -50,4 +53,6 @@ class BenchRunner:
                 done=done,
                 device=self.settings.bench_device,
                 dtype=self.settings.bench_dtype,
+                tenant_id=tenant_id,
+                artifact_root=self.settings.artifact_root,
             )

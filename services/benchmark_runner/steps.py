@@ -72,7 +72,9 @@ async def measure(
         asyncio.run_coroutine_threadsafe(store_rep(pool, event, row), loop).result()
 
     try:
-        return await asyncio.to_thread(runner.measure, event.payload.plan, on_rep, done, stopping)
+        return await asyncio.to_thread(
+            runner.measure, event.payload.plan, on_rep, done, stopping, tenant_id=event.tenant_id
+        )
     except MeasureError as err:
         log.error("bench %s failed at %s: %s", event.payload.bench_id, err.error_stage, err.message)
         return err

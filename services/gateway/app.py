@@ -18,6 +18,7 @@ from specbus.outbox import OutboxRelay
 from specops_schemas import MIGRATIONS
 from specops_schemas.api import Problem
 from specops_services.gateway import (
+    datastores,
     db,
     intake,
     projector,
@@ -58,11 +59,16 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.listener = None
     install(app, retry_after_s=settings.gateway_retry_after_s)
-    app.add_middleware(BodyLimit, max_bytes=settings.gateway_max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.gateway_max_body_bytes,
+        per_path={datastores.DATASTORES_PATH: settings.datastore_max_bytes},
+    )
     # Added last, so outermost: it counts what the body limit refuses too.
     app.add_middleware(HttpMetrics, templates=lambda: app.openapi()["paths"])
     app.include_router(routes.router)
     app.include_router(tune_routes.router)
+    app.include_router(datastores.router)
     app.add_api_route("/healthz", _healthz, methods=["GET"], tags=["probes"], summary="Process is alive")
     app.add_api_route(
         "/readyz",

@@ -1,5 +1,6 @@
-"""All of the gateway's SQL (tables of schemas/sql/001_core.sql and 003_gateway.sql): tenants,
-api_tokens, idempotency_keys, runs, run_events and winner_cache, which it alone writes.
+"""All of the gateway's SQL (tables of schemas/sql/001_core.sql, 003_gateway.sql and
+014_datastores.sql): tenants, api_tokens, idempotency_keys, runs, run_events, winner_cache and
+datastores, which it alone writes.
 
 Functions take an open connection and run inside the caller's transaction; tenant-facing
 ones expect `specplatform.db.tenant_transaction`, whose row-level security is the second wall
@@ -20,6 +21,7 @@ from specbus.envelope import Envelope
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import Role, RunStatus
 from specops_schemas.events import RunCompleted
+from specops_schemas.registry import DatastoreRegistered
 from specops_services.gateway.cache import CACHE_TTL, KEY_COLUMNS
 from specops_services.gateway.logic import RunProgress, RunState, StoredResponse
 from specplatform.db import Connection, connect
@@ -92,6 +94,51 @@ async def ensure_tenant(conn: Connection, tenant_id: str) -> None:
     await conn.execute(
         "INSERT INTO tenants (id, name) VALUES (%s, %s) ON CONFLICT (id) DO NOTHING", (tenant_id, tenant_id)
     )
+
+
+# --- datastores (uploaded corpora) -----------------------------------------------------------
+
+_DATASTORE_COLUMNS = "id, name, sha256, size_bytes, format, documents, fingerprints, created_at"
+
+
+async def insert_datastore(conn: Connection, event: Envelope[DatastoreRegistered]) -> bool:
+    """Record a tenant's datastore from its registration event; False if it was there already."""
+    ds = event.payload
+    cur = await conn.execute(
+        """INSERT INTO datastores
+               (id, tenant_id, name, sha256, size_bytes, format, documents, fingerprints, path, created_at)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING id""",
+        (
+            ds.datastore_id,
+            event.tenant_id,
+            ds.name,
+            ds.sha256,
+            ds.size_bytes,
+            ds.format,
+            ds.documents,
+            [str(f) for f in ds.fingerprints],
+            ds.path,
+            event.occurred_at,
+        ),
+    )
+    return await cur.fetchone() is not None
+
+
+async def find_datastore(conn: Connection, tenant_id: str, datastore_id: str) -> dict[str, Any] | None:
+    cur = await conn.execute(
+        f"SELECT {_DATASTORE_COLUMNS} FROM datastores WHERE tenant_id = %s AND id = %s",
+        (tenant_id, datastore_id),
+    )
+    row: dict[str, Any] | None = await cur.fetchone()
+    return row
+
+
+async def list_datastores(conn: Connection, tenant_id: str) -> list[dict[str, Any]]:
+    cur = await conn.execute(
+        f"SELECT {_DATASTORE_COLUMNS} FROM datastores WHERE tenant_id = %s ORDER BY created_at DESC, id",
+        (tenant_id,),
+    )
+    return list(await cur.fetchall())
 
 
 # --- idempotency keys ---------------------------------------------------------------------

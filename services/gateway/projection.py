@@ -22,6 +22,7 @@ from specbus.envelope import Envelope
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import RunStatus
 from specops_schemas.events import RunQueued, RunRequested
+from specops_schemas.registry import DatastoreRegistered
 from specops_services.gateway import cache, db, logic
 from specplatform.db import Connection
 
@@ -78,7 +79,11 @@ async def apply(conn: Connection, event: Envelope[Any]) -> db.RunRow | None:
 
 
 async def rebuild(conn: Connection, event: Envelope[Any]) -> None:
-    """What the gateway wrote for `event` when it happened: its tenant, the run it opens, its fold."""
+    """What the gateway wrote for `event` when it happened: its tenant, the run it opens, its fold;
+    a datastore's row from its registration."""
     await db.ensure_tenant(conn, event.tenant_id)
+    if isinstance(event.payload, DatastoreRegistered):
+        await db.insert_datastore(conn, event)
+        return
     await open_run(conn, event)
     await apply(conn, event)

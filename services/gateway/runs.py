@@ -25,6 +25,7 @@ from specops_schemas.api import (
     RunStatusResponse,
 )
 from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunRequested
+from specops_schemas.registry import DatastoreRegistered
 from specops_schemas.tune import TuneRequested
 from specops_services.gateway import cache, db, engine_flags, logic, projection, results, sse
 from specops_services.gateway.auth import Principal
@@ -36,8 +37,9 @@ log = logging.getLogger(__name__)
 
 PRODUCER = results.PRODUCER
 # What the gateway publishes on SPEC (its NATS user may publish these subjects, and the
-# tenants' result subjects, only); run.failed is the reaper's, tune.requested POST tune-sessions'.
-PUBLISHES = (RunRequested, RunQueued, RunCompleted, RunFailed, TuneRequested)
+# tenants' result subjects, only); run.failed is the reaper's, tune.requested POST tune-sessions',
+# registry.datastore_registered the datastores upload's.
+PUBLISHES = (RunRequested, RunQueued, RunCompleted, RunFailed, TuneRequested, DatastoreRegistered)
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 # The problem of a request whose Idempotency-Key another request holds right now.
 KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"

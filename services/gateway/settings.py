@@ -44,6 +44,12 @@ class GatewaySettings(Settings):
     gateway_max_body_bytes: int = Field(
         1024 * 1024, ge=1024, description="Largest request body accepted; a larger one is a 413."
     )
+    datastore_max_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1,
+        description="SPECOPS_DATASTORE_MAX_BYTES: largest corpus `POST datastores` accepts (streamed to "
+        "the artifact store, so the body limit above does not apply to it); a larger one is a 413.",
+    )
     gateway_intake: bool = Field(
         True, description="Take upstream systems' run requests from NATS (specops.intake.<tenant>.>)."
     )

@@ -1,13 +1,15 @@
 """The predictor service: plans T1 runs and answers them once measured and gated.
 
-Five durable consumers (replicas share each): `<service>-plan` on run.requested,
+Six durable consumers (replicas share each): `<service>-plan` on run.requested,
 `<service>-bench_completed` on bench.completed, `<service>-gate_evaluated` on
 gate.evaluated, `<service>-dead_letter` on every service's dead letters
 (`spec.dlq.>`): as the runs' orchestrator, the predictor fails a run whose event a
-service gave up on, which would otherwise wait forever; and `<service>-run_failed` on
+service gave up on, which would otherwise wait forever; `<service>-run_failed` on
 run.failed, so that it knows which runs other services ended (it reads no other
-service's table). Every handler writes Postgres and queues its events in one inbox
-transaction (steps.py); the outbox relay publishes them.
+service's table); and `<service>-datastore_registered` on registry.datastore_registered:
+the corpora tenants upload, which it offers as `rest` drafts in their own runs only.
+Every handler writes Postgres and queues its events in one inbox transaction
+(steps.py); the outbox relay publishes them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from specbus.dlq import DeadLetter, watch_depth
 from specbus.envelope import Envelope
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
+from specops_schemas.registry import DatastoreRegistered
 from specops_services.predictor import logic, steps
 from specops_services.predictor.host import host_info
 from specops_services.predictor.settings import predictor_settings
@@ -48,7 +51,7 @@ def subscribe(
     retry: RetryPolicy = RETRY,
     fetch_timeout_s: float = 5.0,
 ) -> None:
-    """Register the predictor's five handlers on `broker` (before it starts)."""
+    """Register the predictor's six handlers on `broker` (before it starts)."""
 
     on = partial(subscriber, broker, service=service, retry=retry, fetch_timeout_s=fetch_timeout_s)
 
@@ -73,6 +76,16 @@ def subscribe(
         """Store a verdict; answer the run if the bench is completed and it was the last one."""
         await _once(
             pool, consumer_name(service, "gate_evaluated"), event, lambda c: steps.gate_evaluated(c, event)
+        )
+
+    @on(events=DatastoreRegistered)
+    async def datastore_registered(event: Envelope[DatastoreRegistered]) -> None:
+        """Remember a tenant's uploaded corpus for its later runs."""
+        await _once(
+            pool,
+            consumer_name(service, "datastore_registered"),
+            event,
+            lambda c: steps.datastore_registered(c, event),
         )
 
     @on(events=RunFailed)

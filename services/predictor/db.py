@@ -1,5 +1,6 @@
 """All of the predictor's SQL: the tables it owns (001_core: candidates, measured_history;
-005_predictor to 007_one_writer: benches, predictor_runs). It reads no other service's table.
+005_predictor to 007_one_writer: benches, predictor_runs; 014_datastores: predictor_datastores).
+It reads no other service's table.
 
 Functions take an open connection and run inside the caller's transaction (the
 inbox transaction of `specbus.process_once`). The predictor works across tenants, as
@@ -21,8 +22,10 @@ from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import GateOutcome, Measurement, RankedCandidate
 from specops_schemas.catalog import Family, Fingerprint
 from specops_schemas.events import BenchPlan, CandidateFailure
+from specops_schemas.registry import DatastoreRegistered
 from specops_services.predictor.logic import Bench, RequestedRun
 from specops_services.predictor.model import HistoryRow, temperature_bucket
+from specops_services.predictor.plan import UploadedDatastore
 
 Connection = AsyncConnection[Any]
 
@@ -147,6 +150,26 @@ async def create_bench(conn: Connection, bench: Bench) -> None:
             Jsonb(bench.plan.model_dump(mode="json")),
         ),
     )
+
+
+async def record_datastore(conn: Connection, tenant_id: str, ds: DatastoreRegistered) -> None:
+    """Remember a tenant's uploaded datastore (a redelivered registration changes nothing)."""
+    await conn.execute(
+        """INSERT INTO predictor_datastores (datastore_id, tenant_id, name, size_bytes, fingerprints)
+           VALUES (%s, %s, %s, %s, %s) ON CONFLICT (datastore_id) DO NOTHING""",
+        (ds.datastore_id, tenant_id, ds.name, ds.size_bytes, [str(f) for f in ds.fingerprints]),
+    )
+
+
+async def tenant_datastores(conn: Connection, tenant_id: str) -> list[UploadedDatastore]:
+    """The datastores `tenant_id` uploaded; never another tenant's (F-S1)."""
+    rows = await _rows(
+        conn,
+        """SELECT datastore_id, size_bytes, fingerprints FROM predictor_datastores
+           WHERE tenant_id = %s ORDER BY datastore_id""",
+        (tenant_id,),
+    )
+    return [UploadedDatastore(r["datastore_id"], r["size_bytes"], frozenset(r["fingerprints"])) for r in rows]
 
 
 # --- measuring --------------------------------------------------------------------------------

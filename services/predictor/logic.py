@@ -27,7 +27,7 @@ from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope, EventPayload, new_event
 from specbus.subjects import ID_PATTERN
 from speccatalog.hardware import resolve_profile
-from speccatalog.targets import TargetInfo
+from speccatalog.targets import TargetInfo, resolve_target
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import CandidateResult, GateOutcome, Measurement, RankedCandidate
 from specops_schemas.catalog import ErrorStage, GateMethod
@@ -43,7 +43,7 @@ from specops_schemas.events import (
     parse_event,
 )
 from specops_services.predictor.model import HistoryRow
-from specops_services.predictor.plan import HostInfo, Plan, error_stage, plan_run
+from specops_services.predictor.plan import HostInfo, Plan, UploadedDatastore, error_stage, plan_run
 from specops_services.predictor.scoring import Decision, assemble_results, choose_winner
 
 PRODUCER = "predictor"
@@ -122,11 +122,23 @@ def make_plan(
     history: Sequence[HistoryRow],
     target: TargetInfo | None,
     enable_cascade: bool,
+    datastores: Sequence[UploadedDatastore] = (),
 ) -> Plan | PlanFailure:
-    """plan_run, with its errors turned into the run's failure."""
+    """plan_run, with its errors turned into the run's failure.
+
+    ``datastores``: the corpora the run's tenant uploaded (and no other tenant's: F-S1),
+    offered to the catalog as built with the target's tokenizer.
+    """
     try:
+        info = target or resolve_target(request.target.model_ref)
         return plan_run(
-            request, run_id=run_id, host=host, history=history, target=target, enable_cascade=enable_cascade
+            request,
+            run_id=run_id,
+            host=host,
+            history=history,
+            target=info,
+            available_datastores=[d.ref(info) for d in datastores],
+            enable_cascade=enable_cascade,
         )
     except Exception as exc:
         # plan_run is pure: whatever it raises now it raises on every retry, so the run

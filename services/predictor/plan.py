@@ -45,6 +45,9 @@ TOP_N = 3
 # speccore builds a default REST datastore for these workloads (libs/speccore/corpora.py).
 BUILTIN_DATASTORE_WORKLOADS = (F.CHAT, F.CODE)
 BUILTIN_DATASTORE_BYTES = 64 << 20  # measured 27-41 MB for smollm2 (bench/results)
+# An uploaded corpus is indexed as int32 tokens + an int32 suffix array (8 bytes a token)
+# at ~3.5 bytes of text a token (BPE on English and code; smollm2 on the stdlib: 3.6).
+INDEX_BYTES_PER_CORPUS_BYTE = 8 / 3.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,25 @@ class Plan:
 
     def run_predicted(self) -> RunPredicted:
         return RunPredicted(run_id=self.run_id, candidates=self.ranked, pareto_front=self.pareto_front)
+
+
+@dataclass(frozen=True, slots=True)
+class UploadedDatastore:
+    """A corpus the run's tenant uploaded (registry.datastore_registered): raw text, indexed
+    with whichever target's tokenizer measures it."""
+
+    datastore_id: str
+    corpus_bytes: int
+    fingerprints: frozenset[str] = frozenset()
+
+    def ref(self, target: TargetInfo) -> DatastoreRef:
+        """The datastore as the catalog sees it for ``target``: built with its tokenizer."""
+        return DatastoreRef(
+            datastore_id=self.datastore_id,
+            tokenizer=target.tokenizer,
+            size_bytes=max(1, round(self.corpus_bytes * INDEX_BYTES_PER_CORPUS_BYTE)),
+            fingerprints=self.fingerprints,
+        )
 
 
 def _builtin_datastores(target: TargetInfo, fingerprint: Fingerprint) -> list[DatastoreRef]:

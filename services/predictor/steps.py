@@ -21,6 +21,7 @@ from specbus.envelope import Envelope
 from speccatalog.targets import TargetError, TargetInfo
 from specops_schemas.candidates import GateOutcome
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
+from specops_schemas.registry import DatastoreRegistered
 from specops_services.predictor import db, logic, projection
 from specops_services.predictor.host import local_target
 from specops_services.predictor.plan import HostInfo
@@ -95,6 +96,7 @@ async def plan(
         history=history,
         target=target,
         enable_cascade=planner.enable_cascade,
+        datastores=await db.tenant_datastores(conn, event.tenant_id),
     )
     if isinstance(planned, logic.PlanFailure):
         _log_failure(run_id, planned)
@@ -114,6 +116,12 @@ async def plan(
     for queued in events:
         await projection.project(conn, queued)
     return events
+
+
+async def datastore_registered(conn: db.Connection, event: Envelope[DatastoreRegistered]) -> Events:
+    """Remember a tenant's uploaded corpus, for the plans of that tenant's later runs."""
+    await db.record_datastore(conn, event.tenant_id, event.payload)
+    return []
 
 
 async def bench_completed(conn: db.Connection, event: Envelope[BenchCompleted]) -> Events:

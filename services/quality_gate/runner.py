@@ -24,7 +24,7 @@ from specops_services.quality_gate.gate import QualityGate, pending, skipped
 from specops_services.quality_gate.sample import GateSample, sampling_params
 from specops_services.quality_gate.settings import QualityGateSettings
 from specplatform.hostlock import DeviceLock, device_lock_name
-from specprompts.corpora import builtin_datastore
+from specprompts.corpora import candidate_datastore
 from specprompts.sets import prompts_for_model
 
 
@@ -38,8 +38,9 @@ class GateRunner:
         self.device_lock = DeviceLock(settings.measure_lock_dir, device_lock_name(settings.gate_device))
         self._gate: tuple[tuple[str, GateSample], QualityGate] | None = None
 
-    def evaluate(self, plan: BenchPlan, candidate: Candidate) -> GateOutcome:
-        """The plan's gate method on `candidate`.
+    def evaluate(self, plan: BenchPlan, candidate: Candidate, *, tenant_id: str | None = None) -> GateOutcome:
+        """The plan's gate method on `candidate` (of `tenant_id`'s bench: a rest draft may name
+        one of its uploaded corpora).
 
         `skipped` and `pending` load nothing. A candidate the gate cannot run on gets
         a failed verdict (logic.gate_unavailable); a target that cannot be loaded
@@ -58,7 +59,7 @@ class GateRunner:
             torch.set_num_threads(self.settings.threads)
             gate = self._gate_for(plan)
             try:
-                resolved = _with_datastore(gate.reference.target, plan, candidate)
+                resolved = self._with_datastore(gate.reference.target, plan, candidate, tenant_id)
                 return gate.evaluate(method, resolved, sampling_params(plan.sampling))
             # Whatever the candidate's engine raises (bad options, a draft that does not
             # load, OOM, a proposer bug) costs that candidate, not the run; the error is
@@ -73,14 +74,23 @@ class GateRunner:
             self._gate = (key, QualityGate(target, key[1]))
         return self._gate[1]
 
-
-def _with_datastore(target: LoadedModel, plan: BenchPlan, candidate: Candidate) -> Candidate:
-    """A rest candidate with its built-in datastore (`builtin:<workload>` or none) as a file path:
-    the same file the benchmark-runner measured with (specprompts.corpora.builtin_datastore)."""
-    if families.family(candidate.family).draft_source != DraftSource.DATASTORE:
-        return candidate
-    prompts = prompts_for_model(
-        target, str(plan.fingerprint), plan.n_prompts, max_new_tokens=plan.max_new_tokens, seed=plan.seed
-    )
-    path = builtin_datastore(target, candidate.draft, str(plan.fingerprint), frozenset(p.id for p in prompts))
-    return candidate if path is None else candidate.model_copy(update={"draft": str(path)})
+    def _with_datastore(
+        self, target: LoadedModel, plan: BenchPlan, candidate: Candidate, tenant_id: str | None
+    ) -> Candidate:
+        """A rest candidate with its datastore (`builtin:<workload>`, none, or an uploaded
+        corpus) as a file path: the same file the benchmark-runner measured with
+        (specprompts.corpora.candidate_datastore)."""
+        if families.family(candidate.family).draft_source != DraftSource.DATASTORE:
+            return candidate
+        prompts = prompts_for_model(
+            target, str(plan.fingerprint), plan.n_prompts, max_new_tokens=plan.max_new_tokens, seed=plan.seed
+        )
+        path = candidate_datastore(
+            target,
+            candidate.draft,
+            str(plan.fingerprint),
+            frozenset(p.id for p in prompts),
+            tenant_id=tenant_id,
+            artifact_root=self.settings.artifact_root,
+        )
+        return candidate if path is None else candidate.model_copy(update={"draft": str(path)})

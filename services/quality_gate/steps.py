@@ -36,7 +36,9 @@ async def gate_bench(pool: Pool, runner: GateRunner, event: Envelope[BenchComple
     await queue(pool, [logic.gating_started(event)])
     for candidate in todo:
         try:
-            outcome = await asyncio.to_thread(runner.evaluate, bench.plan, candidate)
+            outcome = await asyncio.to_thread(
+                runner.evaluate, bench.plan, candidate, tenant_id=event.tenant_id
+            )
         except ModelLoadError as err:
             log.error("bench %s: %s", bench.bench_id, err)
             await queue(pool, [logic.target_unavailable(event, str(err))])

@@ -9,6 +9,7 @@ publishes the event (nothing is measured or predicted again):
   id only: live, a tenant's first token creates it); (`gateway.tune_projection`) every
   event of a tune session (`tune.requested` opens it) -> `tune_sessions`,
   `tune_session_events`, and a completed session's winner -> `winner_cache`;
+  `registry.datastore_registered` -> `datastores`;
 - predictor (`predictor.projection`): `run.predicted` -> `candidates`;
 - benchmark-runner (`benchmark_runner.projection`): `bench.rep_measured` -> `bench_results`;
 - quality gate (`quality_gate.projection`): `gate.evaluated` -> `gate_results`.

@@ -51,6 +51,21 @@ TABLES = (
         ("run_id", "method", "passed", "score", "threshold", "details", "evaluated_at"),
     ),
     TableSpec(
+        "datastores",
+        ("id",),
+        (
+            "tenant_id",
+            "name",
+            "sha256",
+            "size_bytes",
+            "format",
+            "documents",
+            "fingerprints",
+            "path",
+            "created_at",
+        ),
+    ),
+    TableSpec(
         "winner_cache",
         KEY_COLUMNS,
         ("winner", "candidates", "pareto_front", "measured", "source_run_id", "created_at", "expires_at"),

@@ -7,6 +7,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -668,9 +669,10 @@ async def test_probes_and_openapi(gw: Gateway) -> None:
 
 
 @pytest.fixture
-def served(db: str, nats_url: str) -> Iterator[tuple[ServerThread, dict[str, str]]]:
+def served(db: str, nats_url: str, tmp_path: Path) -> Iterator[tuple[ServerThread, dict[str, str]]]:
     tokens = asyncio.run(issue_tokens(db))
-    with ServerThread(create_app(gateway_settings(db, nats_url))) as server:
+    # Uploaded corpora go to the test's own artifact store.
+    with ServerThread(create_app(gateway_settings(db, nats_url, artifact_dir=tmp_path))) as server:
         yield server, tokens
 
 
@@ -680,7 +682,7 @@ def test_fuzz_openapi_never_5xx(served: tuple[ServerThread, dict[str, str]]) -> 
     schema = schemathesis.openapi.from_url(f"{server.url}/openapi.json")
     auth = {"Authorization": f"Bearer {tokens['dev']}"}
     operations = [result.ok() for result in schema.get_all_operations() if isinstance(result, Ok)]
-    assert len(operations) == 11  # runs and probes (6), tune-sessions (5)
+    assert len(operations) == 14  # runs: 4, probes: 2, tune-sessions: 5, datastores: 3
     for operation in operations:
         fuzz(
             operation.as_strategy(generation_mode=GenerationMode.POSITIVE).map(known_target), server.url, auth

@@ -322,6 +322,8 @@ class _BrokenRunner(BenchRunner):
         on_rep: RepCallback,
         done: Iterable[RepRow] = (),
         stop: threading.Event | None = None,
+        *,
+        tenant_id: str | None = None,
     ) -> BenchOutcome:
         raise RuntimeError("boom")
 

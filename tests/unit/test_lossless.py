@@ -147,6 +147,16 @@ def few_reference(smollm, few_prompts):
     return _greedy(Engine(smollm, "none"), few_prompts, batch=len(few_prompts))
 
 
+def test_greedy_output_with_tuned_rest_knobs_is_identical_to_plain_decoding(
+    smollm, few_prompts, few_reference, datastore
+):
+    knobs = {"max_suffix": 4, "min_suffix": 1, "nodes_per_depth": 8}
+    engine = Engine(smollm, "rest", ProposerConfig(k=4, datastore=datastore, knobs=knobs))
+    gens = engine.generate([Request(p, GREEDY_NEW_TOKENS) for p in few_prompts])
+    assert [g.token_ids for g in gens] == few_reference
+    assert all(g.metrics.drafted_tokens > 0 for g in gens)
+
+
 @pytest.mark.parametrize("label", [*HEADS, DISTILLED])
 def test_greedy_output_with_heads_is_identical_to_plain_decoding(
     smollm, few_prompts, few_reference, label, request

@@ -34,6 +34,7 @@ from specops_schemas.candidates import Candidate, GateOutcome, Measurement, Pred
 from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, GateMethod, Mode
 from specops_schemas.events import CandidateFailure, RunCompleted
 from specops_services.predictor.catalog import build_catalog, enumerate_candidates, known_for
+from specops_services.predictor.logic import make_plan
 from specops_services.predictor.model import (
     Estimate,
     HistoryRow,
@@ -44,7 +45,14 @@ from specops_services.predictor.model import (
     invert_mean_length,
     predict,
 )
-from specops_services.predictor.plan import BenchDefaults, HostInfo, Plan, error_stage, plan_run
+from specops_services.predictor.plan import (
+    BenchDefaults,
+    HostInfo,
+    Plan,
+    UploadedDatastore,
+    error_stage,
+    plan_run,
+)
 from specops_services.predictor.scoring import Decision, assemble_results, choose_winner, pareto_front, rank
 
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
@@ -83,6 +91,26 @@ def test_rest_is_pruned_for_chat_but_offered_for_code() -> None:
     assert any("rest is skipped for chat" in p.reason for p in chat.pruned)
     rest_drafts = {r.candidate.draft for r in code.ranked if r.candidate.family == Family.REST}
     assert rest_drafts == {"corpus-1", "builtin:code"}
+
+
+def test_uploaded_corpora_are_offered_with_the_targets_tokenizer_for_their_workloads() -> None:
+    code_only = UploadedDatastore("ds-code", corpus_bytes=7 << 20, fingerprints=frozenset({"code"}))
+    rag_only = UploadedDatastore("ds-rag", corpus_bytes=7 << 20, fingerprints=frozenset({"rag"}))
+    planned = make_plan(
+        request(fingerprint="code"),
+        run_id="r1",
+        host=CPU_HOST,
+        history=[],
+        target=None,
+        enable_cascade=False,
+        datastores=[code_only, rag_only],
+    )
+    assert isinstance(planned, Plan)
+    rest = {r.candidate.draft: r for r in planned.ranked if r.candidate.family == Family.REST}
+    assert {"ds-code", "builtin:code"} <= set(rest) and "ds-rag" not in rest
+    assert any("ds-rag is not built for code" in p.reason for p in planned.pruned)
+    # 8 bytes a token at ~3.5 bytes of text a token: 16 MiB for a 7 MiB corpus.
+    assert rest["ds-code"].prediction.extra_memory_bytes >= 16 << 20
 
 
 def test_lookahead_is_pruned_for_creative() -> None:

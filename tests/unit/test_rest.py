@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from speccatalog.families import family
+from speccatalog.families.base import FamilyError, Known
+from speccatalog.targets import DatastoreRef, resolve_target
 from speccore.datastore import SEPARATOR, Datastore, build_datastore, suffix_array, vocab_fingerprint
 from speccore.errors import SpecError
 from speccore.models import resolve_alias
 from speccore.proposers import make_proposer
 from speccore.proposers.base import ProposerConfig, StepContext
-from speccore.proposers.rest import NODES_PER_DEPTH, best_subtree
+from speccore.proposers.rest import best_subtree
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
 
@@ -241,7 +244,7 @@ def test_proposer_drafts_a_valid_tree_of_corpus_continuations(tokenizer, tmp_pat
     ]
     tree = proposer.propose(seqs, StepContext(sampling=greedy, generators=[None] * len(seqs)))
     assert tree.tokens.shape == tree.parents.shape == tree.acceptable.shape
-    assert tree.size <= NODES_PER_DEPTH * k
+    assert tree.size <= 4 * k  # the default nodes_per_depth
     n_nodes = tree.acceptable.sum(1).tolist()
     assert n_nodes[0] > 1 and n_nodes[1] == 0 and n_nodes[2] == 0
     assert n_nodes[3] > 0
@@ -267,3 +270,59 @@ def test_best_subtree_keeps_the_heaviest_connected_nodes():
     # Weights: 1 -> 8, 2 -> 5, 3 -> 5, 4 -> 3, 9 -> 2.
     assert tokens == [1, 2, 3, 4]
     assert parents == [-1, 0, 1, 0]
+
+
+# --- knobs -----------------------------------------------------------------------------------
+
+
+def test_rest_knobs_default_to_the_former_constants_and_are_checked():
+    spec = family("rest")
+    assert spec.knob_values({}) == {"max_suffix": 16, "min_suffix": 2, "nodes_per_depth": 4}
+    grids = {knob.name: knob.grid for knob in spec.knobs}
+    assert grids == {"max_suffix": (4, 8, 16, 32), "min_suffix": (1, 2, 3), "nodes_per_depth": (1, 2, 4, 8)}
+    assert spec.knob_values({"max_suffix": 4, "min_suffix": 4})["max_suffix"] == 4
+    for bad in ({"min_suffix": 5, "max_suffix": 4}, {"min_suffix": 0}, {"nodes_per_depth": 0}):
+        with pytest.raises(FamilyError):
+            spec.knob_values(bad)
+    with pytest.raises(FamilyError, match="unknown option"):
+        spec.knob_values({"suffix": 3})
+
+
+def test_rest_draft_cost_verifies_nodes_per_depth_times_k():
+    spec = family("rest")
+    target = resolve_target("smollm2-135m-instruct")
+    known = Known(target, datastores={"ds-1": DatastoreRef("ds-1", target.tokenizer, 1 << 20)})
+
+    def nodes(**options: int) -> int:
+        shape = SimpleNamespace(candidate_id="c", family="rest", draft="ds-1", k=8, tree=None)
+        return spec.draft_cost(SimpleNamespace(**vars(shape), options=options), known).verify_nodes
+
+    assert nodes() == 32
+    assert nodes(nodes_per_depth=1) == 8
+    assert nodes(nodes_per_depth=8) == 64
+
+
+def test_proposer_honours_each_knob(tokenizer, tmp_path):
+    # Two documents sharing the bigram (3, 4): [1 2 3 4 5 6 7 8] and [9 3 4 10 11 12 13].
+    tokens = np.array([1, 2, 3, 4, 5, 6, 7, 8, SEPARATOR, 9, 3, 4, 10, 11, 12, 13, SEPARATOR], dtype=np.int32)
+    path = tmp_path / "ds.npz"
+    Datastore(tokens, suffix_array(tokens), vocab_fingerprint(tokenizer), {"format_version": 1}).save(path)
+    greedy = SamplingParams()
+
+    def propose(context: list[int], **knobs: int) -> list[int]:
+        config = ProposerConfig(k=4, datastore=str(path), knobs=knobs)
+        proposer = make_proposer("rest", config, SimpleNamespace(tokenizer=tokenizer))
+        seq = Sequence(prompt_ids=context[:-1], max_new_tokens=50, sampling=greedy, output_ids=context[-1:])
+        return tokens_of(proposer.propose([seq], StepContext(sampling=greedy, generators=[None])), 0)
+
+    # max_suffix: [1 2 3 4] is found whole by default; cut to its last two tokens it matches both documents.
+    assert propose([1, 2, 3, 4]) == [5, 6, 7, 8]
+    assert sorted(propose([1, 2, 3, 4], max_suffix=2)) == [5, 6, 7, 8, 10, 11, 12, 13]
+    # min_suffix: a one-token match is tried only when allowed; three tokens are too many for (3, 4).
+    assert propose([99, 4]) == [] and len(propose([99, 4], min_suffix=1)) == 8
+    assert propose([0, 3, 4], min_suffix=3) == [] and len(propose([0, 3, 4])) == 8
+    # nodes_per_depth: the tree's width, k=4 deep (1: a chain).
+    assert propose([0, 3, 4], nodes_per_depth=1) in ([5, 6, 7, 8], [10, 11, 12, 13])
+    assert len(propose([0, 3, 4], nodes_per_depth=1)) == 4 and len(propose([0, 3, 4], nodes_per_depth=2)) == 8
+    with pytest.raises(SpecError, match="min_suffix <= max_suffix"):
+        propose([1, 2], min_suffix=3, max_suffix=2)

@@ -55,7 +55,7 @@ def test_two_rows_under_one_key_are_an_error() -> None:
 def test_the_compared_tables_leave_out_pure_bookkeeping() -> None:
     by_name = {spec.name: spec for spec in TABLES}
     assert set(by_name) == {
-        "runs", "run_events", "candidates", "bench_results", "gate_results", "winner_cache",
+        "runs", "run_events", "candidates", "bench_results", "gate_results", "datastores", "winner_cache",
         "tune_sessions", "tune_session_events",
     }  # fmt: skip
     assert not {"created_at", "updated_at"} & set(by_name["runs"].columns)

@@ -4,20 +4,26 @@ array datastore). Needs a datastore built with the target's tokenizer; skipped f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from speccatalog.costs import DraftCost
 from speccatalog.families.base import (
     BUILTIN_PREFIX,
     CandidateLike,
     DraftSource,
+    FamilyError,
     FamilySpec,
+    Knob,
     Known,
     Shape,
     slug,
 )
 
 K_GRID = (4, 8)
-# speccore's REST tree holds at most NODES_PER_DEPTH * k nodes (libs/speccore/proposers/rest.py).
+# speccore's REST tree holds at most nodes_per_depth * k nodes (libs/speccore/proposers/rest.py),
+# and speccore verifies at most MAX_NODES a step (speccore.proposers.base.MAX_K).
 NODES_PER_DEPTH = 4
+MAX_NODES = 64
 LOOKUP_S = 2.5e-3  # speccore's measured suffix-array lookup per step (see ngram.LOOKUP_S)
 # Chain-equivalent greedy acceptance: chat measured with speccore on smollm2 (E[N] 1.46
 # at k=8), the others from REST (arXiv:2311.08252: 1.62-2.36x on code) and how much
@@ -37,6 +43,12 @@ class Rest(FamilySpec):
     proposer = "speccore.proposers.rest:make_rest"
     draft_source = DraftSource.DATASTORE
     default_k = 8
+    # The defaults are the paper's CPU-sized choices; a T2 search tries the grids.
+    knobs = (
+        Knob("max_suffix", 16, (4, 8, 16, 32), "retrieval depth: the longest context suffix looked up"),
+        Knob("min_suffix", 2, (1, 2, 3), "shortest context suffix that may match"),
+        Knob("nodes_per_depth", NODES_PER_DEPTH, (1, 2, 4, 8), "draft-tree width: nodes per draft depth"),
+    )
     copies_input = True
     skipped_for = frozenset({"chat"})
 
@@ -63,9 +75,17 @@ class Rest(FamilySpec):
 
     def draft_cost(self, candidate: CandidateLike, known: Known) -> DraftCost:
         store = known.datastore(candidate)
+        width = self.knob_values(candidate.options)["nodes_per_depth"]
         return DraftCost(
-            fixed_bytes=store.size_bytes, lookup_s=LOOKUP_S, verify_nodes=NODES_PER_DEPTH * candidate.k
+            fixed_bytes=store.size_bytes, lookup_s=LOOKUP_S, verify_nodes=tree_nodes(width, candidate.k)
         )
+
+    def check_knobs(self, values: Mapping[str, int]) -> None:
+        lo, hi = values["min_suffix"], values["max_suffix"]
+        if not 1 <= lo <= hi:
+            raise FamilyError(f"need 1 <= min_suffix <= max_suffix, got {lo}, {hi}")
+        if values["nodes_per_depth"] < 1:
+            raise FamilyError(f"nodes_per_depth must be at least 1, got {values['nodes_per_depth']}")
 
     def prior(self, candidate: CandidateLike, known: Known, fingerprint: str) -> float:
         draft = candidate.draft or ""
@@ -75,6 +95,11 @@ class Rest(FamilySpec):
         if draft.startswith(BUILTIN_PREFIX):
             return BUILTIN_PRIORS.get(fingerprint, PRIORS[fingerprint])
         return PRIORS[fingerprint]
+
+
+def tree_nodes(nodes_per_depth: int, k: int) -> int:
+    """Nodes of a REST draft tree (the proposer's node budget): width x depth, at most MAX_NODES."""
+    return min(nodes_per_depth * k, MAX_NODES)
 
 
 SPEC = Rest()

@@ -6,11 +6,12 @@ followed it are merged into a trie, and the trie's most frequent nodes form the
 draft tree: a node's weight is the number of corpus occurrences passing through
 it, so a child never outweighs its parent and a greedy pick stays connected.
 
-Sizes: the tree is at most ``cfg.k`` deep and has at most ``NODES_PER_DEPTH *
-cfg.k`` nodes (20 for the default k=5). The paper verifies up to 64 nodes on a
-GPU, where a wider block is nearly free; on CPU every node costs target compute,
-so the default stays small. Suffixes of ``MAX_SUFFIX`` down to ``MIN_SUFFIX``
-tokens are tried; one-token matches are too common to predict much.
+Knobs (the rest spec's, speccatalog.families.rest; a T2 search tunes them): the tree
+is at most ``cfg.k`` deep and has at most ``nodes_per_depth * cfg.k`` nodes (default
+4: 20 for k=5). The paper verifies up to 64 nodes on a GPU, where a wider block is
+nearly free; on CPU every node costs target compute, so the default stays small.
+Suffixes of ``max_suffix`` (the retrieval depth, default 16) down to ``min_suffix``
+(default 2) tokens are tried; one-token matches are too common to predict much.
 """
 
 from __future__ import annotations
@@ -19,15 +20,15 @@ import heapq
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from speccatalog.families.rest import tree_nodes
 from speccore.datastore import Datastore, vocab_fingerprint
 from speccore.errors import SpecError
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, knob_values
 from speccore.state import Sequence
 
 if TYPE_CHECKING:
     from speccore.models import LoadedModel
 
-NODES_PER_DEPTH = 4
 MAX_SUFFIX = 16
 MIN_SUFFIX = 2
 # Continuations retrieved per lookup: enough distinct ones to fill the node budget.
@@ -125,4 +126,11 @@ def make_rest(cfg: ProposerConfig, target: LoadedModel) -> RestProposer:
             f"datastore {cfg.datastore} was built with another tokenizer "
             f"({store.meta.get('tokenizer') or 'unknown'}); rebuild it with the target's"
         )
-    return RestProposer(store, depth=cfg.k, max_nodes=NODES_PER_DEPTH * cfg.k)
+    knobs = knob_values("rest", cfg)
+    return RestProposer(
+        store,
+        depth=cfg.k,
+        max_nodes=tree_nodes(knobs["nodes_per_depth"], cfg.k),
+        max_suffix=knobs["max_suffix"],
+        min_suffix=knobs["min_suffix"],
+    )
