@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from speccatalog import families
+from speccatalog.families import family as family_spec
 from speccatalog.families.base import FamilyError, shape_label, slug
 from specops_schemas.candidates import Candidate, CandidateResult
 from specops_schemas.catalog import Family
@@ -95,7 +95,7 @@ def build(rows: Iterable[CandidateResult], allowed: Iterable[Family] | None = No
         return Space((), {})
     dims.append(Dimension(name="family", choices=list(seen)))
     for family, cands in seen.items():
-        spec = families.family(family)
+        spec = family_spec(family)
         drafts = list(dict.fromkeys(_draft_value(c.draft) for c in cands))
         dims.append(Dimension(name=f"{family}.draft", choices=list(drafts), family=family))
         if spec.takes_tree:
@@ -133,7 +133,7 @@ def to_candidate(params: Mapping[str, Any], space: Space, trial: int) -> Candida
     """The candidate a trial's parameters describe; its id (`t<n>-<family>-k<k>-...`) is unique
     per trial, so a bench never confuses two trials of the same configuration."""
     family = str(params["family"])
-    spec = families.family(family)
+    spec = family_spec(family)
     draft_value = str(params.get(f"{family}.draft", NO_DRAFT))
     draft = None if draft_value == NO_DRAFT else draft_value
     tree_value = str(params.get(f"{family}.tree", CHAIN))
@@ -166,7 +166,7 @@ def infeasible(candidate: Candidate) -> str | None:
     conflict today: this guards plugins and future grids).
     """
     try:
-        families.family(candidate.family).knob_values(candidate.options)
+        family_spec(candidate.family).knob_values(candidate.options)
     except FamilyError as exc:
         return f"infeasible configuration: {exc}"
     return None
@@ -177,7 +177,7 @@ def to_params(candidate: Candidate, space: Space) -> dict[str, Value] | None:
     family = str(candidate.family)
     if family not in space.choices("family"):
         return None
-    spec = families.family(family)
+    spec = family_spec(family)
     params: dict[str, Value] = {"family": family, f"{family}.draft": _draft_value(candidate.draft)}
     names = space.names()
     if f"{family}.tree" in names:

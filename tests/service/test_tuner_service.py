@@ -208,7 +208,8 @@ async def test_a_short_session_completes_with_a_best_so_far_curve(
     stored = optuna.load_study(study_name=session_id, storage=study.storage(db))
     assert [t.state.name for t in stored.trials] == ["COMPLETE"] * 4
     assert bus.sql(db, "SELECT count(*) FROM optuna.trials") == [(4,)]
-    in_public = "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name = 'trials'"
+    in_public = """SELECT count(*) FROM information_schema.tables
+                   WHERE table_schema = 'public' AND table_name = 'trials'"""
     assert bus.sql(db, in_public) == [(0,)]
 
 
