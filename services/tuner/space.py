@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from speccatalog.families import family as family_spec
 from speccatalog.families.base import FamilyError, shape_label, slug
 from specops_schemas.candidates import Candidate, CandidateResult
-from specops_schemas.catalog import Family
+from specops_schemas.catalog import ErrorStage, Family
 from specops_schemas.tune import Dimension
 
 MAX_K = 16
@@ -87,6 +87,9 @@ def build(rows: Iterable[CandidateResult], allowed: Iterable[Family] | None = No
     seen: dict[str, list[Candidate]] = {}
     for row in rows:
         c = row.candidate
+        # A draft that did not load for the T1 run will not load for a trial either.
+        if row.error_stage == ErrorStage.MODEL_LOAD:
+            continue
         if keep is None or str(c.family) in keep:
             seen.setdefault(str(c.family), []).append(c)
     dims: list[Dimension] = []

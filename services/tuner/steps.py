@@ -119,7 +119,7 @@ async def requested(conn: db.Connection, event: Envelope[TuneRequested], tuner: 
 async def bench_completed(conn: db.Connection, event: Envelope[BenchCompleted], tuner: Tuner) -> Events:
     """Store a trial's measurement; end the trial if its verdict is in (or it failed)."""
     done = event.payload
-    found = await _locked_trial(conn, done.plan.run_id, done.bench_id)
+    found = await _locked_trial(conn, tuner, done.plan.run_id, done.bench_id)
     if found is None:
         return []
     session, trials, trial = found
@@ -137,7 +137,7 @@ async def gate_evaluated(conn: db.Connection, event: Envelope[GateEvaluated], tu
     if session_id is None:
         log.debug("bench %s is no trial's (a T1 run's?); skipped", verdict.bench_id)
         return []
-    found = await _locked_trial(conn, session_id, verdict.bench_id)
+    found = await _locked_trial(conn, tuner, session_id, verdict.bench_id)
     if found is None:
         return []
     session, trials, trial = found
@@ -155,6 +155,7 @@ async def run_failed(conn: db.Connection, event: Envelope[RunFailed], tuner: Tun
     session = await db.lock_session(conn, payload.run_id)
     if session is None or session.ended:
         return []
+    session = clocked(session, tuner, _now())
     trials = await db.trials(conn, session.session_id)
     running = [t for t in trials if t.running]
     if payload.error_stage == ErrorStage.MODEL_LOAD:
@@ -187,7 +188,7 @@ async def dead_letter(conn: db.Connection, tuner: Tuner, letter: DeadLetter, par
     session_id = await db.session_of_bench(conn, bench_id)
     if session_id is None:
         return []
-    found = await _locked_trial(conn, session_id, bench_id)
+    found = await _locked_trial(conn, tuner, session_id, bench_id)
     if found is None:
         return []
     session, trials, trial = found
@@ -200,13 +201,14 @@ async def dead_letter(conn: db.Connection, tuner: Tuner, letter: DeadLetter, par
 
 
 async def _locked_trial(
-    conn: db.Connection, session_id: str, bench_id: str
+    conn: db.Connection, tuner: Tuner, session_id: str, bench_id: str
 ) -> tuple[Session, list[Trial], Trial] | None:
     """The session (locked), its trials and the running trial of `bench_id`; None if there is none."""
     session = await db.lock_session(conn, session_id)
     if session is None:
         log.debug("bench %s: %s is no session of this tuner (a T1 run?); skipped", bench_id, session_id)
         return None
+    session = clocked(session, tuner, _now())
     trials = await db.trials(conn, session_id)
     trial = next((t for t in trials if t.result.bench_id == bench_id), None)
     if trial is None or not trial.running:
@@ -285,9 +287,10 @@ def _trial_events(
 async def _narrow(
     tuner: Tuner, session: Session, trials: list[Trial], cause: Envelope[Any] | None
 ) -> tuple[Events, Session]:
-    """Once, after `narrow_after` complete trials: fix the insensitive dimensions of the best family."""
+    """Every `narrow_after` complete trials until some are dropped (once): fix the insensitive
+    dimensions of the best trial's family at its values."""
     done = [t.result for t in trials if t.result.state == "complete"]
-    if session.dropped or session.importances or len(done) < tuner.narrow_after:
+    if session.dropped or not done or len(done) % tuner.narrow_after:
         return [], session
     top = logic.best(done)
     if top is None:
@@ -446,12 +449,19 @@ async def tick(pool: Pool, tuner: Tuner) -> int:
     return queued
 
 
-async def _tick_session(conn: db.Connection, tuner: Tuner, session: Session) -> Events:
-    now = _now()
+def clocked(session: Session, tuner: Tuner, now: datetime) -> Session:
+    """The session with its heartbeat moved to `now`, and a gap of over 3 ticks since the last
+    one (no tuner was running) added to its downtime. Every step that saves a session
+    clocks it first, so a session that ends before the next tick still counts its downtime."""
     gap = logic.downtime_gap(session.heartbeat_at, now, tuner.tick_s)
     if gap:
         log.warning("session %s: no tuner for %.1f s; counted as downtime", session.session_id, gap)
-    session = replace(session, heartbeat_at=now, downtime_s=session.downtime_s + gap)
+    return replace(session, heartbeat_at=now, downtime_s=session.downtime_s + gap)
+
+
+async def _tick_session(conn: db.Connection, tuner: Tuner, session: Session) -> Events:
+    now = _now()
+    session = clocked(session, tuner, now)
     if now < session.deadline + timedelta(seconds=tuner.grace_s):
         await db.save_session(conn, session)
         return []

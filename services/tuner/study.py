@@ -125,19 +125,21 @@ def tell(dsn: str, session_id: str, number: int, value: float | None) -> None:
 
 
 def importances(dsn: str, session_id: str, family: str, space: search.Space) -> dict[str, float]:
+    """The importances of `family`'s dimensions in the session's study (see `importances_of`)."""
+    trials = _load(dsn, session_id).get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return importances_of(trials, family, space)
+
+
+def importances_of(trials: list[FrozenTrial], family: str, space: search.Space) -> dict[str, float]:
     """PED-ANOVA importances of `family`'s dimensions over its complete trials ({} if too few).
 
-    PED-ANOVA (Optuna's default evaluator) needs no scikit-learn, which fANOVA would. The
-    space is conditional on the family, so importances are computed within one family
-    (the best trial's): over the trials of that family only, the parameters every one of
-    them has, less those with a single choice (nothing to drop).
+    PED-ANOVA (Optuna's default evaluator) needs no scikit-learn, which fANOVA would (it is
+    not installed here). The space is conditional on the family, so importances are
+    computed within one family (the best trial's): over the complete trials of that family
+    only, for the parameters every one of them has, less those with a single choice
+    (nothing to drop).
     """
-    study = _load(dsn, session_id)
-    done = [
-        t
-        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if t.params.get("family") == family
-    ]
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.params.get("family") == family]
     if len(done) < 3:
         return {}
     names = set.intersection(*(set(t.params) for t in done)) - {"family"}
@@ -147,10 +149,11 @@ def importances(dsn: str, session_id: str, family: str, space: search.Space) -> 
     local = optuna.create_study(direction="maximize")
     local.add_trials(done)
     try:
-        return get_param_importances(local, evaluator=PedAnovaImportanceEvaluator(), params=sorted(names))
+        found = get_param_importances(local, evaluator=PedAnovaImportanceEvaluator(), params=sorted(names))
     except (ValueError, RuntimeError, ZeroDivisionError) as exc:
-        log.info("study %s: no importances yet (%s)", session_id, exc)
+        log.info("no importances yet (%s)", exc)
         return {}
+    return {name: float(value) for name, value in found.items()}
 
 
 def best_params(dsn: str, session_id: str) -> dict[str, Any]:

@@ -288,3 +288,27 @@ def test_the_bench_samples_as_the_t1_plan_did() -> None:
     plan = logic.bench_plan("s1", requested, rows[0].candidate, logic.BenchSize(3, 3, 48))
     assert plan.run_id == "s1" and plan.reps == 4 and plan.seed == 9 and plan.sampling.temperature == 0.7
     assert plan.candidates == [rows[0].candidate]
+
+
+def test_importances_single_out_the_dimension_that_matters() -> None:
+    import optuna
+
+    from specops_services.tuner import study
+
+    _, rows, _ = _table()
+    space = search.build(rows, allowed=["ngram"])
+    sampler = optuna.samplers.RandomSampler(seed=1)
+    local = optuna.create_study(direction="maximize", sampler=sampler)
+    for _ in range(60):
+        trial = local.ask()
+        params = search.suggest(trial, space)
+        # Only k matters: the value climbs with it, whatever the n-gram window.
+        local.tell(trial, 1.0 + 0.1 * int(params["ngram.k"]))
+    found = study.importances_of(local.get_trials(), "ngram", space)
+    assert set(found) == {"ngram.k", "ngram.ngram_min", "ngram.ngram_max"}  # draft has one choice
+    assert max(found, key=lambda n: found[n]) == "ngram.k"
+    best = max(local.get_trials(), key=lambda t: t.value).params
+    dropped = logic.narrowed(found, best, threshold=0.05)
+    # PED-ANOVA looks at the top 10 %: an irrelevant window can still look important by chance,
+    # but one that clearly does not matter is fixed at the best trial's value.
+    assert "ngram.k" not in dropped and dropped == {"ngram.ngram_max": best["ngram.ngram_max"]}
