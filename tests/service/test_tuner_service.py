@@ -5,6 +5,7 @@ and `gate.evaluated` carrying scripted numbers, as those services would."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import uuid
@@ -19,11 +20,14 @@ from fixtures import bus
 from nats.js import JetStreamContext
 
 from specbus import OutboxRelay, RetryPolicy, make_broker, publish
+from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope, new_event
+from specbus.publish import publish_raw
+from specbus.subjects import dlq_subject
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import BASELINE_ID, CandidateResult, Measurement
 from specops_schemas.catalog import ErrorStage, GateMethod
-from specops_schemas.events import BenchCompleted, BenchRequested, GateEvaluated, parse_event
+from specops_schemas.events import BenchCompleted, BenchRequested, GateEvaluated, RunFailed, parse_event
 from specops_schemas.tune import TuneRequested, TuneSessionCreateRequest
 from specops_services.predictor.plan import HostInfo, plan_run
 from specops_services.tuner import app, logic, steps, study
@@ -329,3 +333,85 @@ async def test_a_trial_asked_but_never_committed_is_failed_before_the_next_ask(d
         optuna.load_study(study_name=session_id, storage=study.storage(db)).trials[number].state.name
         == "RUNNING"
     )
+
+
+async def _bench_requested(lab: Lab, n: int) -> Envelope[BenchRequested]:
+    """The tuner's `bench.requested` of trial `n`, once the lab has it."""
+    for _ in range(600):
+        if len(lab.requested) > n:
+            return lab.requested[n]
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"trial {n}'s bench was not requested")
+
+
+async def test_benches_that_cannot_run_fail_their_trial_and_the_session_goes_on(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    requested = _requested(budget_minutes=0.5, max_trials=3)
+    session_id = requested.payload.session_id
+    lab = Lab(nats_url, lambda trial, cid: (1.3, 0.02, True), hold={0, 1})
+    async with lab.running(), _tuner(db, nats_url):
+        await publish(js, requested)
+        first = await _bench_requested(lab, 0)
+        # The benchmark-runner could not run trial 0's bench at all.
+        cannot = RunFailed(run_id=session_id, error_stage=ErrorStage.BENCHMARK, message="out of memory")
+        await publish(js, first.follow(cannot, producer="benchmark-runner"))
+        second = await _bench_requested(lab, 1)
+        # It gave up on trial 1's request and parked it.
+        letter = DeadLetter(
+            service="benchmark_runner",
+            subject=second.subject,
+            data=base64.b64encode(second.to_json_bytes()),
+            deliveries=5,
+            error="RuntimeError: boom",
+        )
+        await publish_raw(js, dlq_subject("benchmark_runner"), letter.model_dump_json().encode(), {})
+        await _bench_requested(lab, 2)
+        await lab.answer(js, lab.requested[2])
+        events = await _session_events(js, session_id)
+
+    trials = [t.result for t in _of(events, "trial_completed")]
+    assert [(t.trial, t.state, t.error_stage) for t in trials] == [
+        (0, "failed", ErrorStage.BENCHMARK),
+        (1, "failed", ErrorStage.DEAD_LETTER),
+        (2, "complete", None),
+    ]
+    assert trials[0].error_message == "out of memory" and "boom" in trials[1].error_message
+    [done] = _of(events, "completed")
+    assert done.failed_trials == 2 and done.best.trial == 2
+
+
+async def test_a_target_that_cannot_load_fails_the_session(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    requested = _requested(budget_minutes=0.5)
+    session_id = requested.payload.session_id
+    lab = Lab(nats_url, lambda trial, cid: (1.3, 0.02, True), hold={0})
+    async with lab.running(), _tuner(db, nats_url):
+        await publish(js, requested)
+        first = await _bench_requested(lab, 0)
+        cannot = RunFailed(run_id=session_id, error_stage=ErrorStage.MODEL_LOAD, message="no such model")
+        await publish(js, first.follow(cannot, producer="benchmark-runner"))
+        events = await _session_events(js, session_id, end="failed")
+
+    [failed] = _of(events, "failed")
+    assert failed.error_stage == ErrorStage.MODEL_LOAD and "no such model" in failed.message
+    assert _of(events, "completed") == []
+    assert bus.sql(db, "SELECT state, error_stage FROM tuner_trials") == [("failed", "model_load")]
+
+
+async def test_a_trial_still_running_past_the_deadline_is_cut(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    requested = _requested(budget_minutes=0.05)  # 3 s; the test tuner's grace is 3 s more
+    session_id = requested.payload.session_id
+    lab = Lab(nats_url, lambda trial, cid: (1.3, 0.02, True), hold={0})
+    async with lab.running(), _tuner(db, nats_url):
+        await publish(js, requested)
+        events = await _session_events(js, session_id)
+
+    [trial] = [t.result for t in _of(events, "trial_completed")]
+    assert trial.state == "failed" and trial.error_stage == ErrorStage.TIMEOUT
+    assert "cut by the budget" in trial.error_message
+    [done] = _of(events, "completed")
+    assert done.reason == logic.STOP_BUDGET and done.winner is None and done.elapsed_s >= 6.0
