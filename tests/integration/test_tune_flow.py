@@ -6,18 +6,23 @@ used: the test publishes the `tune.requested` the gateway would."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import nats
 import pytest
 import torch
 from fixtures.runtime import TINY, started
+from nats.js import JetStreamContext
 
 from specbus import publish
 from specbus.envelope import Envelope, new_event
 from specbus.subjects import STREAM
+from specops.runtime.supervisor import status
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import CandidateResult
 from specops_schemas.events import parse_event
@@ -33,7 +38,7 @@ TUNE_ENV = {**TINY, "SPECOPS_TUNER_REPS": "2", "SPECOPS_TUNER_PROMPTS": "1", "SP
 WAIT_S = 600.0
 
 
-def _requested() -> Envelope[TuneRequested]:
+def _requested(max_trials: int = 2) -> Envelope[TuneRequested]:
     run = RunCreateRequest.model_validate(
         {
             "target": {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"},
@@ -44,7 +49,7 @@ def _requested() -> Envelope[TuneRequested]:
     rows = [CandidateResult(candidate=r.candidate, prediction=r.prediction) for r in plan.ranked]
     session_id = str(uuid.uuid4())
     request = TuneSessionCreateRequest(
-        run_id=str(uuid.uuid4()), budget_minutes=8.0, max_trials=2, families=["ngram"]
+        run_id=str(uuid.uuid4()), budget_minutes=8.0, max_trials=max_trials, families=["ngram"]
     )
     payload = TuneRequested(
         session_id=session_id,
@@ -58,11 +63,19 @@ def _requested() -> Envelope[TuneRequested]:
     return new_event(payload, tenant_id="acme", correlation_id=session_id, producer="gateway")
 
 
-async def _session(nats_url: str, seed: str, requested: Envelope[TuneRequested]) -> list[Envelope[Any]]:
+async def _session(
+    nats_url: str,
+    seed: str,
+    requested: Envelope[TuneRequested],
+    meanwhile: Callable[[JetStreamContext], Awaitable[None]] | None = None,
+) -> list[Envelope[Any]]:
+    """Publish the request, do `meanwhile` (if given), then every event of the session once it completed."""
     nc = await nats.connect(nats_url, nkeys_seed=seed)
     try:
         js = nc.jetstream()
         await publish(js, requested)
+        if meanwhile is not None:
+            await meanwhile(js)
         session_id = requested.payload.session_id
         deadline = time.monotonic() + WAIT_S
         subject = f"spec.tune.{session_id}.*"
@@ -98,3 +111,56 @@ def test_a_tune_session_through_every_service(monkeypatch: pytest.MonkeyPatch) -
         assert t.speedup_stdev is not None and t.gate is not None and t.gate.passed
     done = events[-1].payload
     assert done.trials == 2 and len(done.curve) == 2 and done.reason == "max_trials reached"
+
+
+def _tuner_pid(settings: Any) -> int | None:
+    return next((p.pid for p in status(settings).processes if p.service == "tuner" and p.alive), None)
+
+
+def test_a_tuner_killed_mid_trial_resumes_without_losing_or_doubling_a_trial(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    requested = _requested(max_trials=4)
+    env = {**TUNE_ENV, "SPECOPS_TUNER_TICK_S": "0.5"}
+    with started(monkeypatch, env=env) as runtime:
+        killed: list[int] = []
+
+        async def kill_mid_trial(js: JetStreamContext) -> None:
+            # Trial 1's bench is requested: the tuner is killed while it is measured.
+            deadline = time.monotonic() + WAIT_S
+            while True:
+                info = await js.stream_info(STREAM, subjects_filter="spec.bench.*.requested")
+                if sum((info.state.subjects or {}).values()) >= 2:
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError("trial 1 was never requested")
+                await asyncio.sleep(0.2)
+            pid = _tuner_pid(runtime.settings)
+            assert pid is not None
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+        events = asyncio.run(_session(runtime.nats_url, runtime.admin_seed, requested, kill_mid_trial))
+        restarted = _tuner_pid(runtime.settings)
+        benches = asyncio.run(_bench_events(runtime.nats_url, runtime.admin_seed))
+    assert killed and restarted not in (None, killed[0])
+    trials = [e.payload.result for e in events if e.type == "tune.trial_completed"]
+    numbers = [t.trial for t in trials]
+    assert len(numbers) == 4 and len(set(numbers)) == 4 and all(t.state == "complete" for t in trials)
+    # Each trial's bench requested once and measured once.
+    requested_ids = [e.payload.bench_id for e in benches if e.type == "bench.requested"]
+    completed_ids = [e.payload.bench_id for e in benches if e.type == "bench.completed"]
+    assert sorted(requested_ids) == sorted(completed_ids) == sorted(t.bench_id for t in trials)
+    done = events[-1].payload
+    assert done.trials == 4 and done.failed_trials == 0
+    assert done.downtime_s > 0.0  # the restart's gap counted against the budget
+
+
+async def _bench_events(nats_url: str, seed: str) -> list[Envelope[Any]]:
+    nc = await nats.connect(nats_url, nkeys_seed=seed)
+    try:
+        sub = await nc.jetstream().pull_subscribe("spec.bench.>", stream=STREAM)
+        msgs = await sub.fetch(200, timeout=5)
+        return [parse_event(m.data) for m in msgs]
+    finally:
+        await nc.close()
