@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specops_schemas.base import Id, Model, UtcDatetime
-from specops_schemas.candidates import Candidate, CandidateResult
+from specops_schemas.candidates import Candidate, CandidateResult, Measurement
 from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, GateMethod, Mode, RunStatus
 
 API_PREFIX = "/api/v1/inferenceiq/speculative"
@@ -47,6 +47,25 @@ class Priorities(Model):
         if self.throughput + self.latency <= 0.0:
             raise ValueError("at least one priority weight must be positive")
         return self
+
+    def weights(self) -> tuple[float, float]:
+        """(throughput, latency) weights summing to 1."""
+        total = self.throughput + self.latency
+        return self.throughput / total, self.latency / total
+
+    def score(self, throughput_speedup: float, latency_speedup: float) -> float:
+        """The priority-weighted mean of a throughput and a latency speedup (higher is better)."""
+        w_thr, w_lat = self.weights()
+        return w_thr * throughput_speedup + w_lat * latency_speedup
+
+    def measured_score(self, m: Measurement, baseline: Measurement | None) -> float:
+        """A measured candidate's score: throughput = its measured tokens/s ratio (`speedup`);
+        latency = baseline TPOT / candidate TPOT (the speedup again without a usable baseline).
+        The T1 winner's and a T2 trial's objective."""
+        latency = m.speedup
+        if baseline is not None and baseline.tpot_s > 0 and m.tpot_s > 0:
+            latency = baseline.tpot_s / m.tpot_s
+        return self.score(m.speedup, latency)
 
 
 class Goal(Model):

@@ -78,6 +78,15 @@ class Measurement(Model):
     speedup: float = Field(
         gt=0.0, description="Median across reps of tokens/s over the baseline's in that rep."
     )
+    speedup_mean: float | None = Field(
+        None, gt=0.0, description="Mean across reps of the per-rep speedups; None for the baseline."
+    )
+    speedup_stdev: float | None = Field(
+        None,
+        ge=0.0,
+        description="Sample standard deviation of the per-rep speedups (0 for one rep); None for the "
+        "baseline. T2's sigma.",
+    )
     acceptance_rate: Fraction = Field(description="Accepted / drafted tokens over all reps.")
     mean_acceptance_length: float = Field(ge=0.0, description="Tokens per verify step, bonus token included.")
     per_position_acceptance: list[Fraction] = Field(description="Acceptance rate at each draft depth.")

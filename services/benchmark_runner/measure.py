@@ -156,13 +156,18 @@ def summarise(rows: Sequence[RepRow]) -> Measurement:
         raise ValueError(f"rep rows of {candidate_id} repeat a rep")
     ordered = sorted(rows, key=lambda r: r.rep)
     ms = [r.metrics for r in ordered]
+    speedup_mean: float | None = None
+    speedup_stdev: float | None = None
     if candidate_id == BASELINE_ID:
         speedup = 1.0
     else:
         ratios = [r.speedup for r in ordered]
         if any(s is None for s in ratios):
             raise ValueError(f"a rep row of candidate {candidate_id} has no speedup")
-        speedup = statistics.median(s for s in ratios if s is not None)
+        per_rep = [s for s in ratios if s is not None]
+        speedup = statistics.median(per_rep)
+        speedup_mean = statistics.fmean(per_rep)
+        speedup_stdev = statistics.stdev(per_rep) if len(per_rep) > 1 else 0.0
     tps = [m.tokens_per_s for m in ms]
     drafted = sum(m.drafted_tokens for m in ms)
     accepted = sum(m.accepted_tokens for m in ms)
@@ -175,6 +180,8 @@ def summarise(rows: Sequence[RepRow]) -> Measurement:
         tokens_per_s=statistics.fmean(tps),
         tokens_per_s_stdev=statistics.stdev(tps) if len(tps) > 1 else 0.0,
         speedup=speedup,
+        speedup_mean=speedup_mean,
+        speedup_stdev=speedup_stdev,
         acceptance_rate=accepted / drafted if drafted else 0.0,
         mean_acceptance_length=(accepted + steps) / steps if steps else 0.0,
         per_position_acceptance=[a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at, strict=True)],

@@ -5,7 +5,7 @@ Serving point per request:
 - context: a working context per fingerprint (FINGERPRINT_CONTEXT, capped at the
   target's), the size the KV cache must hold per sequence;
 - temperature: chat and creative endpoints sample (0.7 and 1.0), the others are
-  greedy (FINGERPRINT_TEMPERATURE). It selects the acceptance prior's bucket and the
+  greedy (speccatalog.workloads). It selects the acceptance prior's bucket and the
   bench's sampling;
 - batch: interactive = batch 1 for latency and 8 concurrent streams for throughput;
   batch mode = 32 for both.
@@ -25,6 +25,7 @@ from speccatalog import families
 from speccatalog.families.base import BUILTIN_PREFIX
 from speccatalog.hardware import Deployment, HardwareError, deploy, resolve_profile
 from speccatalog.targets import DatastoreRef, HeadRef, TargetError, TargetInfo, resolve_target
+from speccatalog.workloads import temperature
 from speccore.heads.builtin import builtin_heads
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import Candidate, RankedCandidate, Sampling
@@ -39,7 +40,6 @@ FINGERPRINT_CONTEXT: dict[Fingerprint, int] = {
     F.CHAT: 4096, F.CODE: 4096, F.RAG: 8192, F.SUMMARIZATION: 8192,
     F.STRUCTURED: 4096, F.REASONING: 8192, F.CREATIVE: 4096, F.LONG_CONTEXT: 32_768,
 }  # fmt: skip
-FINGERPRINT_TEMPERATURE: dict[Fingerprint, float] = {F.CHAT: 0.7, F.CREATIVE: 1.0}
 MODE_BATCHES: dict[Mode, tuple[int, int]] = {Mode.INTERACTIVE: (1, 8), Mode.BATCH: (32, 32)}
 TOP_N = 3
 # speccore builds a default REST datastore for these workloads (libs/speccore/corpora.py).
@@ -217,7 +217,7 @@ def plan_run(
     dep = deploy(info, profile, context_tokens=context, batch=latency_batch)
     workload = Workload(
         fingerprint=fingerprint,
-        temperature=FINGERPRINT_TEMPERATURE.get(fingerprint, 0.0),
+        temperature=temperature(fingerprint),
         latency_batch=latency_batch,
         throughput_batch=throughput_batch,
     )

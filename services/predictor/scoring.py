@@ -21,21 +21,10 @@ from specops_schemas.events import CandidateFailure
 from specops_services.predictor.model import Estimate
 
 
-def weights(priorities: Priorities) -> tuple[float, float]:
-    """(throughput, latency) weights summing to 1."""
-    total = priorities.throughput + priorities.latency
-    return priorities.throughput / total, priorities.latency / total
-
-
-def score(throughput_speedup: float, latency_speedup: float, priorities: Priorities) -> float:
-    w_thr, w_lat = weights(priorities)
-    return w_thr * throughput_speedup + w_lat * latency_speedup
-
-
 def rank(estimates: Iterable[Estimate], priorities: Priorities, mode: Mode) -> list[RankedCandidate]:
     """Best score first; ties go to less extra memory, then to the candidate id."""
     scored = sorted(
-        ((score(e.throughput_speedup, e.latency_speedup, priorities), e) for e in estimates),
+        ((priorities.score(e.throughput_speedup, e.latency_speedup), e) for e in estimates),
         key=lambda pair: (-pair[0], pair[1].extra_memory_bytes, pair[1].candidate.candidate_id),
     )
     return [
@@ -126,14 +115,6 @@ class Decision:
     pareto_front: list[str]
 
 
-def measured_score(m: Measurement, baseline: Measurement | None, priorities: Priorities) -> float:
-    """Throughput = measured tokens/s ratio; latency = baseline TPOT / candidate TPOT."""
-    latency = m.speedup
-    if baseline is not None and baseline.tpot_s > 0 and m.tpot_s > 0:
-        latency = baseline.tpot_s / m.tpot_s
-    return score(m.speedup, latency, priorities)
-
-
 def choose_winner(
     rows: Sequence[CandidateResult],
     *,
@@ -162,7 +143,7 @@ def choose_winner(
     eligible_m = [(r, m) for r, m in points if m.speedup > min_speedup]
     best_pair = max(
         eligible_m,
-        key=lambda p: (measured_score(p[1], baseline, priorities), -p[0].prediction.rank),
+        key=lambda p: (priorities.measured_score(p[1], baseline), -p[0].prediction.rank),
         default=None,
     )
     front = pareto_front((r.candidate.candidate_id, m.speedup, m.extra_memory_bytes) for r, m in points)

@@ -25,6 +25,7 @@ from specplatform.errors import RuntimeSetupError
 SERVICES = {
     "gateway": "gateway",
     "predictor": "predictor",
+    "tuner": "tuner",
     "benchmark-runner": "benchmark_runner",
     "quality-gate": "quality_gate",
     "audit": "audit",

@@ -31,6 +31,8 @@ from specops_services.predictor import app as predictor
 from specops_services.predictor import logic as predictor_logic
 from specops_services.quality_gate import app as quality_gate
 from specops_services.quality_gate import logic as quality_gate_logic
+from specops_services.tuner import app as tuner
+from specops_services.tuner import logic as tuner_logic
 
 # The pools, planners and runners the handlers close over are only touched when a
 # message arrives, which on a broker that never connects is never.
@@ -57,6 +59,7 @@ class Consumer:
 _REGISTRATIONS: dict[str, Callable[[SpecBroker], None]] = {
     "gateway": lambda broker: _gateway(broker),
     "predictor": lambda broker: predictor.subscribe(broker, _UNUSED, _UNUSED),
+    "tuner": lambda broker: tuner.subscribe(broker, _UNUSED, _UNUSED),
     "benchmark-runner": lambda broker: benchmark_runner.subscribe(
         broker, _UNUSED, _UNUSED, retry=RetryPolicy()
     ),
@@ -97,6 +100,7 @@ def _consumer(stream: str, config: ConsumerConfig) -> Consumer:
 _BUS: dict[str, tuple[str, tuple[type[EventPayload], ...], tuple[str, ...]]] = {
     "gateway": (projector.SERVICE, gateway_runs.PUBLISHES, (STREAM, INTAKE_STREAM, RESULTS_STREAM)),
     "predictor": (predictor.SERVICE, predictor_logic.PUBLISHES, (STREAM,)),
+    "tuner": (tuner.SERVICE, tuner_logic.PUBLISHES, (STREAM,)),
     "benchmark-runner": (benchmark_runner.SERVICE, benchmark_runner_logic.PUBLISHES, (STREAM,)),
     "quality-gate": (quality_gate.SERVICE, quality_gate_logic.PUBLISHES, (STREAM,)),
     "audit": (audit.SERVICE, (), (STREAM,)),

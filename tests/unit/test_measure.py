@@ -199,6 +199,8 @@ def test_summarise_pools_counts_and_takes_the_median_speedup() -> None:
     assert m.tokens_per_s == pytest.approx(20.0)
     assert m.tokens_per_s_stdev == pytest.approx(statistics.stdev([10.0, 20.0, 30.0]))
     assert m.speedup == pytest.approx(1.2)
+    assert m.speedup_mean == pytest.approx((2.0 + 1.0 + 1.2) / 3)
+    assert m.speedup_stdev == pytest.approx(statistics.stdev([2.0, 1.0, 1.2]))
     assert m.acceptance_rate == pytest.approx(7 / 12)
     assert m.mean_acceptance_length == pytest.approx((7 + 20) / 20)
     assert m.per_position_acceptance == pytest.approx([5 / 8, 2 / 4])
@@ -211,4 +213,7 @@ def test_summarise_refuses_mixed_or_repeated_rows() -> None:
         summarise([_row("a", 0, 1.0, 1.0), _row("b", 1, 1.0, 1.0)])
     with pytest.raises(ValueError, match="repeat"):
         summarise([_row("a", 0, 1.0, 1.0), _row("a", 0, 1.0, 1.0)])
-    assert summarise([_row(BASELINE_ID, 0, 7.0, None)]).speedup == 1.0
+    baseline = summarise([_row(BASELINE_ID, 0, 7.0, None)])
+    assert (baseline.speedup, baseline.speedup_mean, baseline.speedup_stdev) == (1.0, None, None)
+    one_rep = summarise([_row("a", 0, 7.0, 1.5)])
+    assert (one_rep.speedup_mean, one_rep.speedup_stdev) == (1.5, 0.0)
