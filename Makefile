@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench lint asyncapi scale-check chaos
+.PHONY: setup test demo bench lint asyncapi scale-check chaos tune-bench
 
 setup: $(STAMP)
 
@@ -57,6 +57,15 @@ scale-check: setup
 # twice or stuck. About 13 minutes on 2 cores; writes bench/results/chaos.json.
 chaos: setup
 	$(PY) bench/chaos.py --out bench/results/chaos.json
+
+# T2 on this CPU against a running `specops up`: a 20-minute session on code, then one with an
+# uploaded corpus (the pydantic package's sources) searching rest only. About 40 minutes;
+# writes bench/results/tune-{code,corpus}-cpu2.{json,png}.
+CORPUS := $(shell $(PY) -c 'import pydantic, pathlib; print(pathlib.Path(pydantic.__file__).parent)' 2>/dev/null)
+tune-bench: setup
+	$(PY) bench/tune_session.py --fingerprint code --budget-minutes 20 --out bench/results/tune-code-cpu2.json
+	$(PY) bench/tune_session.py --fingerprint code --budget-minutes 12 --families rest \
+		--corpus-dir $(CORPUS) --out bench/results/tune-corpus-cpu2.json
 
 lint: setup
 	$(VENV)/bin/ruff check libs specops schemas services tests scripts
