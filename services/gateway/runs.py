@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from fastapi.sse import ServerSentEvent
 from pydantic import ValidationError
 
 from specbus import outbox
@@ -29,7 +28,6 @@ from specops_schemas.registry import DatastoreRegistered
 from specops_schemas.tune import TuneRequested
 from specops_services.gateway import cache, db, engine_flags, logic, projection, results, sse
 from specops_services.gateway.auth import Principal
-from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import ProblemError, problem
 from specplatform.db import Connection, Pool, tenant_transaction
 
@@ -301,34 +299,12 @@ async def require_run(pool: Pool, principal: Principal, run_id: str) -> None:
             raise _not_found(run_id)
 
 
-async def stream_events(
-    pool: Pool,
-    listener: RunEventsListener | None,
-    principal: Principal,
-    run_id: str,
-    after: int,
-    *,
-    poll_s: float,
-    keepalive_s: float,
-    token_check_s: float,
-) -> AsyncIterator[ServerSentEvent]:
-    """The run's events after seq `after`, as they land, until its terminal event (`sse.follow`)."""
+def event_feed(run_id: str) -> sse.Feed:
+    """The run's events, as `sse.follow` reads them, until its terminal event."""
 
     async def read(conn: Connection, after: int) -> tuple[bool, list[db.EventRow]]:
         status = await db.run_status(conn, run_id)
         rows = await db.events_after(conn, run_id, after)
         return status is None or status in logic.TERMINAL_STATUSES, rows
 
-    feed = sse.Feed(run_id, run_location(run_id), read, logic.TERMINAL_EVENT_TYPES)
-    events = sse.follow(
-        pool,
-        listener,
-        principal,
-        feed,
-        after,
-        poll_s=poll_s,
-        keepalive_s=keepalive_s,
-        token_check_s=token_check_s,
-    )
-    async for event in events:
-        yield event
+    return sse.Feed(run_id, run_location(run_id), read, logic.TERMINAL_EVENT_TYPES)
