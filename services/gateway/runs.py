@@ -41,7 +41,6 @@ PUBLISHES = (RunRequested, RunQueued, RunCompleted, RunFailed, TuneRequested, Da
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 # The problem of a request whose Idempotency-Key another request holds right now.
 KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
-SSE_ERROR, TOKEN_REVOKED = sse.SSE_ERROR, sse.TOKEN_REVOKED
 
 
 def run_location(run_id: str) -> str:
