@@ -244,19 +244,20 @@ def _response(row: db.RunRow) -> RunStatusResponse:
 # --- GET runs/{id} --------------------------------------------------------------------------
 
 
-def _not_found(run_id: str) -> ProblemError:
-    if not logic.is_spec_id(run_id):
-        return problem(404, "no run with that id in this tenant")
-    return problem(404, f"no run '{run_id}' in this tenant")
+def not_found(noun: str, spec_id: str) -> ProblemError:
+    """The 404 of a run or tune session the tenant has no `spec_id` of; an off-grammar id is not echoed."""
+    if not logic.is_spec_id(spec_id):
+        return problem(404, f"no {noun} with that id in this tenant")
+    return problem(404, f"no {noun} '{spec_id}' in this tenant")
 
 
 async def read_run(pool: Pool, principal: Principal, run_id: str) -> RunStatusResponse:
     if not logic.is_spec_id(run_id):
-        raise _not_found(run_id)
+        raise not_found("run", run_id)
     async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
         row = await db.get_run(conn, principal.tenant_id, run_id)
     if row is None:
-        raise _not_found(run_id)
+        raise not_found("run", run_id)
     return _response(row)
 
 
@@ -269,7 +270,7 @@ async def apply_run(
     async def work(conn: Connection) -> logic.Reply:
         row = await db.get_run(conn, principal.tenant_id, run_id) if logic.is_spec_id(run_id) else None
         if row is None:
-            raise _not_found(run_id)
+            raise not_found("run", run_id)
         conflict = logic.apply_conflict(row.state)
         if conflict is not None:
             raise problem(409, conflict, type="urn:specops:problem:run-not-applicable")
@@ -292,10 +293,10 @@ async def apply_run(
 
 async def require_run(pool: Pool, principal: Principal, run_id: str) -> None:
     if not logic.is_spec_id(run_id):
-        raise _not_found(run_id)
+        raise not_found("run", run_id)
     async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
         if await db.get_run(conn, principal.tenant_id, run_id) is None:
-            raise _not_found(run_id)
+            raise not_found("run", run_id)
 
 
 def event_feed(run_id: str) -> sse.Feed:

@@ -16,17 +16,11 @@ from specops_schemas.tune import TuneRequested, TuneSessionCreateRequest, TuneSe
 from specops_services.gateway import curve, db, engine_flags, logic, results, sse, tune_db, tune_logic
 from specops_services.gateway import tune_projection as projection
 from specops_services.gateway.auth import Principal
-from specops_services.gateway.problems import ProblemError, problem
-from specops_services.gateway.runs import PRODUCER, keyed
+from specops_services.gateway.problems import problem
+from specops_services.gateway.runs import PRODUCER, keyed, not_found
 from specplatform.db import Connection, Pool, tenant_transaction
 
 NOT_TUNABLE = "urn:specops:problem:run-not-tunable"
-
-
-def _not_found(session_id: str) -> ProblemError:
-    if not logic.is_spec_id(session_id):
-        return problem(404, "no tune session with that id in this tenant")
-    return problem(404, f"no tune session '{session_id}' in this tenant")
 
 
 def response(row: tune_db.SessionRow) -> TuneSessionResponse:
@@ -85,11 +79,11 @@ async def create_session(
 
 async def _read(pool: Pool, principal: Principal, session_id: str) -> tune_db.SessionRow:
     if not logic.is_spec_id(session_id):
-        raise _not_found(session_id)
+        raise not_found("tune session", session_id)
     async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
         row = await tune_db.get_session(conn, principal.tenant_id, session_id)
     if row is None:
-        raise _not_found(session_id)
+        raise not_found("tune session", session_id)
     return row
 
 
@@ -129,7 +123,7 @@ async def apply_session(
         if logic.is_spec_id(session_id):
             row = await tune_db.get_session(conn, principal.tenant_id, session_id)
         if row is None:
-            raise _not_found(session_id)
+            raise not_found("tune session", session_id)
         conflict = tune_logic.apply_conflict(row.session)
         if conflict is not None:
             raise problem(409, conflict, type="urn:specops:problem:tune-session-not-applicable")
