@@ -443,10 +443,7 @@ class Runs:
         if goal is not None:
             fields["goal"] = goal
         body = RunCreateRequest.model_validate(fields).model_dump(mode="json")
-        key = idempotency_key or str(uuid.uuid4())
-        response = self._client.request(
-            "POST", f"{API_PREFIX}/runs", json_body=body, headers={"Idempotency-Key": _sf_string(key)}
-        )
+        response = _post_keyed(self._client, f"{API_PREFIX}/runs", body, idempotency_key)
         return Run.model_validate(response.json())
 
     def get(self, run_id: str) -> Run:
@@ -488,15 +485,7 @@ class Runs:
         idempotency_key: str | None = None,
     ) -> ApplyResponse:
         """Engine flags for the winner (or `candidate_id`), for the run's engine or `engine`."""
-        body = ApplyRequest.model_validate({"engine": engine, "candidate_id": candidate_id})
-        key = idempotency_key or str(uuid.uuid4())
-        response = self._client.request(
-            "POST",
-            f"{_run_path(run_id)}/apply",
-            json_body=body.model_dump(mode="json"),
-            headers={"Idempotency-Key": _sf_string(key)},
-        )
-        return ApplyResponse.model_validate(response.json())
+        return _apply(self._client, _run_path(run_id), engine, candidate_id, idempotency_key)
 
 
 class TuneSessions:
@@ -533,13 +522,8 @@ class TuneSessions:
             "seed": seed,
         }
         request = TuneSessionCreateRequest.model_validate({k: v for k, v in given.items() if v is not None})
-        key = idempotency_key or str(uuid.uuid4())
-        response = self._client.request(
-            "POST",
-            f"{API_PREFIX}/tune-sessions",
-            json_body=request.model_dump(mode="json", exclude_none=True),
-            headers={"Idempotency-Key": _sf_string(key)},
-        )
+        body = request.model_dump(mode="json", exclude_none=True)
+        response = _post_keyed(self._client, f"{API_PREFIX}/tune-sessions", body, idempotency_key)
         return TuneSession.model_validate(response.json())
 
     def get(self, session_id: str) -> TuneSession:
@@ -568,15 +552,28 @@ class TuneSessions:
         idempotency_key: str | None = None,
     ) -> ApplyResponse:
         """Engine flags for the session's winner (or a complete trial's `candidate_id`)."""
-        body = ApplyRequest.model_validate({"engine": engine, "candidate_id": candidate_id})
-        key = idempotency_key or str(uuid.uuid4())
-        response = self._client.request(
-            "POST",
-            f"{_session_path(session_id)}/apply",
-            json_body=body.model_dump(mode="json"),
-            headers={"Idempotency-Key": _sf_string(key)},
-        )
-        return ApplyResponse.model_validate(response.json())
+        return _apply(self._client, _session_path(session_id), engine, candidate_id, idempotency_key)
+
+
+def _post_keyed(
+    client: SpeculativeClient, path: str, body: Any, idempotency_key: str | None
+) -> httpx.Response:
+    """POST `body` under `idempotency_key` (a fresh uuid4 unless given), so its retries cannot act twice."""
+    key = idempotency_key or str(uuid.uuid4())
+    return client.request("POST", path, json_body=body, headers={"Idempotency-Key": _sf_string(key)})
+
+
+def _apply(
+    client: SpeculativeClient,
+    resource: str,
+    engine: Engine | str | None,
+    candidate_id: str | None,
+    idempotency_key: str | None,
+) -> ApplyResponse:
+    """`POST {resource}/apply`: a run's or a session's winner (or `candidate_id`) as engine flags."""
+    body = ApplyRequest.model_validate({"engine": engine, "candidate_id": candidate_id})
+    response = _post_keyed(client, f"{resource}/apply", body.model_dump(mode="json"), idempotency_key)
+    return ApplyResponse.model_validate(response.json())
 
 
 def _follow(

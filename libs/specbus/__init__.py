@@ -8,7 +8,8 @@
 - `dead_letter_subscriber`: the same for a handler of the parked messages (`spec.dlq.>`).
 - `raw_subscriber`: the same for a handler of undecoded messages (`RawMessage`), which
   with `RetryPolicy(max_deliver=None)` is retried forever and never parks.
-- `process_once` / `inbox.claim`: side effects once per consumer and event.
+- `process_once` / `inbox.claim`: side effects once per consumer and event;
+  `process_once_queued` also answers the types of the events it queued.
 - `outbox.add` / `OutboxRelay`: events committed with the state that caused them.
 - `tracing`: every publish a `send <subject template>` span, every handler a `process
   <subject template>` span, the trace context carried in the NATS headers.
@@ -26,7 +27,7 @@ from specbus.consumer import (
     subscriber,
 )
 from specbus.dlq import park
-from specbus.inbox import process_once
+from specbus.inbox import process_once, process_once_queued
 from specbus.outbox import OutboxRelay
 from specbus.publish import envelope_headers, publish
 
@@ -46,6 +47,7 @@ __all__ = [
     "outbox",
     "park",
     "process_once",
+    "process_once_queued",
     "publish",
     "raw_subscriber",
     "stream_config",

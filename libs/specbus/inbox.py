@@ -50,3 +50,17 @@ async def process_once(
         for follow in await work(conn) or ():
             await outbox.add(conn, follow)
     return True
+
+
+async def process_once_queued(
+    pool: AsyncConnectionPool[Any], consumer: str, event: Envelope[Any], work: Work
+) -> list[str] | None:
+    """`process_once`, answering the types of the events `work` queued; None if it did not run."""
+    queued: list[str] = []
+
+    async def run(conn: AsyncConnection[Any]) -> Sequence[Envelope[Any]] | None:
+        events = await work(conn)
+        queued[:] = [e.type for e in events or ()]
+        return events
+
+    return queued if await process_once(pool, consumer, event, run) else None

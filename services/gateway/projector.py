@@ -13,15 +13,16 @@ completes the run, so a client that sees the run completed finds its answer cach
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from faststream.nats import NatsBroker
 
 from specbus.consumer import RetryPolicy, subscriber
-from specbus.envelope import Envelope
+from specbus.envelope import Envelope, EventPayload
 from specops_schemas.events import RUN_FLOW_TYPES, RunRequested
 from specops_services.gateway import projection, results
-from specplatform.db import Pool, tenant_transaction
+from specplatform.db import Connection, Pool, tenant_transaction
 
 SERVICE = "gateway"
 CONSUMER = "projector"
@@ -29,10 +30,14 @@ CONSUMER = "projector"
 PROJECTED = tuple(t for t in RUN_FLOW_TYPES if t is not RunRequested)
 
 
-async def project(pool: Pool, event: Envelope[Any]) -> bool:
-    """Record one event of a run and move the run's status; False when it changed nothing."""
+# What one event writes: the run or session now, or None when it changed nothing.
+Fold = Callable[[Connection, Envelope[Any]], Awaitable[object | None]]
+
+
+async def project(pool: Pool, event: Envelope[Any], fold: Fold = projection.apply) -> bool:
+    """Record one event (a run's, unless `fold` says otherwise) and repeat it; False if nothing changed."""
     async with pool.connection() as conn, tenant_transaction(conn, event.tenant_id):
-        if await projection.apply(conn, event) is None:
+        if await fold(conn, event) is None:
             return False
         await results.repeat(conn, event)
     return True
@@ -40,7 +45,20 @@ async def project(pool: Pool, event: Envelope[Any]) -> bool:
 
 def register(broker: NatsBroker, pool: Pool, *, retry: RetryPolicy | None = None) -> None:
     """Subscribe the projector on `broker` (before the broker starts)."""
+    subscribe_fold(broker, pool, events=PROJECTED, name=CONSUMER, fold=projection.apply, retry=retry)
 
-    @subscriber(broker, service=SERVICE, events=PROJECTED, name=CONSUMER, retry=retry or RetryPolicy())
+
+def subscribe_fold(
+    broker: NatsBroker,
+    pool: Pool,
+    *,
+    events: Sequence[type[EventPayload]],
+    name: str,
+    fold: Fold,
+    retry: RetryPolicy | None,
+) -> None:
+    """Project `events` with `fold` on the durable consumer `gateway-<name>`."""
+
+    @subscriber(broker, service=SERVICE, events=events, name=name, retry=retry or RetryPolicy())
     async def projector(event: Envelope[Any]) -> None:
-        await project(pool, event)
+        await project(pool, event, fold)

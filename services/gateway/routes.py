@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from specops_schemas.api import API_PREFIX, ApplyRequest, ApplyResponse, RunCreateRequest, RunStatusResponse
-from specops_services.gateway import logic, runs
-from specops_services.gateway.auth import Developer, Viewer, pool_of
+from specops_services.gateway import logic, runs, sse
+from specops_services.gateway.auth import Developer, Principal, Viewer, pool_of
 from specops_services.gateway.problems import first_line, problem, responses
 
 log = logging.getLogger(__name__)
@@ -123,12 +123,20 @@ async def stream_events(
     run_id: Annotated[str, Depends(_owned_run)],
     after: Annotated[int, Depends(_resume_after)],
 ) -> AsyncIterator[ServerSentEvent]:
+    async for event in follow_feed(request, principal, runs.event_feed(run_id), after, f"run {run_id}"):
+        yield event
+
+
+async def follow_feed(
+    request: Request, principal: Principal, feed: sse.Feed, after: int, what: str
+) -> AsyncIterator[ServerSentEvent]:
+    """`sse.follow` under the app's SSE settings; a database outage ends the stream (logged as `what`'s)."""
     settings = request.app.state.settings
-    events = runs.stream_events(
+    events = sse.follow(
         pool_of(request),
         request.app.state.listener,
         principal,
-        run_id,
+        feed,
         after,
         poll_s=settings.gateway_sse_poll_s,
         keepalive_s=settings.gateway_sse_keepalive_s,
@@ -140,7 +148,7 @@ async def stream_events(
     except psycopg.OperationalError as exc:
         # The headers are sent, so no 503 now: the stream ends, and the client's reconnection
         # (with Last-Event-ID) gets the 503 until the database is back.
-        log.warning("database unavailable: the event stream of run %s ends: %s", run_id, first_line(exc))
+        log.warning("database unavailable: the event stream of %s ends: %s", what, first_line(exc))
 
 
 @router.post(

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from fastapi.sse import ServerSentEvent
 from pydantic import ValidationError
 
 from specbus import outbox
@@ -29,7 +28,6 @@ from specops_schemas.registry import DatastoreRegistered
 from specops_schemas.tune import TuneRequested
 from specops_services.gateway import cache, db, engine_flags, logic, projection, results, sse
 from specops_services.gateway.auth import Principal
-from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.problems import ProblemError, problem
 from specplatform.db import Connection, Pool, tenant_transaction
 
@@ -43,7 +41,6 @@ PUBLISHES = (RunRequested, RunQueued, RunCompleted, RunFailed, TuneRequested, Da
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 # The problem of a request whose Idempotency-Key another request holds right now.
 KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
-SSE_ERROR, TOKEN_REVOKED = sse.SSE_ERROR, sse.TOKEN_REVOKED
 
 
 def run_location(run_id: str) -> str:
@@ -247,19 +244,20 @@ def _response(row: db.RunRow) -> RunStatusResponse:
 # --- GET runs/{id} --------------------------------------------------------------------------
 
 
-def _not_found(run_id: str) -> ProblemError:
-    if not logic.is_spec_id(run_id):
-        return problem(404, "no run with that id in this tenant")
-    return problem(404, f"no run '{run_id}' in this tenant")
+def not_found(noun: str, spec_id: str) -> ProblemError:
+    """The 404 of a run or tune session the tenant has no `spec_id` of; an off-grammar id is not echoed."""
+    if not logic.is_spec_id(spec_id):
+        return problem(404, f"no {noun} with that id in this tenant")
+    return problem(404, f"no {noun} '{spec_id}' in this tenant")
 
 
 async def read_run(pool: Pool, principal: Principal, run_id: str) -> RunStatusResponse:
     if not logic.is_spec_id(run_id):
-        raise _not_found(run_id)
+        raise not_found("run", run_id)
     async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
         row = await db.get_run(conn, principal.tenant_id, run_id)
     if row is None:
-        raise _not_found(run_id)
+        raise not_found("run", run_id)
     return _response(row)
 
 
@@ -272,7 +270,7 @@ async def apply_run(
     async def work(conn: Connection) -> logic.Reply:
         row = await db.get_run(conn, principal.tenant_id, run_id) if logic.is_spec_id(run_id) else None
         if row is None:
-            raise _not_found(run_id)
+            raise not_found("run", run_id)
         conflict = logic.apply_conflict(row.state)
         if conflict is not None:
             raise problem(409, conflict, type="urn:specops:problem:run-not-applicable")
@@ -295,40 +293,18 @@ async def apply_run(
 
 async def require_run(pool: Pool, principal: Principal, run_id: str) -> None:
     if not logic.is_spec_id(run_id):
-        raise _not_found(run_id)
+        raise not_found("run", run_id)
     async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
         if await db.get_run(conn, principal.tenant_id, run_id) is None:
-            raise _not_found(run_id)
+            raise not_found("run", run_id)
 
 
-async def stream_events(
-    pool: Pool,
-    listener: RunEventsListener | None,
-    principal: Principal,
-    run_id: str,
-    after: int,
-    *,
-    poll_s: float,
-    keepalive_s: float,
-    token_check_s: float,
-) -> AsyncIterator[ServerSentEvent]:
-    """The run's events after seq `after`, as they land, until its terminal event (`sse.follow`)."""
+def event_feed(run_id: str) -> sse.Feed:
+    """The run's events, as `sse.follow` reads them, until its terminal event."""
 
     async def read(conn: Connection, after: int) -> tuple[bool, list[db.EventRow]]:
         status = await db.run_status(conn, run_id)
         rows = await db.events_after(conn, run_id, after)
         return status is None or status in logic.TERMINAL_STATUSES, rows
 
-    feed = sse.Feed(run_id, run_location(run_id), read, logic.TERMINAL_EVENT_TYPES)
-    events = sse.follow(
-        pool,
-        listener,
-        principal,
-        feed,
-        after,
-        poll_s=poll_s,
-        keepalive_s=keepalive_s,
-        token_check_s=token_check_s,
-    )
-    async for event in events:
-        yield event
+    return sse.Feed(run_id, run_location(run_id), read, logic.TERMINAL_EVENT_TYPES)

@@ -11,33 +11,17 @@ unique). What an event writes is `tune_projection.apply`, the code a rebuild run
 
 from __future__ import annotations
 
-from typing import Any
-
 from faststream.nats import NatsBroker
 
-from specbus.consumer import RetryPolicy, subscriber
-from specbus.envelope import Envelope
-from specops_services.gateway import results, tune_logic, tune_projection
-from specops_services.gateway.projector import SERVICE
-from specplatform.db import Pool, tenant_transaction
+from specbus.consumer import RetryPolicy
+from specops_services.gateway import projector, tune_logic, tune_projection
+from specplatform.db import Pool
 
 CONSUMER = "tune_projector"
 
 
-async def project(pool: Pool, event: Envelope[Any]) -> bool:
-    """Record one event of a session and move it; False when it changed nothing."""
-    async with pool.connection() as conn, tenant_transaction(conn, event.tenant_id):
-        if await tune_projection.apply(conn, event) is None:
-            return False
-        await results.repeat(conn, event)
-    return True
-
-
 def register(broker: NatsBroker, pool: Pool, *, retry: RetryPolicy | None = None) -> None:
     """Subscribe the tune projector on `broker` (before the broker starts)."""
-
-    @subscriber(
-        broker, service=SERVICE, events=tune_logic.PROJECTED, name=CONSUMER, retry=retry or RetryPolicy()
+    projector.subscribe_fold(
+        broker, pool, events=tune_logic.PROJECTED, name=CONSUMER, fold=tune_projection.apply, retry=retry
     )
-    async def tune_projector(event: Envelope[Any]) -> None:
-        await project(pool, event)

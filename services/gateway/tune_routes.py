@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-import psycopg
 from fastapi import APIRouter, Body, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -15,10 +13,15 @@ from specops_schemas.api import API_PREFIX, ApplyRequest, ApplyResponse
 from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionResponse
 from specops_services.gateway import tune_sessions
 from specops_services.gateway.auth import Developer, Viewer, pool_of
-from specops_services.gateway.problems import first_line, responses
-from specops_services.gateway.routes import IdempotencyKey, _fingerprint, _json, _key, _resume_after
-
-log = logging.getLogger(__name__)
+from specops_services.gateway.problems import responses
+from specops_services.gateway.routes import (
+    IdempotencyKey,
+    _fingerprint,
+    _json,
+    _key,
+    _resume_after,
+    follow_feed,
+)
 
 router = APIRouter(prefix=API_PREFIX, tags=["tune-sessions"])
 
@@ -92,22 +95,10 @@ async def stream_events(
     session_id: Annotated[str, Depends(_owned_session)],
     after: Annotated[int, Depends(_resume_after)],
 ) -> AsyncIterator[ServerSentEvent]:
-    settings = request.app.state.settings
-    events = tune_sessions.stream_events(
-        pool_of(request),
-        request.app.state.listener,
-        principal,
-        session_id,
-        after,
-        poll_s=settings.gateway_sse_poll_s,
-        keepalive_s=settings.gateway_sse_keepalive_s,
-        token_check_s=settings.gateway_sse_token_check_s,
-    )
-    try:
-        async for event in events:
-            yield event
-    except psycopg.OperationalError as exc:
-        log.warning("database unavailable: the event stream of %s ends: %s", session_id, first_line(exc))
+    async for event in follow_feed(
+        request, principal, tune_sessions.event_feed(session_id), after, session_id
+    ):
+        yield event
 
 
 @router.get(

@@ -7,9 +7,6 @@ tune_logic.py. POSTs go through `runs.keyed` (Idempotency-Key, one tenant transa
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-
-from fastapi.sse import ServerSentEvent
 
 from specbus import outbox
 from specbus.envelope import new_event
@@ -19,18 +16,11 @@ from specops_schemas.tune import TuneRequested, TuneSessionCreateRequest, TuneSe
 from specops_services.gateway import curve, db, engine_flags, logic, results, sse, tune_db, tune_logic
 from specops_services.gateway import tune_projection as projection
 from specops_services.gateway.auth import Principal
-from specops_services.gateway.listener import RunEventsListener
-from specops_services.gateway.problems import ProblemError, problem
-from specops_services.gateway.runs import PRODUCER, keyed
+from specops_services.gateway.problems import problem
+from specops_services.gateway.runs import PRODUCER, keyed, not_found
 from specplatform.db import Connection, Pool, tenant_transaction
 
 NOT_TUNABLE = "urn:specops:problem:run-not-tunable"
-
-
-def _not_found(session_id: str) -> ProblemError:
-    if not logic.is_spec_id(session_id):
-        return problem(404, "no tune session with that id in this tenant")
-    return problem(404, f"no tune session '{session_id}' in this tenant")
 
 
 def response(row: tune_db.SessionRow) -> TuneSessionResponse:
@@ -89,11 +79,11 @@ async def create_session(
 
 async def _read(pool: Pool, principal: Principal, session_id: str) -> tune_db.SessionRow:
     if not logic.is_spec_id(session_id):
-        raise _not_found(session_id)
+        raise not_found("tune session", session_id)
     async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
         row = await tune_db.get_session(conn, principal.tenant_id, session_id)
     if row is None:
-        raise _not_found(session_id)
+        raise not_found("tune session", session_id)
     return row
 
 
@@ -133,7 +123,7 @@ async def apply_session(
         if logic.is_spec_id(session_id):
             row = await tune_db.get_session(conn, principal.tenant_id, session_id)
         if row is None:
-            raise _not_found(session_id)
+            raise not_found("tune session", session_id)
         conflict = tune_logic.apply_conflict(row.session)
         if conflict is not None:
             raise problem(409, conflict, type="urn:specops:problem:tune-session-not-applicable")
@@ -154,18 +144,8 @@ async def apply_session(
 # --- GET tune-sessions/{id}/events ---------------------------------------------------------------
 
 
-async def stream_events(
-    pool: Pool,
-    listener: RunEventsListener | None,
-    principal: Principal,
-    session_id: str,
-    after: int,
-    *,
-    poll_s: float,
-    keepalive_s: float,
-    token_check_s: float,
-) -> AsyncIterator[ServerSentEvent]:
-    """The session's events after seq `after`, as they land, until tune.completed / tune.failed."""
+def event_feed(session_id: str) -> sse.Feed:
+    """The session's events, as `sse.follow` reads them, until tune.completed / tune.failed."""
 
     async def read(conn: Connection, after: int) -> tuple[bool, list[db.EventRow]]:
         status = await tune_db.session_status(conn, session_id)
@@ -173,16 +153,4 @@ async def stream_events(
         return status is None or status in tune_logic.TERMINAL_STATUSES, rows
 
     location = tune_logic.session_location(session_id)
-    feed = sse.Feed(session_id, location, read, tune_logic.TERMINAL_EVENT_TYPES)
-    events = sse.follow(
-        pool,
-        listener,
-        principal,
-        feed,
-        after,
-        poll_s=poll_s,
-        keepalive_s=keepalive_s,
-        token_check_s=token_check_s,
-    )
-    async for event in events:
-        yield event
+    return sse.Feed(session_id, location, read, tune_logic.TERMINAL_EVENT_TYPES)

@@ -23,7 +23,14 @@ from typing import Any
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
-from specbus import RetryPolicy, consumer_name, dead_letter_subscriber, make_broker, process_once, subscriber
+from specbus import (
+    RetryPolicy,
+    consumer_name,
+    dead_letter_subscriber,
+    make_broker,
+    process_once_queued,
+    subscriber,
+)
 from specbus.dlq import DeadLetter, watch_depth
 from specbus.envelope import Envelope
 from specops_schemas import MIGRATIONS
@@ -118,15 +125,9 @@ async def _once(
     what: str | None = None,
 ) -> None:
     """process_once, plus the one log line per handled event (`what` it was, default its type)."""
-    queued: list[str] = []
-
-    async def run(conn: Any) -> steps.Events:
-        events = await work(conn)
-        queued[:] = [e.type for e in events]
-        return events
-
+    queued = await process_once_queued(pool, consumer, event, work)
     label = what or event.type
-    if await process_once(pool, consumer, event, run):
+    if queued is not None:
         log.info("%s run=%s -> %s", label, event.correlation_id, ", ".join(queued) or "nothing yet")
     else:
         log.info("%s run=%s -> duplicate %s skipped", label, event.correlation_id, event.event_id)

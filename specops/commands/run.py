@@ -13,21 +13,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
-from pydantic import ValidationError
-
-from specops.client import (
-    Run,
-    RunEvent,
-    SpecopsAPIError,
-    SpecopsConnectionError,
-    SpecopsError,
-    SpeculativeClient,
-)
+from specops.client import Run, RunEvent, SpeculativeClient
+from specops.commands import client_command
 from specops_schemas.api import ApplyResponse
 from specops_schemas.candidates import BASELINE_ID, Candidate, CandidateResult, GateOutcome
 from specops_schemas.catalog import Engine, Fingerprint, GateMethod, Mode, RunStatus
@@ -44,7 +34,6 @@ from specops_schemas.events import (
 )
 
 EXIT_FAILED = 1
-EXIT_ERROR = 2
 TOP_PREDICTED = 3
 
 
@@ -79,29 +68,15 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """The `specops run` handler: the exit code; errors are printed as one line."""
-    try:
-        with SpeculativeClient(args.url, args.token) as client:
-            return _follow(client, args)
-    except SpecopsConnectionError as exc:
-        return _error(f"no gateway at {exc.url}: run `specops up` (or pass --url)")
-    except SpecopsAPIError as exc:
-        hint = ""
-        if exc.status == 401:
-            hint = (
-                "; pass --token or set SPECOPS_TOKEN (create one with "
-                "`specops tokens create --tenant T --role developer`)"
-            )
-        return _error(f"{exc}{hint}")
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        return _error(f"invalid request: {where}: {first['msg']}")
-    except SpecopsError as exc:
-        return _error(str(exc))
+    hint = (
+        "; pass --token or set SPECOPS_TOKEN (create one with "
+        "`specops tokens create --tenant T --role developer`)"
+    )
+    return client_command.call("run", args, _follow, unauthorized_hint=hint)
 
 
 def _follow(client: SpeculativeClient, args: argparse.Namespace) -> int:
-    say: Callable[[str], None] = _quiet if args.json else _stderr
+    say = client_command.progress(args.json)
     target = {"model_ref": args.model, "gpu": args.gpu, "engine": args.engine}
     if args.engine_version:
         target["engine_version"] = args.engine_version
@@ -124,24 +99,11 @@ def _follow(client: SpeculativeClient, args: argparse.Namespace) -> int:
     return EXIT_FAILED if final.status == RunStatus.FAILED else 0
 
 
-def _apply(client: SpeculativeClient, final: Run, say: Callable[[str], None]) -> ApplyResponse | None:
+def _apply(client: SpeculativeClient, final: Run, say: client_command.Say) -> ApplyResponse | None:
     if final.winner is None:
         say("nothing to apply: the run has no winner")
         return None
     return client.runs.apply(final.id)
-
-
-def _error(message: str) -> int:
-    print(f"specops run: error: {message}", file=sys.stderr)
-    return EXIT_ERROR
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def _quiet(line: str) -> None:
-    return None
 
 
 # --- one line per event -----------------------------------------------------------------------

@@ -16,21 +16,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
-from specops.client import (
-    RunEvent,
-    SpecopsAPIError,
-    SpecopsConnectionError,
-    SpecopsError,
-    SpeculativeClient,
-    TuneSession,
-)
+from specops.client import RunEvent, SpeculativeClient, TuneSession
+from specops.commands import client_command
 from specops_schemas.candidates import Candidate
 from specops_schemas.tune import (
     TrialResult,
@@ -45,7 +35,6 @@ from specops_schemas.tune import (
 )
 
 EXIT_FAILED = 1
-EXIT_ERROR = 2
 
 
 def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
@@ -71,23 +60,11 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
 
 def tune(args: argparse.Namespace) -> int:
     """The `specops tune` handler: the exit code; errors are printed as one line."""
-    try:
-        with SpeculativeClient(args.url, args.token) as client:
-            return _follow(client, args)
-    except SpecopsConnectionError as exc:
-        return _error(f"no gateway at {exc.url}: run `specops up` (or pass --url)")
-    except SpecopsAPIError as exc:
-        return _error(str(exc))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        return _error(f"invalid request: {where}: {first['msg']}")
-    except SpecopsError as exc:
-        return _error(str(exc))
+    return client_command.call("tune", args, _follow)
 
 
 def _follow(client: SpeculativeClient, args: argparse.Namespace) -> int:
-    say: Callable[[str], None] = _quiet if args.json else _stderr
+    say = client_command.progress(args.json)
     if args.session:
         session_id = args.session
         say(f"following tune session {session_id}")
@@ -109,7 +86,9 @@ def _follow(client: SpeculativeClient, args: argparse.Namespace) -> int:
             if line is not None:
                 say(line)
     except KeyboardInterrupt:
-        _stderr(f"detached; the session goes on: `specops tune --session {session_id}` re-attaches")
+        client_command.stderr(
+            f"detached; the session goes on: `specops tune --session {session_id}` re-attaches"
+        )
         raise
     final = client.tune_sessions.get(session_id)
     if args.json:
@@ -120,19 +99,6 @@ def _follow(client: SpeculativeClient, args: argparse.Namespace) -> int:
             applied = client.tune_sessions.apply(session_id)
             print(f"apply ({applied.config.engine}, {applied.candidate_id}): {shlex.join(applied.cli_args)}")
     return EXIT_FAILED if final.status == "failed" else 0
-
-
-def _error(message: str) -> int:
-    print(f"specops tune: error: {message}", file=sys.stderr)
-    return EXIT_ERROR
-
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
-def _quiet(line: str) -> None:
-    return None
 
 
 # --- one line per event -----------------------------------------------------------------------

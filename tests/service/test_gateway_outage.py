@@ -22,7 +22,7 @@ from specops_schemas.api import PROBLEM_MEDIA_TYPE
 from specops_services.gateway import logic
 from specops_services.gateway.app import create_app
 from specops_services.gateway.problems import DATABASE_UNAVAILABLE
-from specops_services.gateway.runs import TOKEN_REVOKED
+from specops_services.gateway.sse import TOKEN_REVOKED
 
 WAIT_S = 60.0
 RUN_ROUTE = f"{RUNS}/{{run_id}}"
