@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import sys
@@ -32,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from specops.client import SpeculativeClient, default_url
+from specops_schemas.candidates import CandidateResult
 from specops_schemas.catalog import Role
-from specops_schemas.tune import TrialResult, TuneTrialCompleted
+from specops_schemas.tune import TrialResult, TuneSessionResponse, TuneTrialCompleted
 from specops_services.gateway.tokens import issue_token
 from specplatform.settings import load_settings
 
@@ -100,28 +102,38 @@ def follow(client: SpeculativeClient, session_id: str) -> None:
             print(f"  {event.type}", flush=True)
 
 
-def summary(run: Any, session: Any, datastore_id: str | None) -> dict[str, Any]:
+def comparison(t1: CandidateResult | None, session: TuneSessionResponse) -> dict[str, Any] | None:
+    """The tuned winner against T1's: as T1 measured it (its mean per-rep speedup and sigma), and
+    as this session re-measured T1's winner among its seeded trials (same session, same
+    conditions). "Within sigma" uses the sigma of the difference, sqrt(sigma_t1^2 + sigma_tuned^2)."""
+    best = session.best
+    if best is None or best.speedup is None or t1 is None or t1.measurement is None:
+        return None
+    m = t1.measurement
+    t1_speedup = m.speedup_mean if m.speedup_mean is not None else m.speedup
+    sigma = math.hypot(m.speedup_stdev or 0.0, best.speedup_stdev or 0.0)
+    verdict: dict[str, Any] = {
+        "t1_winner": t1.candidate.candidate_id,
+        "t1_winner_speedup_in_t1": t1_speedup,
+        "t1_winner_sigma_in_t1": m.speedup_stdev,
+        "t1_winner_reps_in_t1": m.reps,
+        "tuned_winner": best.candidate.candidate_id,
+        "tuned_winner_speedup": best.speedup,
+        "tuned_winner_sigma": best.speedup_stdev,
+        "sigma_of_difference": sigma,
+        "at_least_t1_within_sigma": best.speedup >= t1_speedup - sigma,
+    }
+    again = [t for t in session.trials if t.seeded and _same_config(t.candidate, t1.candidate)]
+    if again and again[0].state == "complete" and again[0].speedup is not None:
+        verdict["t1_winner_remeasured_in_session"] = again[0].speedup
+        verdict["t1_winner_remeasured_sigma"] = again[0].speedup_stdev
+        verdict["tuned_minus_remeasured_t1"] = best.speedup - again[0].speedup
+    return verdict
+
+
+def summary(run: Any, session: TuneSessionResponse, datastore_id: str | None) -> dict[str, Any]:
     t1 = run.winner
     trials = session.trials
-    t1_id = t1.candidate.candidate_id if t1 is not None else None
-    # The session re-measures T1's pareto points first (seeded trials); T1's winner among them
-    # is the like-for-like comparison (same session, same conditions).
-    remeasured = [
-        t for t in trials if t.seeded and t1 is not None and _same_config(t.candidate, t1.candidate)
-    ]
-    best = session.best
-    verdict = None
-    if best is not None and t1 is not None and t1.measurement is not None:
-        sigma = best.speedup_stdev or 0.0
-        verdict = {
-            "t1_winner_speedup_in_t1": t1.measurement.speedup,
-            "tuned_winner_speedup": best.speedup,
-            "tuned_winner_sigma": sigma,
-            "at_least_t1_within_sigma": (best.speedup or 0.0) >= t1.measurement.speedup - sigma,
-        }
-        if remeasured and remeasured[0].state == "complete":
-            verdict["t1_winner_remeasured_in_session"] = remeasured[0].speedup
-            verdict["t1_winner_remeasured_sigma"] = remeasured[0].speedup_stdev
     rest_on_corpus = [
         t.model_dump(mode="json")
         for t in trials
@@ -133,10 +145,9 @@ def summary(run: Any, session: Any, datastore_id: str | None) -> dict[str, Any]:
             "winner": t1.model_dump(mode="json") if t1 is not None else None,
             "candidates": len(run.candidates),
             "pareto_front": run.pareto_front,
-            "winner_candidate_id": t1_id,
         },
         "session": session.model_dump(mode="json"),
-        "comparison": verdict,
+        "comparison": comparison(t1, session),
         "datastore_id": datastore_id,
         "rest_trials_on_corpus": rest_on_corpus,
         "trials": len(trials),
