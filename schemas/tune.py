@@ -210,11 +210,14 @@ class TuneImproved(TuneEvent):
 
 
 class TuneSpaceNarrowed(TuneEvent):
-    """Dimensions found insensitive (parameter importances) are fixed from now on."""
+    """Parameter importances were computed; the dimensions found insensitive (possibly none) are
+    fixed from now on."""
 
     event_type = "tune.space_narrowed"
     importances: dict[str, float] = Field(description="Importance of each parameter (sums to 1).")
-    dropped: dict[str, JsonValue] = Field(description="Dropped dimension -> the value it is fixed at.")
+    dropped: dict[str, JsonValue] = Field(
+        description="Dropped dimension -> the value it is fixed at; empty when every one mattered."
+    )
     after_trials: int = Field(ge=1, description="Complete trials the importances were computed from.")
 
 

@@ -287,8 +287,10 @@ def _trial_events(
 async def _narrow(
     tuner: Tuner, session: Session, trials: list[Trial], cause: Envelope[Any] | None
 ) -> tuple[Events, Session]:
-    """Every `narrow_after` complete trials until some are dropped (once): fix the insensitive
-    dimensions of the best trial's family at its values."""
+    """Every `narrow_after` complete trials until some are dropped (once): the importances of the
+    best trial's family, and its insensitive dimensions fixed at that trial's values. Every
+    computation is published (`tune.space_narrowed`, its `dropped` possibly empty), so the
+    session says what was found insensitive, and what was not."""
     done = [t.result for t in trials if t.result.state == "complete"]
     if session.dropped or not done or len(done) % tuner.narrow_after:
         return [], session
@@ -303,12 +305,10 @@ async def _narrow(
         return [], session
     dropped = logic.narrowed(importances, top.params, tuner.narrow_threshold)
     session = replace(session, importances=importances, dropped=dropped)
-    if not dropped:
-        return [], session
     narrowed = TuneSpaceNarrowed(
         session_id=session.session_id, importances=importances, dropped=dropped, after_trials=len(done)
     )
-    log.info("session %s: dimensions dropped %s", session.session_id, dropped)
+    log.info("session %s: importances %s; dropped %s", session.session_id, importances, dropped or "none")
     return [logic.emit(session, narrowed, cause)], session
 
 

@@ -144,10 +144,12 @@ class Lab:
 
 
 @asynccontextmanager
-async def _tuner(db: str, nats_url: str, service: str | None = None) -> AsyncIterator[str]:
+async def _tuner(
+    db: str, nats_url: str, service: str | None = None, *, tuner: steps.Tuner = TUNER
+) -> AsyncIterator[str]:
     """The tuner's consumers, outbox relay and budget ticker on this test's database."""
     service = service or f"tuner_{uuid.uuid4().hex[:8]}"
-    tuner = dataclasses.replace(TUNER, dsn=db)
+    tuner = dataclasses.replace(tuner, dsn=db)
     pool = create_pool(db, max_size=4)
     broker = make_broker(nats_url, service=service)
     app.subscribe(broker, pool, tuner, service=service, retry=FAST, fetch_timeout_s=0.5)
@@ -415,3 +417,31 @@ async def test_a_trial_still_running_past_the_deadline_is_cut(
     assert "cut by the budget" in trial.error_message
     [done] = _of(events, "completed")
     assert done.reason == logic.STOP_BUDGET and done.winner is None and done.elapsed_s >= 6.0
+
+
+async def test_the_session_says_which_dimensions_it_found_insensitive(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    requested = _requested(budget_minutes=0.5, max_trials=7, families=["ngram"])
+    session_id = requested.payload.session_id
+    speed_of_k: dict[int, float] = {}
+
+    def script(trial: int, cid: str) -> tuple[float, float, bool]:
+        # Only k matters: the match window (ngram_min, ngram_max) changes nothing.
+        k = int(cid.split("-k")[1].split("-")[0])
+        return speed_of_k.setdefault(k, 1.0 + 0.03 * k), 0.01, True
+
+    tuner = dataclasses.replace(TUNER, narrow_after=3)
+    async with Lab(nats_url, script).running(), _tuner(db, nats_url, tuner=tuner):
+        await publish(js, requested)
+        events = await _session_events(js, session_id)
+
+    narrowings = _of(events, "space_narrowed")
+    assert narrowings, "importances were computed after 3 complete trials but never published"
+    first = narrowings[0]
+    assert first.after_trials == 3
+    assert set(first.importances) <= {"ngram.k", "ngram.ngram_min", "ngram.ngram_max"}
+    assert abs(sum(first.importances.values()) - 1.0) < 1e-6
+    best = next(t.best for t in reversed(_of(events, "improved")) if t.best.trial < 3)
+    for name, value in first.dropped.items():
+        assert first.importances[name] < 0.05 and best.params[name] == value
