@@ -10,6 +10,7 @@ arrive (:func:`fold`); like a run's, a session's status only moves forward.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,15 +192,22 @@ def fold(session: TuneSessionResponse, envelope: Envelope[Any]) -> TuneSessionRe
 # --- the answer -----------------------------------------------------------------------------------
 
 
-def cache_answer(source: Source, completed: TuneCompleted) -> RunCompleted | None:
-    """The T1 answer a completed session leaves to the winner cache, or None (no winner).
+def cache_answer(
+    source: Source, completed: TuneCompleted, families: Sequence[str] | None = None
+) -> RunCompleted | None:
+    """The T1 answer a completed session leaves to the winner cache, or None (keep T1's).
 
     The tuned winner heads the T1 run's candidates table and pareto front (replacing a T1
     candidate of the same id), so a later run of the T1 request is answered with it. A
-    session without a winner leaves the T1 run's own answer in place.
+    session without a winner leaves the T1 run's own answer in place, and so does one whose
+    `families` left out the T1 winner's family: it never measured T1's winner against its
+    own, so it cannot say it beat it (its winner is still the session's, for its apply).
     """
     winner = completed.winner
     if winner is None:
+        return None
+    t1 = source.winner
+    if families is not None and t1 is not None and t1.candidate.family not in families:
         return None
     won = winner.candidate.candidate_id
     return RunCompleted(

@@ -58,7 +58,7 @@ async def apply(conn: Connection, event: Envelope[Any]) -> tune_db.SessionRow | 
     await tune_db.update_session(conn, session)
     payload = event.payload
     if isinstance(payload, TuneCompleted) and row.session.status not in tune_logic.TERMINAL_STATUSES:
-        answer = tune_logic.cache_answer(row.source, payload)
+        answer = tune_logic.cache_answer(row.source, payload, row.session.request.families)
         if answer is not None:
             key = cache.key_columns(row.source.request, tenant_id=event.tenant_id)
             await db.store_winner(conn, key, answer, source_run_id=session_id, stored_at=event.occurred_at)

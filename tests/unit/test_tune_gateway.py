@@ -217,6 +217,15 @@ def test_the_tuned_winner_heads_the_cached_answer() -> None:
     assert tune_logic.Source.from_json(source.to_json()) == source
 
 
+def test_a_session_that_left_out_the_t1_winners_family_keeps_t1s_answer() -> None:
+    source = tune_logic.Source.of(requested().payload)
+    assert source.winner is not None and source.winner.candidate.family == "ngram"
+    winner = measured(NGRAM4.model_copy(update={"candidate_id": "t3-lookahead", "family": "lookahead"}), 1.9)
+    assert tune_logic.cache_answer(source, completed(winner).payload, ["lookahead"]) is None
+    searched = tune_logic.cache_answer(source, completed(winner).payload, ["lookahead", "ngram"])
+    assert searched is not None and searched.winner == winner
+
+
 def test_apply_picks_the_winner_or_a_complete_trial() -> None:
     session = tune_logic.open_session(requested())
     assert "queued" in (tune_logic.apply_conflict(session) or "")
