@@ -85,6 +85,11 @@ class RunCreateRequest(Model):
     workload: Workload = Field(description="Workload fingerprint.")
     mode: Mode = Field(Mode.INTERACTIVE, description="Serving pressure to optimise for.")
     goal: Goal = Field(default_factory=Goal, description="Quality gate and priorities.")
+    include_uat_heads: bool = Field(
+        False,
+        description="Also offer the tenant's T3 heads in `uat` (production ones always are); such a run "
+        "neither reads nor fills the winner cache.",
+    )
 
 
 class RunError(Model):

@@ -94,3 +94,4 @@ class ErrorStage(StrEnum):
     TIMEOUT = "timeout"
     INTERNAL = "internal"
     DEAD_LETTER = "dead_letter"
+    TRAINING = "training"  # a T3 head could not be trained
