@@ -257,7 +257,8 @@ RUN_FLOW_TYPES: tuple[type[EventPayload], ...] = (
 )
 # Every event type on `spec.>`, by its `type` string.
 EVENT_TYPES: dict[str, type[EventPayload]] = {
-    cls.event_type: cls for cls in (*RUN_FLOW_TYPES, *TUNE_EVENT_TYPES, *REGISTRY_EVENT_TYPES, *HEAD_EVENT_TYPES)
+    cls.event_type: cls
+    for cls in (*RUN_FLOW_TYPES, *TUNE_EVENT_TYPES, *REGISTRY_EVENT_TYPES, *HEAD_EVENT_TYPES)
 }
 
 

@@ -93,8 +93,12 @@ class HeadTrainRequest(Model):
     target: str = Field(
         min_length=1, max_length=512, description="The target the head drafts for: alias, local dir or HF id."
     )
-    family: HeadFamily = Field(description="`medusa`, `eagle`, or `eagle3` (behind ENABLE_L4_EAGLE3_TRAINING).")
-    train_data: str = Field(pattern=SHA256_PATTERN, description="sha256 of a `POST heads/data` upload: training set.")
+    family: HeadFamily = Field(
+        description="`medusa`, `eagle`, or `eagle3` (behind ENABLE_L4_EAGLE3_TRAINING)."
+    )
+    train_data: str = Field(
+        pattern=SHA256_PATTERN, description="sha256 of a `POST heads/data` upload: training set."
+    )
     heldout_data: str | None = Field(
         None,
         pattern=SHA256_PATTERN,
@@ -147,12 +151,18 @@ class HeadArtifact(Model):
 
     sha256: str = Field(pattern=SHA256_PATTERN, description="Digest of the artifact (config.json + weights).")
     path: str = Field(
-        min_length=1, max_length=512, description="Its directory relative to the store: `heads/<tenant>/<sha256>`."
+        min_length=1,
+        max_length=512,
+        description="Its directory relative to the store: `heads/<tenant>/<sha256>`.",
     )
     weights_sha256: str = Field(pattern=SHA256_PATTERN, description="sha256 of head.safetensors alone.")
-    target_weights: str = Field(min_length=1, description="Fingerprint of the target's weights it was trained on.")
+    target_weights: str = Field(
+        min_length=1, description="Fingerprint of the target's weights it was trained on."
+    )
     num_heads: int = Field(ge=1, description="Medusa heads, or the EAGLE draft depth.")
-    eagle_version: int | None = Field(None, description="2 (EAGLE-1 layer) or 3 for eagle heads; None for medusa.")
+    eagle_version: int | None = Field(
+        None, description="2 (EAGLE-1 layer) or 3 for eagle heads; None for medusa."
+    )
     params: int = Field(ge=1, description="Trainable parameters.")
 
 
@@ -161,7 +171,9 @@ class HeadGateResult(Model):
 
     passed: bool = Field(description="Lossless, and the thresholds of the request's `gate` hold.")
     reason: str = Field(min_length=1, description="Why, with the numbers, for a person.")
-    lossless: bool = Field(description="Greedy output with the head equals the target's own, token for token.")
+    lossless: bool = Field(
+        description="Greedy output with the head equals the target's own, token for token."
+    )
     acceptance_rate: Fraction = Field(description="Accepted / drafted tokens.")
     mean_acceptance_length: float = Field(ge=0.0, description="Tokens per verify step, bonus included.")
     speedup: float = Field(ge=0.0, description="Median speedup over `none` (tokens/s ratio).")
@@ -177,7 +189,9 @@ class HeadTransition(Model):
 
     from_state: HeadState = Field(description="State before.")
     to_state: HeadState = Field(description="State after.")
-    actor: str = Field(min_length=1, max_length=128, description="API token id, or the service that moved it.")
+    actor: str = Field(
+        min_length=1, max_length=128, description="API token id, or the service that moved it."
+    )
     role: str = Field(min_length=1, max_length=32, description="The actor's role, or `service`.")
     rationale: str | None = Field(None, max_length=500, description="Why (people's moves).")
     at: UtcDatetime = Field(description="When.")
@@ -276,7 +290,9 @@ class HeadTransitioned(HeadEvent):
     tenant_target: str = Field(min_length=1, description="The head's target (model_ref it was trained for).")
     family: HeadFamily = Field(description="Head family.")
     transition: HeadTransition = Field(description="The move.")
-    artifact: HeadArtifact | None = Field(None, description="The artifact; None for a head that never trained.")
+    artifact: HeadArtifact | None = Field(
+        None, description="The artifact; None for a head that never trained."
+    )
     acceptance_rate: Fraction | None = Field(None, description="The gate's measured acceptance rate.")
     mean_acceptance_length: float | None = Field(None, description="The gate's tokens per verify step.")
 
