@@ -29,10 +29,20 @@ def store_data(root: Path, tenant: str, lines: int = 40, *, text: bytes | None =
 
 
 def head_requested(
-    root: Path, tenant: str, *, lines: int = 40, text: bytes | None = None, **request: Any
+    root: Path,
+    tenant: str,
+    *,
+    lines: int = 40,
+    text: bytes | None = None,
+    heldout: bytes | None = None,
+    **request: Any,
 ) -> Envelope[HeadRequested]:
-    """A `head.requested` of a small medusa head (max_len 128, draft_vocab 2048, 2 epochs)."""
+    """A `head.requested` of a small medusa head (max_len 128, draft_vocab 2048, 2 epochs) on
+    the first `lines` examples of the smollm2 set (or `text`), held out: `heldout` or the split."""
     sha, relative = store_data(root, tenant, lines, text=text)
+    heldout_sha = heldout_path = None
+    if heldout is not None:
+        heldout_sha, heldout_path = store_data(root, tenant, text=heldout)
     fields: dict[str, Any] = {
         "target": MODEL,
         "family": "medusa",
@@ -40,8 +50,11 @@ def head_requested(
         "epochs": 2,
         "max_len": 128,
         "draft_vocab": 2048,
+        "heldout_data": heldout_sha,
     }
     body = HeadTrainRequest(**(fields | request))
     head_id = new_head_id()
-    payload = HeadRequested(head_id=head_id, request=body, train_path=relative, requested_by="tok-test")
+    payload = HeadRequested(
+        head_id=head_id, request=body, train_path=relative, heldout_path=heldout_path, requested_by="tok-test"
+    )
     return new_event(payload, tenant_id=tenant, correlation_id=head_id, producer="gateway")

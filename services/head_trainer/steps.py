@@ -23,6 +23,7 @@ from specbus import outbox
 from specbus.envelope import Envelope
 from specbus.inbox import claim
 from speccore.errors import SpecError
+from speccore.training.data import check_disjoint
 from speccore.training.trainer import EpochReport
 from specops_schemas.catalog import ErrorStage
 from specops_schemas.heads import HeadRequested
@@ -142,6 +143,7 @@ def _data(root: Path, requested: HeadRequested) -> tuple[Path, Path | None]:
     if requested.heldout_path is not None:
         heldout = store.data_file(root, requested.heldout_path)
         store.check_examples(heldout, requested.heldout_path)
+        check_disjoint(data, heldout)
     return data, heldout
 
 

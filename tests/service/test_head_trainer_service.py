@@ -116,14 +116,18 @@ async def test_a_head_is_trained_announced_per_epoch_and_stored_by_its_digest(
     assert not (root / head_work_dir(TENANT, head_id)).exists()
 
 
+OVERLAP = b'{"prompt": "hi", "completion": "hello"}\n'
+
+
 @pytest.mark.parametrize(
     ("text", "request_fields", "found"),
     [
         (b'{"prompt": "hi", "completion": "hello"}\n{"prompt": 1\n', {}, ":2"),
         (b"\n\n", {}, "no examples"),
         (None, {"family": "eagle3"}, "ENABLE_L4_EAGLE3_TRAINING"),
+        (OVERLAP, {"heldout": OVERLAP}, "also in the training data"),
     ],
-    ids=["bad-jsonl", "empty", "eagle3-flag"],
+    ids=["bad-jsonl", "empty", "eagle3-flag", "heldout-overlaps"],
 )
 async def test_a_head_that_cannot_be_trained_fails_at_once(
     db: str,
