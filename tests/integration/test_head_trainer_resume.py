@@ -31,7 +31,7 @@ from specops_services.head_trainer.app import HANDLER, SERVICE
 
 TENANT = "acme"
 CHECKPOINT_EVERY = 1
-BATCH_TOKENS = 512  # several steps per epoch on 40 examples, so a kill lands mid-epoch
+BATCH_TOKENS = 256  # many steps per epoch on 40 examples, so the kill lands mid-epoch
 WAIT_S = 120.0
 
 
@@ -124,3 +124,4 @@ async def test_a_trainer_killed_mid_epoch_resumes_to_the_weights_of_an_uninterru
     assert trained.payload.artifact.weights_sha256 == weights
     assert hashlib.sha256((directory / "head.safetensors").read_bytes()).hexdigest() == weights
     assert trained.payload.steps == reference.steps == epochs[2].payload.epoch.steps
+    print(f"killed at step {killed_at['steps']} of {reference.steps}")

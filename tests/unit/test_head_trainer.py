@@ -158,3 +158,22 @@ def test_data_paths_stay_in_the_store_and_bad_data_is_refused(tmp_path: Path) ->
     bad.write_bytes(b"\xff\xfe\n")
     with pytest.raises(SpecError):
         store.check_examples(bad, "bad.jsonl")
+
+
+def test_the_same_weights_always_give_the_same_file(tmp_path: Path) -> None:
+    """weights_sha256 and the digest dir name are sha256s of bytes: saving must be byte-stable
+    (safetensors writes its metadata keys in a hash map's order, which changes per call)."""
+    from safetensors import safe_open
+
+    from speccore.heads.artifact import HeadConfig, save_head
+
+    config = HeadConfig(family="medusa", hidden_size=8, vocab_size=32, draft_vocab_size=16)
+    torch.manual_seed(0)
+    module = torch.nn.Linear(8, 8)
+    digests = set()
+    for n in range(8):
+        save_head(tmp_path / str(n), config, module)
+        digests.add(store.sha256_of(tmp_path / str(n) / "head.safetensors"))
+    assert len(digests) == 1
+    with safe_open(str(tmp_path / "0" / "head.safetensors"), framework="pt") as f:
+        assert f.metadata() == {"family": "medusa", "format": "specops-head/1"}
