@@ -541,7 +541,8 @@ def play(stack: Stack, scenario: Scenario, runs: int, run_timeout_s: float) -> R
 
 def scenarios(postgres_outage_s: float) -> list[Scenario]:
     return [
-        *(kill_service(service) for service in SERVICES),
+        # The head-trainer has no part in a run (its kill -9: tests/integration/test_head_trainer_resume.py).
+        *(kill_service(service) for service in SERVICES if service in MID_RUN),
         Scenario("kill-nats", kill_nats),
         Scenario("postgres-outage", postgres_outage(postgres_outage_s)),
         Scenario("poison", poison),

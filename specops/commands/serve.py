@@ -28,6 +28,7 @@ SERVICES = {
     "tuner": "tuner",
     "benchmark-runner": "benchmark_runner",
     "quality-gate": "quality_gate",
+    "head-trainer": "head_trainer",
     "audit": "audit",
 }
 REPLICA_ENV = "SPECOPS_REPLICA"

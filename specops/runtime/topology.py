@@ -27,6 +27,8 @@ from specops_services.benchmark_runner import app as benchmark_runner
 from specops_services.benchmark_runner import logic as benchmark_runner_logic
 from specops_services.gateway import intake, projector, tune_projector
 from specops_services.gateway import runs as gateway_runs
+from specops_services.head_trainer import app as head_trainer
+from specops_services.head_trainer import logic as head_trainer_logic
 from specops_services.predictor import app as predictor
 from specops_services.predictor import logic as predictor_logic
 from specops_services.quality_gate import app as quality_gate
@@ -54,7 +56,7 @@ class Consumer:
 
 
 # Service name as `specops serve` takes it -> how that service registers its handlers.
-# The runner's retry is given because its default reads the runner's settings; a retry
+# The runner's and the trainer's retry is given because their default reads their settings; a retry
 # policy changes ack waits and backoff, never a durable name or a filter.
 _REGISTRATIONS: dict[str, Callable[[SpecBroker], None]] = {
     "gateway": lambda broker: _gateway(broker),
@@ -64,6 +66,7 @@ _REGISTRATIONS: dict[str, Callable[[SpecBroker], None]] = {
         broker, _UNUSED, _UNUSED, retry=RetryPolicy()
     ),
     "quality-gate": lambda broker: quality_gate.subscribe(broker, _UNUSED, _UNUSED),
+    "head-trainer": lambda broker: head_trainer.subscribe(broker, _UNUSED, _UNUSED, retry=RetryPolicy()),
     "audit": lambda broker: audit.subscribe(broker, _UNUSED),
 }
 
@@ -103,6 +106,7 @@ _BUS: dict[str, tuple[str, tuple[type[EventPayload], ...], tuple[str, ...]]] = {
     "tuner": (tuner.SERVICE, tuner_logic.PUBLISHES, (STREAM,)),
     "benchmark-runner": (benchmark_runner.SERVICE, benchmark_runner_logic.PUBLISHES, (STREAM,)),
     "quality-gate": (quality_gate.SERVICE, quality_gate_logic.PUBLISHES, (STREAM,)),
+    "head-trainer": (head_trainer.SERVICE, head_trainer_logic.PUBLISHES, (STREAM,)),
     "audit": (audit.SERVICE, (), (STREAM,)),
 }
 # The gateway also repeats each run's events to the run's tenant (services/gateway/results.py).

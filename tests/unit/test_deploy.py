@@ -311,7 +311,7 @@ def test_scaled_objects_have_the_fields_keda_requires() -> None:
 
 def test_measuring_services_never_share_a_node() -> None:
     deployments = _objects("Deployment")
-    measuring = {"benchmark-runner", "quality-gate"}
+    measuring = {"benchmark-runner", "quality-gate", "head-trainer"}
     for name in measuring:
         pod = deployments[name]["spec"]["template"]
         assert pod["metadata"]["labels"]["specops/measures"] == "true"

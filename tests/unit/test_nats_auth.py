@@ -39,6 +39,8 @@ def test_each_service_may_pull_only_its_own_consumers_and_publish_only_its_event
     assert [n for n, p in allowed.items() if "spec.gate.*.evaluated" in p.publish] == ["quality-gate"]
     assert [n for n, p in allowed.items() if "spec.run.*.requested" in p.publish] == ["gateway"]
     assert [n for n, p in allowed.items() if "specops.results.*.>" in p.publish] == ["gateway"]
+    # T3: only the head-trainer announces trained heads.
+    assert [n for n, p in allowed.items() if "spec.head.*.trained" in p.publish] == ["head-trainer"]
     pull_intake = "$JS.API.CONSUMER.MSG.NEXT.SPEC_INTAKE.gateway-intake"
     assert [n for n, p in allowed.items() if pull_intake in p.publish] == ["gateway"]
     # T2: the gateway asks for tune sessions and folds the tuner's answers on a durable of its own.
@@ -68,7 +70,7 @@ def test_keys_are_private_stable_and_only_public_keys_reach_the_config(tmp_path:
         render_config(host="127.0.0.1", port=4222, monitor_port=8222, store_dir=tmp_path, users=users)
     )
     listed = config["authorization"]["users"]
-    assert len(listed) == len(users) == 1 + 6 + 1
+    assert len(listed) == len(users) == 1 + 7 + 1
     text = json.dumps(config)
     for seed in keys.dir.glob("*.nk"):
         assert seed.read_text().strip() not in text

@@ -8,6 +8,7 @@ another model is refused with the reason, not a shape error deep in a matmul.
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,28 @@ def save_head(out: Path, config: HeadConfig, module: nn.Module, dtype: torch.dty
     }
     with atomic_write(out / WEIGHTS_FILE) as tmp:
         save_file(tensors, str(tmp), metadata={"format": FORMAT, "family": config.family})
+        _sort_metadata(tmp)
     (out / CONFIG_FILE).write_text(json.dumps({"format": FORMAT, **asdict(config)}, indent=2) + "\n")
+
+
+def _sort_metadata(path: Path) -> None:
+    """Sort the safetensors header's ``__metadata__`` keys in place.
+
+    safetensors writes them in a hash map's order, which changes from call to call, so
+    the same weights would give files of different bytes (and sha256) half the time.
+    Only the order changes, so the header keeps its length and the tensors stay put."""
+    with open(path, "r+b") as fp:
+        (size,) = struct.unpack("<Q", fp.read(8))
+        header = json.loads(fp.read(size))
+        metadata = header.get("__metadata__")
+        if not isinstance(metadata, dict):
+            return
+        header["__metadata__"] = dict(sorted(metadata.items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) > size:  # not the compact form safetensors writes: leave it as it is
+            return
+        fp.seek(8)
+        fp.write(text.ljust(size, b" "))
 
 
 def read_config(path: Path) -> HeadConfig:
