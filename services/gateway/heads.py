@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specbus import outbox
 from specbus.envelope import new_event
 from specbus.wire import utc_now
 from speccatalog import artifacts
@@ -62,7 +61,9 @@ def count_examples(path: Path) -> int:
                 and isinstance(record.get("completion"), str)
                 and record["completion"].strip()
             ):
-                raise HeadDataError(f'line {lineno}: need an object with string "prompt" and non-empty "completion"')
+                raise HeadDataError(
+                    f'line {lineno}: need an object with string "prompt" and non-empty "completion"'
+                )
             examples += 1
     if examples == 0:
         raise HeadDataError("the upload holds no examples")
@@ -135,7 +136,9 @@ async def train(
         if row is None:
             raise RuntimeError(f"head {head_id} was not created")
         await results.repeat(conn, requested)
-        return logic.Reply(202, row.head.model_dump(mode="json"), {"Location": heads_logic.head_location(head_id)})
+        return logic.Reply(
+            202, row.head.model_dump(mode="json"), {"Location": heads_logic.head_location(head_id)}
+        )
 
     return await keyed(pool, principal, key, fingerprint, work)
 
@@ -163,7 +166,12 @@ async def read_head(pool: Pool, principal: Principal, head_id: str) -> HeadRespo
 
 
 async def transition(
-    pool: Pool, principal: Principal, head_id: str, body: HeadTransitionRequest, key: str | None, fingerprint: str
+    pool: Pool,
+    principal: Principal,
+    head_id: str,
+    body: HeadTransitionRequest,
+    key: str | None,
+    fingerprint: str,
 ) -> logic.Reply:
     """Move the head as a person asks; head.transitioned published (an approval row for production)."""
 
@@ -179,7 +187,12 @@ async def transition(
             raise problem(refusal.status, refusal.detail, **({"type": kind} if kind else {}))
         moved = new_event(
             heads_logic.person_transition(
-                row.head, body.to, actor=principal.token_id, role=principal.role, rationale=body.rationale, at=utc_now()
+                row.head,
+                body.to,
+                actor=principal.token_id,
+                role=principal.role,
+                rationale=body.rationale,
+                at=utc_now(),
             ),
             tenant_id=principal.tenant_id,
             correlation_id=head_id,
@@ -189,7 +202,9 @@ async def transition(
         if after is None:
             raise RuntimeError(f"head {head_id} did not move")
         await results.repeat(conn, moved)
-        return logic.Reply(200, after.head.model_dump(mode="json"), {"Location": heads_logic.head_location(head_id)})
+        return logic.Reply(
+            200, after.head.model_dump(mode="json"), {"Location": heads_logic.head_location(head_id)}
+        )
 
     return await keyed(pool, principal, key, fingerprint, work)
 
@@ -210,4 +225,3 @@ def event_feed(head_id: str) -> sse.Feed:
         return state is None or state in heads_logic.FINAL_STATES, rows
 
     return sse.Feed(head_id, heads_logic.head_location(head_id), read, frozenset())
-

@@ -88,7 +88,9 @@ async def insert_head(conn: Connection, *, tenant_id: str, head: HeadResponse) -
     return None if row is None else _row(row)
 
 
-async def get_head(conn: Connection, tenant_id: str, head_id: str, *, for_update: bool = False) -> HeadRow | None:
+async def get_head(
+    conn: Connection, tenant_id: str, head_id: str, *, for_update: bool = False
+) -> HeadRow | None:
     """The tenant's head, or None (another tenant's is indistinguishable from a missing one)."""
     lock = " FOR UPDATE" if for_update else ""
     cur = await conn.execute(

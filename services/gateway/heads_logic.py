@@ -28,8 +28,8 @@ from specops_schemas.heads import (
     HeadRequested,
     HeadResponse,
     HeadState,
-    HeadTrainRequest,
     HeadTrained,
+    HeadTrainRequest,
     HeadTransition,
     HeadTransitioned,
 )
@@ -84,9 +84,15 @@ def transition_refusal(state: str, to: str, role: Role, rationale: str | None) -
         return Refusal(409, f"a {state} head cannot move to {to} (its moves: {legal})")
     if to == "production":
         if role not in _PRODUCTION_ROLES:
-            return Refusal(403, f"moving a head to production needs the admin or head_reviewer role; the token has {role.value}")
+            return Refusal(
+                403,
+                "moving a head to production needs the admin or head_reviewer role; "
+                f"the token has {role.value}",
+            )
     elif ROLE_RANK[role] < ROLE_RANK[Role.DEVELOPER]:
-        return Refusal(403, f"moving a head to {to} needs the developer role or above; the token has {role.value}")
+        return Refusal(
+            403, f"moving a head to {to} needs the developer role or above; the token has {role.value}"
+        )
     if to in RATIONALE_REQUIRED and not (rationale and rationale.strip()):
         return Refusal(422, f"moving a head to {to} needs a rationale")
     return None
@@ -139,9 +145,7 @@ def fold(head: HeadResponse, envelope: Envelope[Any]) -> HeadResponse:
     return head.model_copy(update=update)
 
 
-def transitioned(
-    head: HeadResponse, move: HeadTransition
-) -> HeadTransitioned:
+def transitioned(head: HeadResponse, move: HeadTransition) -> HeadTransitioned:
     """The head.transitioned announcing `move` of `head`, with what the predictor needs to offer it."""
     return HeadTransitioned(
         head_id=head.id,

@@ -14,12 +14,25 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from speccatalog import artifacts
 from specops_schemas.api import API_PREFIX
-from specops_schemas.heads import HeadDataResponse, HeadList, HeadResponse, HeadTrainRequest, HeadTransitionRequest
+from specops_schemas.heads import (
+    HeadDataResponse,
+    HeadList,
+    HeadResponse,
+    HeadTrainRequest,
+    HeadTransitionRequest,
+)
 from specops_services.gateway import heads
 from specops_services.gateway.auth import Developer, Viewer, pool_of
 from specops_services.gateway.datastores import _receive, _settle
 from specops_services.gateway.problems import problem, responses
-from specops_services.gateway.routes import IdempotencyKey, _fingerprint, _json, _key, _resume_after, follow_feed
+from specops_services.gateway.routes import (
+    IdempotencyKey,
+    _fingerprint,
+    _json,
+    _key,
+    _resume_after,
+    follow_feed,
+)
 
 router = APIRouter(prefix=API_PREFIX, tags=["heads"])
 
@@ -40,7 +53,10 @@ JSONL_TYPES = ("application/jsonl", "application/x-ndjson")
         "them before (content-addressed, so a retry is safe without an Idempotency-Key)."
     ),
     openapi_extra={
-        "requestBody": {"required": True, "content": {media: {"schema": {"type": "string"}} for media in JSONL_TYPES}}
+        "requestBody": {
+            "required": True,
+            "content": {media: {"schema": {"type": "string"}} for media in JSONL_TYPES},
+        }
     },
     responses={
         200: {"model": HeadDataResponse, "description": "The tenant uploaded these bytes already."},
@@ -68,7 +84,9 @@ async def upload_data(request: Request, principal: Developer) -> JSONResponse:
         raise heads.invalid_data(str(exc)) from None
     finally:
         tmp.unlink(missing_ok=True)
-    row, created = await heads.record_data(pool_of(request), principal, sha256=sha256, size_bytes=size, examples=examples)
+    row, created = await heads.record_data(
+        pool_of(request), principal, sha256=sha256, size_bytes=size, examples=examples
+    )
     return JSONResponse(row.model_dump(mode="json"), status_code=201 if created else 200)
 
 

@@ -39,8 +39,8 @@ from specops_schemas import MIGRATIONS
 from specops_schemas.events import parse_event
 from specops_services.audit.replay import ReplayStart, messages
 from specops_services.benchmark_runner import projection as bench_projection
-from specops_services.gateway import projection as gateway_projection
 from specops_services.gateway import heads_projection as gateway_heads_projection
+from specops_services.gateway import projection as gateway_projection
 from specops_services.gateway import tune_projection as gateway_tune_projection
 from specops_services.predictor import projection as predictor_projection
 from specops_services.quality_gate import projection as gate_projection
