@@ -11,19 +11,24 @@ import argparse
 import asyncio
 import json
 import time
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import nats
 import psycopg
 import pytest
 from fixtures import bus
 from fixtures.gateway import ServerThread, gateway_settings, issue_tokens, run_body, running_gateway
+from fixtures.postgres import PostgresCluster
 from nats.js import JetStreamContext
 
 from specbus.envelope import Envelope, new_event
 from speccatalog.artifacts import head_data_path
 from specops.client import SpecopsAPIError, SpeculativeClient
 from specops.commands import heads as heads_cli
+from specops.runtime.rebuild import diff, rebuild
 from specops_schemas.api import API_PREFIX
 from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Prediction
 from specops_schemas.catalog import ErrorStage, Family, GateMethod, Role
@@ -39,6 +44,7 @@ from specops_schemas.heads import (
     HeadTrainingStarted,
     HeadTrainRequest,
 )
+from specops_services.audit.replay import ReplayStart
 from specops_services.gateway.app import create_app
 from specops_services.gateway.tokens import issue_token
 
@@ -288,8 +294,9 @@ async def cached_winner_rows(dsn: str, head_id: str) -> int:
 
 
 async def test_transitions_roles_approvals_and_deprecation(
-    db: str, nats_url: str, js: JetStreamContext, tmp_path: Path
+    db: str, nats_url: str, js: JetStreamContext, tmp_path: Path, embedded_postgres: PostgresCluster
 ) -> None:
+    since = datetime.now(UTC)
     reviewer = (await issue_token(db, tenant_id="acme", role=Role.HEAD_REVIEWER)).secret
     async with running_gateway(db, nats_url, artifact_dir=tmp_path) as gw:
         gw.tokens["reviewer"] = reviewer
@@ -350,6 +357,8 @@ async def test_transitions_roles_approvals_and_deprecation(
                 candidates=[winner],
                 pareto_front=[],
             )
+            # As the predictor would: after the gateway's own events are on the stream.
+            await bus.events(js, f"spec.run.{run_id}.queued")
             await bus.publish_all(
                 nats_url, [new_event(answer, tenant_id="acme", correlation_id=run_id, producer="predictor")]
             )
@@ -364,6 +373,19 @@ async def test_transitions_roles_approvals_and_deprecation(
         deprecated = await bus.events(js, f"spec.head.{head_id}.transitioned", at_least=4)
         # include_uat_heads runs neither read the cache nor write it.
         uat_run = (await gw.create(body=run_body(gpu="A100-80GB") | {"include_uat_heads": True})).json()
+        # The registry rebuilt from the stream equals the live one (approvals and cache included).
+        await bus.events(js, f"spec.run.{uat_run['id']}.requested")
+        name = f"rebuilt_{uuid.uuid4().hex[:12]}"
+        into = embedded_postgres.create(name)
+        try:
+            nc = await nats.connect(nats_url)
+            try:
+                report = await rebuild(nc, into, ReplayStart(since=since))
+            finally:
+                await nc.close()
+            differences = await diff(db, into)
+        finally:
+            embedded_postgres.drop(name)
 
     statuses = {why: r.status_code for why, r in answers.items()}
     assert early.status_code == 409
@@ -398,6 +420,8 @@ async def test_transitions_roles_approvals_and_deprecation(
     assert deprecated[-1].payload.transition.rationale == "regressed on the new prompts"
     assert [e["event"] for e in streamed][-3:] == ["head.transitioned"] * 3
     assert json.loads(streamed[-1]["data"])["payload"]["transition"]["to_state"] == "deprecated"
+    assert not report.unwritten
+    assert differences == [], differences
 
 
 def test_sdk_and_cli(db: str, nats_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
