@@ -24,6 +24,7 @@ from fixtures.gateway import ServerThread, gateway_settings, issue_tokens, run_b
 from fixtures.postgres import PostgresCluster
 from nats.js import JetStreamContext
 
+from specbus import make_broker
 from specbus.envelope import Envelope, new_event
 from speccatalog.artifacts import head_data_path
 from specops.client import SpecopsAPIError, SpeculativeClient
@@ -44,9 +45,11 @@ from specops_schemas.heads import (
     HeadTrainingStarted,
     HeadTrainRequest,
 )
+from specops_services.audit.app import subscribe as subscribe_audit
 from specops_services.audit.replay import ReplayStart
 from specops_services.gateway.app import create_app
 from specops_services.gateway.tokens import issue_token
+from specplatform.db import create_pool
 
 HEADS = f"{API_PREFIX}/heads"
 WAIT_S = 15.0
@@ -284,6 +287,31 @@ async def test_uploads_train_and_the_gate_verdict(
     assert sorted(e.payload.transition.to_state for e in all_moves) == ["failed", "rejected", "validated"]
 
 
+async def audited_moves(dsn: str, nats_url: str, head_id: str, *, at_least: int) -> list[str]:
+    """The subjects of the head's head.transitioned in audit_log, recorded by the real audit recorder."""
+    pool = create_pool(dsn, max_size=2)
+    broker = make_broker(nats_url, service="audit-test")
+    subscribe_audit(broker, pool, service=f"audit-test-{head_id}", fetch_timeout_s=0.5)
+    await pool.open()
+    await broker.start()
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            async with await psycopg.AsyncConnection.connect(dsn) as conn:
+                cur = await conn.execute(
+                    "SELECT subject FROM audit_log WHERE type = 'head.transitioned' AND subject LIKE %s"
+                    " ORDER BY seq",
+                    (f"spec.head.{head_id}.%",),
+                )
+                subjects = [r[0] for r in await cur.fetchall()]
+            if len(subjects) >= at_least or time.monotonic() > deadline:
+                return subjects
+            await asyncio.sleep(0.1)
+    finally:
+        await broker.stop()
+        await pool.close()
+
+
 async def cached_winner_rows(dsn: str, head_id: str) -> int:
     async with await psycopg.AsyncConnection.connect(dsn) as conn:
         cur = await conn.execute(
@@ -371,6 +399,8 @@ async def test_transitions_roles_approvals_and_deprecation(
         other_hit = (await gw.create(body=run_body(gpu="A100-80GB"))).json()
         streamed = sse_events((await asyncio.wait_for(stream, WAIT_S)).text)
         deprecated = await bus.events(js, f"spec.head.{head_id}.transitioned", at_least=4)
+        # Every move is audited: the audit service records each spec.> event, head.transitioned too.
+        audited = await audited_moves(db, nats_url, head_id, at_least=4)
         # include_uat_heads runs neither read the cache nor write it.
         uat_run = (await gw.create(body=run_body(gpu="A100-80GB") | {"include_uat_heads": True})).json()
         # The registry rebuilt from the stream equals the live one (approvals and cache included).
@@ -421,6 +451,7 @@ async def test_transitions_roles_approvals_and_deprecation(
     assert [e["event"] for e in streamed][-3:] == ["head.transitioned"] * 3
     assert json.loads(streamed[-1]["data"])["payload"]["transition"]["to_state"] == "deprecated"
     assert not report.unwritten
+    assert audited == [f"spec.head.{head_id}.transitioned"] * 4
     assert differences == [], differences
 
 
