@@ -19,6 +19,13 @@ from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope
 from specops_schemas.api import ApplyRequest, ApplyResponse, Problem, RunCreateRequest, RunStatusResponse
 from specops_schemas.events import EVENT_TYPES
+from specops_schemas.heads import (
+    HeadDataResponse,
+    HeadList,
+    HeadResponse,
+    HeadTrainRequest,
+    HeadTransitionRequest,
+)
 from specops_schemas.intake import IntakeAccepted, IntakeRejected, IntakeRequest
 from specops_schemas.registry import DatastoreList, DatastoreResponse
 from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionResponse
@@ -32,6 +39,11 @@ API_MODELS: tuple[type[BaseModel], ...] = (
     TuneSessionResponse,
     DatastoreResponse,
     DatastoreList,
+    HeadDataResponse,
+    HeadTrainRequest,
+    HeadTransitionRequest,
+    HeadResponse,
+    HeadList,
     Problem,
 )
 # What upstream systems publish and hear back on NATS (specops_schemas.intake).

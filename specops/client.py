@@ -74,6 +74,13 @@ from specops_schemas.api import (
 )
 from specops_schemas.catalog import Engine, Family, Fingerprint, Mode, RunStatus
 from specops_schemas.events import parse_event
+from specops_schemas.heads import (
+    HeadDataResponse,
+    HeadList,
+    HeadResponse,
+    HeadTrainRequest,
+    HeadTransitionRequest,
+)
 from specops_schemas.registry import DatastoreList, DatastoreResponse
 from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionResponse
 
@@ -94,6 +101,8 @@ TERMINAL_EVENT_TYPES = frozenset({"run.completed", "run.failed"})
 TERMINAL_STATUSES = frozenset({RunStatus.COMPLETED, RunStatus.FAILED})
 TUNE_TERMINAL_EVENT_TYPES = frozenset({"tune.completed", "tune.failed"})
 TUNE_TERMINAL_STATUSES = frozenset({"completed", "failed"})
+# A head's stream ends with the head.transitioned into a state no event leaves.
+HEAD_FINAL_STATES = frozenset({"rejected", "failed", "deprecated"})
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})
 KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
@@ -270,7 +279,11 @@ class RunEvent:
 
     @property
     def terminal(self) -> bool:
-        """Whether it ends its stream (a run's or a tune session's answer or failure)."""
+        """Whether it ends its stream (a run's or a tune session's answer or failure, a head's
+        move to rejected, failed or deprecated)."""
+        if self.type == "head.transitioned":
+            payload = self.data.get("payload") or {}
+            return (payload.get("transition") or {}).get("to_state") in HEAD_FINAL_STATES
         return self.type in TERMINAL_EVENT_TYPES or self.type in TUNE_TERMINAL_EVENT_TYPES
 
     @classmethod
@@ -361,6 +374,7 @@ class SpeculativeClient:
         self.runs = Runs(self)
         self.tune_sessions = TuneSessions(self)
         self.datastores = Datastores(self)
+        self.heads = Heads(self)
 
     def close(self) -> None:
         self.http.close()
@@ -689,6 +703,72 @@ class Datastores:
         return DatastoreResponse.model_validate(self._client.request("GET", path).json())
 
 
+class Heads:
+    """The T3 head registry: `POST heads/data`, `POST heads/train`, `GET heads[/{id}[/events]]`,
+    `POST heads/{id}/transition`."""
+
+    def __init__(self, client: SpeculativeClient) -> None:
+        self._client = client
+
+    def upload(self, data: str | Path | bytes) -> HeadDataResponse:
+        """Upload a JSONL of `{"prompt", "completion"}` lines (a path or its bytes); reference it in
+        `submit` by the answer's `sha256`. Content-addressed: the same bytes again are the same upload."""
+        body = data if isinstance(data, bytes) else Path(data).read_bytes()
+        response = self._client.request(
+            "POST",
+            f"{API_PREFIX}/heads/data",
+            content=body,
+            headers={"Content-Type": "application/jsonl"},
+            retryable=True,
+        )
+        return HeadDataResponse.model_validate(response.json())
+
+    def submit(
+        self, request: HeadTrainRequest | None = None, *, idempotency_key: str | None = None, **fields: Any
+    ) -> HeadResponse:
+        """Train a head: a HeadTrainRequest, or its fields (`target`, `family`, `train_data`, ...).
+        The answer is `training`; follow it with `stream` or `get`."""
+        body = request if request is not None else HeadTrainRequest.model_validate(fields)
+        response = _post_keyed(
+            self._client,
+            f"{API_PREFIX}/heads/train",
+            body.model_dump(mode="json", exclude_none=True),
+            idempotency_key,
+        )
+        return HeadResponse.model_validate(response.json())
+
+    def list(self) -> builtins.list[HeadResponse]:
+        """The tenant's heads, newest first."""
+        return HeadList.model_validate(self._client.request("GET", f"{API_PREFIX}/heads").json()).heads
+
+    def get(self, head_id: str) -> HeadResponse:
+        return HeadResponse.model_validate(self._client.request("GET", _head_path(head_id)).json())
+
+    def transition(
+        self, head_id: str, to: str, rationale: str | None = None, *, idempotency_key: str | None = None
+    ) -> HeadResponse:
+        """Move the head to `uat`, `production` (admin or head_reviewer, with a rationale) or
+        `deprecated` (with a rationale); SpecopsAPIError 409 / 403 / 422 when it may not."""
+        body = HeadTransitionRequest.model_validate({"to": to, "rationale": rationale})
+        response = _post_keyed(
+            self._client,
+            f"{_head_path(head_id)}/transition",
+            body.model_dump(mode="json", exclude_none=True),
+            idempotency_key,
+        )
+        return HeadResponse.model_validate(response.json())
+
+    def stream(self, head_id: str, last_event_id: str | int | None = None) -> Iterator[RunEvent]:
+        """The head's events from the start (or after `last_event_id`) until it is rejected, failed
+        or deprecated; resumed across dropped connections exactly as `runs.stream`."""
+        return _follow(
+            self._client,
+            _head_path(head_id),
+            last_event_id,
+            lambda: self.get(head_id).state in HEAD_FINAL_STATES,
+        )
+
+
 def _stream_error(message: SseMessage) -> SpecopsAPIError:
     """The problem an event stream ended with (its token was revoked, say)."""
     try:
@@ -705,6 +785,10 @@ def _run_path(run_id: str) -> str:
 
 def _session_path(session_id: str) -> str:
     return f"{API_PREFIX}/tune-sessions/{quote(session_id, safe='')}"
+
+
+def _head_path(head_id: str) -> str:
+    return f"{API_PREFIX}/heads/{quote(head_id, safe='')}"
 
 
 def _sf_string(key: str) -> str:

@@ -20,6 +20,8 @@ from specops_schemas.api import Problem
 from specops_services.gateway import (
     datastores,
     db,
+    heads_projector,
+    heads_routes,
     intake,
     projector,
     reaper,
@@ -43,7 +45,7 @@ log = logging.getLogger(__name__)
 PURGE_INTERVAL_S = 600.0
 # Not traced: the probes (a trace per poll) and the event streams (an open stream polls
 # the database four times a second: thousands of spans in one trace).
-UNTRACED_URLS = "/healthz$,/readyz$,/runs/[^/]+/events$,/tune-sessions/[^/]+/events$"
+UNTRACED_URLS = "/healthz$,/readyz$,/runs/[^/]+/events$,/tune-sessions/[^/]+/events$,/heads/[^/]+/events$"
 STOP_RETRY_S = 0.5
 
 
@@ -52,7 +54,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app = FastAPI(
         title="specops gateway",
         version="1",
-        description="T1 speculative-decoding runs and T2 tune sessions (DESIGN.md §6). "
+        description="T1 speculative-decoding runs, T2 tune sessions and the T3 head registry (DESIGN.md §6). "
         "Errors are `application/problem+json`.",
         lifespan=_lifespan,
     )
@@ -62,13 +64,17 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.gateway_max_body_bytes,
-        per_path={datastores.DATASTORES_PATH: settings.datastore_max_bytes},
+        per_path={
+            datastores.DATASTORES_PATH: settings.datastore_max_bytes,
+            heads_routes.HEAD_DATA_PATH: settings.datastore_max_bytes,
+        },
     )
     # Added last, so outermost: it counts what the body limit refuses too.
     app.add_middleware(HttpMetrics, templates=lambda: app.openapi()["paths"])
     app.include_router(routes.router)
     app.include_router(tune_routes.router)
     app.include_router(datastores.router)
+    app.include_router(heads_routes.router)
     app.add_api_route("/healthz", _healthz, methods=["GET"], tags=["probes"], summary="Process is alive")
     app.add_api_route(
         "/readyz",
@@ -106,6 +112,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.gateway_projector:
         projector.register(broker, pool)
         tune_projector.register(broker, pool)
+        heads_projector.register(broker, pool)
     if settings.gateway_intake:
         intake.register(broker, pool, max_active_runs=settings.gateway_max_active_runs)
     tasks: list[asyncio.Task[None]] = []

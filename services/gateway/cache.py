@@ -45,3 +45,9 @@ def key_columns(request: RunCreateRequest, *, tenant_id: str) -> dict[str, str]:
         "mode": request.mode.value,
         "quality_gate": request.goal.quality_gate.value,
     }
+
+
+def cacheable(request: RunCreateRequest) -> bool:
+    """Whether a run reads and writes the winner cache: not one that asked for the tenant's uat heads
+    (`include_uat_heads`), whose answer may rest on a head not signed off for production."""
+    return not request.include_uat_heads

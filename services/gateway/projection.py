@@ -72,7 +72,7 @@ async def apply(conn: Connection, event: Envelope[Any]) -> db.RunRow | None:
         return run
     await db.update_run(conn, run_id, state)
     answer = logic.answer_to_cache(run.state, state, event)
-    if answer is not None:
+    if answer is not None and cache.cacheable(run.request):
         key = cache.key_columns(run.request, tenant_id=event.tenant_id)
         await db.store_winner(conn, key, answer, source_run_id=run_id, stored_at=event.occurred_at)
     return await db.get_run(conn, event.tenant_id, run_id)  # as updated (updated_at included)

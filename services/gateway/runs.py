@@ -24,6 +24,7 @@ from specops_schemas.api import (
     RunStatusResponse,
 )
 from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunRequested
+from specops_schemas.heads import HeadRequested, HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
 from specops_schemas.tune import TuneRequested
 from specops_services.gateway import cache, db, engine_flags, logic, projection, results, sse
@@ -37,7 +38,16 @@ PRODUCER = results.PRODUCER
 # What the gateway publishes on SPEC (its NATS user may publish these subjects, and the
 # tenants' result subjects, only); run.failed is the reaper's, tune.requested POST tune-sessions',
 # registry.datastore_registered the datastores upload's.
-PUBLISHES = (RunRequested, RunQueued, RunCompleted, RunFailed, TuneRequested, DatastoreRegistered)
+PUBLISHES = (
+    RunRequested,
+    RunQueued,
+    RunCompleted,
+    RunFailed,
+    TuneRequested,
+    DatastoreRegistered,
+    HeadRequested,
+    HeadTransitioned,
+)
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 # The problem of a request whose Idempotency-Key another request holds right now.
 KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
@@ -211,6 +221,8 @@ async def _check_quota(conn: Connection, tenant_id: str, max_active_runs: int) -
 async def _cached_completion(
     conn: Connection, principal: Principal, request: RunCreateRequest, run_id: str
 ) -> RunCompleted | None:
+    if not cache.cacheable(request):
+        return None
     row = await db.cached_winner(conn, cache.key_columns(request, tenant_id=principal.tenant_id))
     if row is None:
         return None

@@ -59,7 +59,7 @@ async def apply(conn: Connection, event: Envelope[Any]) -> tune_db.SessionRow | 
     payload = event.payload
     if isinstance(payload, TuneCompleted) and row.session.status not in tune_logic.TERMINAL_STATUSES:
         answer = tune_logic.cache_answer(row.source, payload, row.session.request.families)
-        if answer is not None:
+        if answer is not None and cache.cacheable(row.source.request):
             key = cache.key_columns(row.source.request, tenant_id=event.tenant_id)
             await db.store_winner(conn, key, answer, source_run_id=session_id, stored_at=event.occurred_at)
     return await tune_db.get_session(conn, event.tenant_id, session_id)

@@ -1,13 +1,19 @@
-"""`specops heads data|train`: training data and learned drafts (Medusa, EAGLE) for a target.
+"""`specops heads data|train|export`: training data and learned drafts (Medusa, EAGLE) for a
+target, on this machine; `specops heads upload|submit|list|show|transition`: the same as a
+service, through the gateway's head registry (the SDK's `client.heads`).
 
 Wiring: `add_parsers(sub)` on the top-level subparsers; each parser sets `handler`.
+Exit codes of the registry commands: 0 done; 2 the gateway refused or could not be reached
+(one line on stderr).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
@@ -54,6 +60,135 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--verifier-name", help="name or path vLLM loads the verifier by (default: --target)")
     ex.add_argument("--out", required=True, type=Path)
     ex.set_defaults(handler=run_export)
+
+    _registry_parsers(actions)
+
+
+def _registry_parsers(actions: argparse._SubParsersAction) -> None:
+    up = actions.add_parser(
+        "upload", help="upload a training or held-out JSONL to the gateway; prints its sha256"
+    )
+    up.add_argument("file", type=Path, help='JSONL of {"prompt", "completion"} lines')
+    up.set_defaults(handler=run_upload)
+
+    sb = actions.add_parser(
+        "submit", help="train a head as a service (the gateway's head registry); prints its id"
+    )
+    sb.add_argument("--target", required=True, help="alias, local dir or HF id of the target")
+    sb.add_argument("--family", required=True, choices=("medusa", "eagle", "eagle3"))
+    sb.add_argument("--train-data", required=True, help="sha256 of an upload (`specops heads upload`)")
+    sb.add_argument("--heldout-data", help="sha256 of the held-out upload (default: 5%% of the training set)")
+    sb.add_argument("--name", help="a name for the head")
+    sb.add_argument("--epochs", type=int)
+    sb.add_argument("--budget-minutes", type=float)
+    sb.add_argument("--lr", type=float)
+    sb.add_argument("--seed", type=int)
+    sb.add_argument("--num-heads", type=int)
+    sb.add_argument("--draft-vocab", type=int)
+    sb.add_argument("--max-len", type=int)
+    sb.add_argument("--min-acceptance", type=float, help="the gate's least acceptance rate")
+    sb.add_argument("--min-speedup", type=float, help="the gate's least speedup over none")
+    sb.set_defaults(handler=run_submit)
+
+    ls = actions.add_parser("list", help="the tenant's heads in the registry, newest first")
+    ls.set_defaults(handler=run_list)
+
+    sh = actions.add_parser("show", help="one head of the registry: state, curve, gate, transitions")
+    sh.add_argument("head_id")
+    sh.set_defaults(handler=run_show)
+
+    tr = actions.add_parser("transition", help="move a head to uat, production or deprecated")
+    tr.add_argument("head_id")
+    tr.add_argument("--to", required=True, choices=("uat", "production", "deprecated"))
+    tr.add_argument("--rationale", help="why (required for production and deprecated)")
+    tr.set_defaults(handler=run_transition)
+
+    for action in (up, sb, ls, sh, tr):
+        action.add_argument(
+            "--url", help="gateway URL (default: SPECOPS_URL, else the one `specops up` serves)"
+        )
+        action.add_argument("--token", help="API token (default: SPECOPS_TOKEN, else the state dir's token)")
+        action.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _registry(name: str, args: argparse.Namespace, work: Callable[[Any, argparse.Namespace], int]) -> int:
+    from specops.commands.client_command import call
+
+    return call(f"heads {name}", args, work)
+
+
+def run_upload(args: argparse.Namespace) -> int:
+    def work(client: Any, a: argparse.Namespace) -> int:
+        try:
+            data = client.heads.upload(a.file)
+        except OSError as exc:
+            from specops.commands.client_command import error
+
+            return error("heads upload", str(exc))
+        print(data.model_dump_json() if a.json else data.sha256)
+        return 0
+
+    return _registry("upload", args, work)
+
+
+def run_submit(args: argparse.Namespace) -> int:
+    def work(client: Any, a: argparse.Namespace) -> int:
+        fields = {
+            "target": a.target,
+            "family": a.family,
+            "train_data": a.train_data,
+            "heldout_data": a.heldout_data,
+            "name": a.name,
+            "epochs": a.epochs,
+            "budget_minutes": a.budget_minutes,
+            "lr": a.lr,
+            "seed": a.seed,
+            "num_heads": a.num_heads,
+            "draft_vocab": a.draft_vocab,
+            "max_len": a.max_len,
+        }
+        gate = {"min_acceptance": a.min_acceptance, "min_speedup": a.min_speedup}
+        gate = {k: v for k, v in gate.items() if v is not None}
+        if gate:
+            fields["gate"] = gate
+        head = client.heads.submit(**{k: v for k, v in fields.items() if v is not None})
+        print(head.model_dump_json() if a.json else head.id)
+        return 0
+
+    return _registry("submit", args, work)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    def work(client: Any, a: argparse.Namespace) -> int:
+        heads = client.heads.list()
+        if a.json:
+            from specops_schemas.heads import HeadList
+
+            print(HeadList(heads=heads).model_dump_json())
+            return 0
+        for h in heads:
+            print(f"{h.id}  {h.state:<10}  {h.family:<6}  {h.target}  {h.name or ''}".rstrip())
+        return 0
+
+    return _registry("list", args, work)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    def work(client: Any, a: argparse.Namespace) -> int:
+        head = client.heads.get(a.head_id)
+        print(head.model_dump_json(indent=None if a.json else 2))
+        return 0
+
+    return _registry("show", args, work)
+
+
+def run_transition(args: argparse.Namespace) -> int:
+    def work(client: Any, a: argparse.Namespace) -> int:
+        head = client.heads.transition(a.head_id, a.to, a.rationale)
+        print(head.model_dump_json() if a.json else f"{head.id} {head.state}")
+        return 0
+
+    return _registry("transition", args, work)
 
 
 def _threads(n: int | None) -> None:

@@ -39,6 +39,7 @@ from specops_schemas import MIGRATIONS
 from specops_schemas.events import parse_event
 from specops_services.audit.replay import ReplayStart, messages
 from specops_services.benchmark_runner import projection as bench_projection
+from specops_services.gateway import heads_projection as gateway_heads_projection
 from specops_services.gateway import projection as gateway_projection
 from specops_services.gateway import tune_projection as gateway_tune_projection
 from specops_services.predictor import projection as predictor_projection
@@ -83,6 +84,7 @@ async def _project_owned(conn: Connection, event: Envelope[Any]) -> None:
     async with tenant_transaction(conn, event.tenant_id):
         await gateway_projection.rebuild(conn, event)
         await gateway_tune_projection.rebuild(conn, event)
+        await gateway_heads_projection.rebuild(conn, event)
     async with conn.transaction():
         await predictor_projection.project(conn, event)
         await bench_projection.project(conn, event)

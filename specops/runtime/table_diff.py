@@ -65,6 +65,13 @@ TABLES = (
             "created_at",
         ),
     ),
+    TableSpec("heads", ("id",), ("tenant_id", "state", "target", "family", "head", "created_at")),
+    TableSpec("head_events", ("event_id",), ("head_id", "seq", "type", "payload", "occurred_at")),
+    TableSpec(
+        "speculative_head_approvals",
+        ("event_id",),
+        ("head_id", "tenant_id", "from_state", "to_state", "actor", "role", "rationale", "approved_at"),
+    ),
     TableSpec(
         "winner_cache",
         KEY_COLUMNS,

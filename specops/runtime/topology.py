@@ -25,7 +25,7 @@ from specops.runtime.nats_auth import BoundConsumer, ServiceUser
 from specops_services.audit import app as audit
 from specops_services.benchmark_runner import app as benchmark_runner
 from specops_services.benchmark_runner import logic as benchmark_runner_logic
-from specops_services.gateway import intake, projector, tune_projector
+from specops_services.gateway import heads_projector, intake, projector, tune_projector
 from specops_services.gateway import runs as gateway_runs
 from specops_services.head_trainer import app as head_trainer
 from specops_services.head_trainer import logic as head_trainer_logic
@@ -74,6 +74,7 @@ _REGISTRATIONS: dict[str, Callable[[SpecBroker], None]] = {
 def _gateway(broker: SpecBroker) -> None:
     projector.register(broker, _UNUSED)
     tune_projector.register(broker, _UNUSED)
+    heads_projector.register(broker, _UNUSED)
     intake.register(broker, _UNUSED, max_active_runs=1)
 
 

@@ -47,6 +47,12 @@ def test_each_service_may_pull_only_its_own_consumers_and_publish_only_its_event
     assert [n for n, p in allowed.items() if "spec.tune.*.requested" in p.publish] == ["gateway"]
     pull_tune = "$JS.API.CONSUMER.MSG.NEXT.SPEC.gateway-tune_projector"
     assert [n for n, p in allowed.items() if pull_tune in p.publish] == ["gateway"]
+    # T3: the gateway is the head registry's writer: it asks for heads, announces their moves and
+    # folds the trainer's and the gate's head events on a durable of its own.
+    assert [n for n, p in allowed.items() if "spec.head.*.requested" in p.publish] == ["gateway"]
+    assert [n for n, p in allowed.items() if "spec.head.*.transitioned" in p.publish] == ["gateway"]
+    pull_heads = "$JS.API.CONSUMER.MSG.NEXT.SPEC.gateway-heads_projector"
+    assert [n for n, p in allowed.items() if pull_heads in p.publish] == ["gateway"]
     assert all(not any(s.startswith("$JS.API.STREAM.DELETE") for s in p.publish) for p in allowed.values())
 
 
