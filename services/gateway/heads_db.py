@@ -187,9 +187,11 @@ async def approvals(conn: Connection, tenant_id: str, head_id: str) -> list[dict
 
 
 async def forget_winners(conn: Connection, tenant_id: str, head_id: str) -> int:
-    """Delete the tenant's cached answers whose winner drafts with `head_id`; how many."""
+    """Delete the tenant's cached answers that list `head_id` (as the winner or any candidate:
+    an answer offering a deprecated head is stale either way); how many."""
     cur = await conn.execute(
-        "DELETE FROM winner_cache WHERE cache_scope = %s AND winner -> 'candidate' ->> 'draft' = %s",
-        (tenant_id, head_id),
+        """DELETE FROM winner_cache WHERE cache_scope = %s
+           AND (winner -> 'candidate' ->> 'draft' = %s OR candidates @> %s)""",
+        (tenant_id, head_id, Jsonb([{"candidate": {"draft": head_id}}])),
     )
     return cur.rowcount

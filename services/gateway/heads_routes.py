@@ -145,7 +145,7 @@ async def get_head(head_id: HeadId, request: Request, principal: Viewer) -> Head
     description=(
         "validated -> uat: developer or above; uat -> production: admin or head_reviewer, with a "
         "`rationale` (recorded in speculative_head_approvals); validated | uat | production -> "
-        "deprecated: developer or above, with a `rationale` (its cached winners are forgotten). "
+        "deprecated: developer or above, with a `rationale` (cached answers that list it are forgotten). "
         "Each move is a `head.transitioned` event. 409 for a move the lifecycle has not, 403 for a "
         "role too low, 422 without a required rationale."
     ),

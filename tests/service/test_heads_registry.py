@@ -1,8 +1,8 @@
 """The T3 head registry on a real nats-server and PostgreSQL: the gateway's uploads, POST
 heads/train publishing head.requested, its heads projector folding the trainer's and the gate's
-events (played by the test: those services are other branches) and publishing the
+events (played by the test, which needs no trainer or gate for it) and publishing the
 head.transitioned each verdict leads to, people's transitions with their roles, approvals and
-refusals, deprecation forgetting the tenant's cached winners that drafted with the head, the
+refusals, deprecation forgetting the tenant's cached answers that listed the head, the
 SSE stream, the SDK and the CLI."""
 
 from __future__ import annotations
@@ -364,7 +364,8 @@ async def test_transitions_roles_approvals_and_deprecation(
                 (head_id,),
             )
             approvals = await cur.fetchall()
-        # A T1 run's answer that the head won, cached by the real projector path, and one it did not.
+        # Cached by the real projector path: a T1 run's answer that the head won, one that listed
+        # it among its candidates without winning, and one that never offered it.
         won = CandidateResult(
             candidate=Candidate(candidate_id="medusa-hd", family=Family.MEDUSA, draft=head_id, k=2),
             prediction=PREDICTION,
@@ -375,14 +376,18 @@ async def test_transitions_roles_approvals_and_deprecation(
             prediction=PREDICTION,
             gate=GATE,
         )
-        for winner, target in ((won, {}), (other, {"gpu": "A100-80GB"})):
+        for winner, target, listed in (
+            (won, {}, [won]),
+            (other, {"gpu": "L40S"}, [other, won]),
+            (other, {"gpu": "A100-80GB"}, [other]),
+        ):
             run_id = (await gw.create(body=run_body(**target))).json()["id"]
             answer = RunCompleted(
                 run_id=run_id,
                 cache_hit=False,
                 measured=False,
                 winner=winner,
-                candidates=[winner],
+                candidates=listed,
                 pareto_front=[],
             )
             # As the predictor would: after the gateway's own events are on the stream.
@@ -396,6 +401,7 @@ async def test_transitions_roles_approvals_and_deprecation(
         no_rationale = await move("deprecated")
         gone = await move("deprecated", "dev", "regressed on the new prompts")
         after = (await gw.create()).json()
+        listed_after = (await gw.create(body=run_body(gpu="L40S"))).json()
         other_hit = (await gw.create(body=run_body(gpu="A100-80GB"))).json()
         streamed = sse_events((await asyncio.wait_for(stream, WAIT_S)).text)
         deprecated = await bus.events(js, f"spec.head.{head_id}.transitioned", at_least=4)
@@ -439,7 +445,8 @@ async def test_transitions_roles_approvals_and_deprecation(
     assert no_rationale.status_code == 422
     assert gone.status_code == 200 and gone.json()["state"] == "deprecated"
     assert await cached_winner_rows(db, head_id) == 0
-    assert after["cache_hit"] is False and other_hit["cache_hit"] is True
+    assert after["cache_hit"] is False and listed_after["cache_hit"] is False
+    assert other_hit["cache_hit"] is True
     assert uat_run["cache_hit"] is False and uat_run["status"] == "queued"
     assert [e.payload.transition.to_state for e in deprecated] == [
         "validated",
