@@ -85,9 +85,11 @@ class GateRunner:
                 f"head {trained.head_id} has no artifact {trained.artifact.sha256} in tenant "
                 f"{tenant_id}'s store ({root}); is SPECOPS_ARTIFACT_DIR the trainer's?"
             )
-        prompts = heads.heldout_prompts(
-            root, trained.train_path, trained.heldout_path, request.gate.n_prompts
-        )
+        try:
+            n = request.gate.n_prompts
+            prompts = heads.heldout_prompts(root, trained.train_path, trained.heldout_path, n)
+        except OSError as err:
+            raise SpecError(f"the held-out prompts cannot be read from the artifact store: {err}") from err
         purpose = f"gate of head {trained.head_id}"
         with self._lock, self.device_lock.held(purpose):
             torch.set_num_threads(self.settings.threads)
