@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from speccatalog.artifacts import find_head, is_head_id
 from speccatalog.families.base import DraftSource
 from speccore.bench import BaselineFailed, Method, RepRun, Schedule, describe, engine_method, interleave
 from speccore.candidates import speccore_candidate
@@ -299,12 +300,28 @@ def _engine(
             )
             if built is not None:
                 config = dataclasses.replace(config, datastore=str(built))
+        elif spec.source == DraftSource.HEAD and is_head_id(config.head):
+            # A tenant's registry head (T3): its trained artifact in the tenant's part of the store.
+            config = dataclasses.replace(config, head=str(_registry_head(str(config.head), corpora)))
         return Engine(target, spec.family, config)
     except (SpecError, OSError, RuntimeError, MemoryError) as err:
         release_memory()
         raise _CandidateFailed(
             ErrorStage.MODEL_LOAD, f"cannot load its draft source: {describe(err)}"
         ) from err
+
+
+def _registry_head(head_id: str, corpora: Corpora) -> Path:
+    """The trained directory of registry head ``head_id`` among the bench's tenant's heads."""
+    found = None
+    if corpora.tenant_id is not None and corpora.artifact_root is not None:
+        found = find_head(corpora.artifact_root, corpora.tenant_id, head_id)
+    if found is None:
+        raise SpecError(
+            f"head {head_id} has no trained artifact in tenant {corpora.tenant_id}'s artifact store "
+            f"({corpora.artifact_root}); set SPECOPS_ARTIFACT_DIR to the head-trainer's store"
+        )
+    return found
 
 
 # --- helpers ----------------------------------------------------------------------------

@@ -1,13 +1,15 @@
 """The predictor service: plans T1 runs and answers them once measured and gated.
 
-Six durable consumers (replicas share each): `<service>-plan` on run.requested,
+Seven durable consumers (replicas share each): `<service>-plan` on run.requested,
 `<service>-bench_completed` on bench.completed, `<service>-gate_evaluated` on
 gate.evaluated, `<service>-dead_letter` on every service's dead letters
 (`spec.dlq.>`): as the runs' orchestrator, the predictor fails a run whose event a
 service gave up on, which would otherwise wait forever; `<service>-run_failed` on
 run.failed, so that it knows which runs other services ended (it reads no other
-service's table); and `<service>-datastore_registered` on registry.datastore_registered:
-the corpora tenants upload, which it offers as `rest` drafts in their own runs only.
+service's table); `<service>-datastore_registered` on registry.datastore_registered:
+the corpora tenants upload, which it offers as `rest` drafts in their own runs only; and
+`<service>-head_transitioned` on head.transitioned: the tenants' T3 heads, offered in
+their own runs of the head's target once in production (uat too when a run asks).
 Every handler writes Postgres and queues its events in one inbox transaction
 (steps.py); the outbox relay publishes them.
 """
@@ -35,6 +37,7 @@ from specbus.dlq import DeadLetter, watch_depth
 from specbus.envelope import Envelope
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
+from specops_schemas.heads import HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
 from specops_services.predictor import logic, steps
 from specops_services.predictor.host import host_info
@@ -58,7 +61,7 @@ def subscribe(
     retry: RetryPolicy = RETRY,
     fetch_timeout_s: float = 5.0,
 ) -> None:
-    """Register the predictor's six handlers on `broker` (before it starts)."""
+    """Register the predictor's seven handlers on `broker` (before it starts)."""
 
     on = partial(subscriber, broker, service=service, retry=retry, fetch_timeout_s=fetch_timeout_s)
 
@@ -93,6 +96,16 @@ def subscribe(
             consumer_name(service, "datastore_registered"),
             event,
             lambda c: steps.datastore_registered(c, event),
+        )
+
+    @on(events=HeadTransitioned)
+    async def head_transitioned(event: Envelope[HeadTransitioned]) -> None:
+        """Fold a head's lifecycle move into the heads offered to its tenant."""
+        await _once(
+            pool,
+            consumer_name(service, "head_transitioned"),
+            event,
+            lambda c: steps.head_transitioned(c, event),
         )
 
     @on(events=RunFailed)

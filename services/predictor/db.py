@@ -1,5 +1,6 @@
 """All of the predictor's SQL: the tables it owns (001_core: candidates, measured_history;
-005_predictor to 007_one_writer: benches, predictor_runs; 014_datastores: predictor_datastores).
+005_predictor to 007_one_writer: benches, predictor_runs; 014_datastores: predictor_datastores;
+016_predictor_heads: predictor_heads).
 It reads no other service's table.
 
 Functions take an open connection and run inside the caller's transaction (the
@@ -18,12 +19,14 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from pydantic import TypeAdapter
 
+from speccatalog.targets import HeadRef
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import GateOutcome, Measurement, RankedCandidate
 from specops_schemas.catalog import Family, Fingerprint
 from specops_schemas.events import BenchPlan, CandidateFailure
+from specops_schemas.heads import HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
-from specops_services.predictor.logic import Bench, RequestedRun
+from specops_services.predictor.logic import Bench, RequestedRun, offered_states, registry_head
 from specops_services.predictor.model import HistoryRow, temperature_bucket
 from specops_services.predictor.plan import UploadedDatastore
 
@@ -170,6 +173,59 @@ async def tenant_datastores(conn: Connection, tenant_id: str) -> list[UploadedDa
         (tenant_id,),
     )
     return [UploadedDatastore(r["datastore_id"], r["size_bytes"], frozenset(r["fingerprints"])) for r in rows]
+
+
+async def record_head(conn: Connection, tenant_id: str, moved: HeadTransitioned) -> None:
+    """Fold a head's move into its row; an older move than the one stored changes nothing."""
+    artifact = moved.artifact
+    await conn.execute(
+        """INSERT INTO predictor_heads AS h (head_id, tenant_id, target_ref, family, state, num_heads,
+               eagle_version, params, artifact_path, acceptance_rate, mean_acceptance_length,
+               transitioned_at)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+           ON CONFLICT (head_id) DO UPDATE SET
+               state = EXCLUDED.state,
+               target_ref = EXCLUDED.target_ref,
+               num_heads = COALESCE(EXCLUDED.num_heads, h.num_heads),
+               eagle_version = COALESCE(EXCLUDED.eagle_version, h.eagle_version),
+               params = COALESCE(EXCLUDED.params, h.params),
+               artifact_path = COALESCE(EXCLUDED.artifact_path, h.artifact_path),
+               acceptance_rate = COALESCE(EXCLUDED.acceptance_rate, h.acceptance_rate),
+               mean_acceptance_length = COALESCE(EXCLUDED.mean_acceptance_length, h.mean_acceptance_length),
+               transitioned_at = EXCLUDED.transitioned_at,
+               updated_at = now()
+           WHERE h.tenant_id = EXCLUDED.tenant_id AND h.transitioned_at <= EXCLUDED.transitioned_at""",
+        (
+            moved.head_id,
+            tenant_id,
+            moved.tenant_target,
+            moved.family,
+            moved.transition.to_state,
+            artifact.num_heads if artifact else None,
+            artifact.eagle_version if artifact else None,
+            artifact.params if artifact else None,
+            artifact.path if artifact else None,
+            moved.acceptance_rate,
+            moved.mean_acceptance_length,
+            moved.transition.at,
+        ),
+    )
+
+
+async def tenant_heads(conn: Connection, tenant_id: str, *, include_uat: bool) -> list[HeadRef]:
+    """The registry heads `tenant_id` may use in a run: production ones, uat ones too when the
+    run asks; never another tenant's, never a deprecated one. The catalog keeps those of the
+    run's target."""
+    rows = await _rows(
+        conn,
+        """SELECT head_id, target_ref, family, num_heads, eagle_version, params, artifact_path,
+                  acceptance_rate
+           FROM predictor_heads
+           WHERE tenant_id = %s AND state = ANY(%s) AND artifact_path IS NOT NULL
+           ORDER BY head_id""",
+        (tenant_id, sorted(offered_states(include_uat))),
+    )
+    return [head for head in (registry_head(**r) for r in rows) if head is not None]
 
 
 # --- measuring --------------------------------------------------------------------------------

@@ -26,8 +26,9 @@ from typing import Any, TypeVar
 from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope, EventPayload, new_event
 from specbus.subjects import ID_PATTERN
+from speccatalog import families
 from speccatalog.hardware import resolve_profile
-from speccatalog.targets import TargetInfo, resolve_target
+from speccatalog.targets import HeadRef, TargetInfo, resolve_target
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import CandidateResult, GateOutcome, Measurement, RankedCandidate
 from specops_schemas.catalog import ErrorStage, GateMethod
@@ -42,6 +43,7 @@ from specops_schemas.events import (
     RunRunning,
     parse_event,
 )
+from specops_schemas.heads import OFFERED_STATES
 from specops_services.predictor.model import HistoryRow
 from specops_services.predictor.plan import HostInfo, Plan, UploadedDatastore, error_stage, plan_run
 from specops_services.predictor.scoring import Decision, assemble_results, choose_winner
@@ -114,6 +116,42 @@ def failure(exc: BaseException) -> PlanFailure:
     return PlanFailure(stage, str(exc) or type(exc).__name__, exc, internal=False)
 
 
+def offered_states(include_uat: bool) -> frozenset[str]:
+    """The lifecycle states whose heads a run may use (schemas.heads.OFFERED_STATES)."""
+    return OFFERED_STATES if include_uat else OFFERED_STATES - {"uat"}
+
+
+def registry_head(
+    *,
+    head_id: str,
+    target_ref: str,
+    family: str,
+    num_heads: int | None,
+    eagle_version: int | None,
+    params: int | None,
+    artifact_path: str | None,
+    acceptance_rate: float | None,
+) -> HeadRef | None:
+    """A registry head as the catalog sees it: its artifact family mapped to the catalog
+    family that decodes it (eagle3 -> eagle, version 3; eagle -> eagle, version 2; medusa
+    -> medusa), the gate's measured acceptance as its acceptance. None for an artifact
+    family no catalog family decodes."""
+    decoders = {a: spec for spec in families.families().values() for a in spec.head_artifacts}
+    spec = decoders.get(family)
+    if spec is None:
+        return None
+    return HeadRef(
+        head_id=head_id,
+        family=spec.name,
+        target_ref=target_ref,
+        num_heads=num_heads or 1,
+        eagle_version=eagle_version or spec.head_artifacts[family],
+        params=params or 0,
+        acceptance=acceptance_rate,
+        path=artifact_path,
+    )
+
+
 def make_plan(
     request: RunCreateRequest,
     *,
@@ -123,11 +161,13 @@ def make_plan(
     target: TargetInfo | None,
     enable_cascade: bool,
     datastores: Sequence[UploadedDatastore] = (),
+    heads: Sequence[HeadRef] = (),
 ) -> Plan | PlanFailure:
     """plan_run, with its errors turned into the run's failure.
 
     ``datastores``: the corpora the run's tenant uploaded (and no other tenant's: F-S1),
-    offered to the catalog as built with the target's tokenizer.
+    offered to the catalog as built with the target's tokenizer. ``heads``: the run's
+    tenant's registry heads it may use (db.tenant_heads: production, uat when asked).
     """
     try:
         info = target or resolve_target(request.target.model_ref)
@@ -138,6 +178,7 @@ def make_plan(
             history=history,
             target=info,
             available_datastores=[d.ref(info) for d in datastores],
+            available_heads=heads,
             enable_cascade=enable_cascade,
         )
     except Exception as exc:

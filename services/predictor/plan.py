@@ -22,8 +22,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from speccatalog import families
+from speccatalog.artifacts import is_head_id
 from speccatalog.families.base import BUILTIN_PREFIX
 from speccatalog.hardware import Deployment, HardwareError, deploy, resolve_profile
+from speccatalog.public_heads import public_heads
 from speccatalog.targets import DatastoreRef, HeadRef, TargetError, TargetInfo, resolve_target
 from speccatalog.workloads import temperature
 from speccore.heads.builtin import builtin_heads
@@ -175,10 +177,17 @@ def pick_for_bench(ranked: Sequence[RankedCandidate], n: int) -> list[Candidate]
     """The best of each family in rank order, then the next best overall, up to n.
 
     A T1 confirmation learns most from distinct families: variants of one family mostly
-    differ in k, which the predictor models better than the family's acceptance.
+    differ in k, which the predictor models better than the family's acceptance. A
+    tenant's registry head (T3, a ``hd-...`` draft) is always measured: the best-ranked
+    candidate of the best-ranked registry head is picked first, whatever its rank, and
+    the picks are returned in rank order.
     """
     picked: list[Candidate] = []
     seen: set[str] = set()
+    head = next((r.candidate for r in ranked if is_head_id(r.candidate.draft)), None)
+    if head is not None and n > 0:
+        picked.append(head)
+        seen.add(head.family)
     for r in ranked:
         if len(picked) < n and r.candidate.family not in seen:
             picked.append(r.candidate)
@@ -186,7 +195,16 @@ def pick_for_bench(ranked: Sequence[RankedCandidate], n: int) -> list[Candidate]
     for r in ranked:
         if len(picked) < n and r.candidate not in picked:
             picked.append(r.candidate)
-    return picked
+    order = {r.candidate.candidate_id: i for i, r in enumerate(ranked)}
+    return sorted(picked, key=lambda c: order[c.candidate_id])
+
+
+def _public_heads(target: TargetInfo, engine: Engine) -> list[HeadRef]:
+    """The published heads (speccatalog.public_heads) trained for this exact target that the
+    run's engine loads: vLLM and SGLang runs only (speccore reads its own head layout)."""
+    if engine not in (Engine.VLLM, Engine.SGLANG):
+        return []
+    return [h.ref() for h in public_heads(target.ref, str(engine))]
 
 
 def plan_run(
@@ -226,6 +244,7 @@ def plan_run(
     if request.target.engine == Engine.SPECCORE and info.local:
         stores += _builtin_datastores(info, fingerprint)
         heads += _builtin_heads(info)
+    heads += _public_heads(info, request.target.engine)
     known = known_for(info, heads=heads, datastores=stores, enable_cascade=enable_cascade)
     catalog = build_catalog(dep, fingerprint, request.target.engine, known)
     if not catalog.kept:

@@ -21,6 +21,7 @@ from specbus.envelope import Envelope
 from speccatalog.targets import TargetError, TargetInfo
 from specops_schemas.candidates import GateOutcome
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
+from specops_schemas.heads import HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
 from specops_services.predictor import db, logic, projection
 from specops_services.predictor.host import local_target
@@ -97,6 +98,7 @@ async def plan(
         target=target,
         enable_cascade=planner.enable_cascade,
         datastores=await db.tenant_datastores(conn, event.tenant_id),
+        heads=await db.tenant_heads(conn, event.tenant_id, include_uat=request.include_uat_heads),
     )
     if isinstance(planned, logic.PlanFailure):
         _log_failure(run_id, planned)
@@ -121,6 +123,12 @@ async def plan(
 async def datastore_registered(conn: db.Connection, event: Envelope[DatastoreRegistered]) -> Events:
     """Remember a tenant's uploaded corpus, for the plans of that tenant's later runs."""
     await db.record_datastore(conn, event.tenant_id, event.payload)
+    return []
+
+
+async def head_transitioned(conn: db.Connection, event: Envelope[HeadTransitioned]) -> Events:
+    """Fold a head's lifecycle move into the heads offered to its tenant's later runs."""
+    await db.record_head(conn, event.tenant_id, event.payload)
     return []
 
 

@@ -1,8 +1,11 @@
-"""The quality-gate service: `bench.completed` in, one `gate.evaluated` per measured candidate out.
+"""The quality-gate service: `bench.completed` in, one `gate.evaluated` per measured candidate out;
+`head.trained` in, one `head.gated` (or `head.failed`) per trained head artifact out.
 
-One durable consumer, `<service>-gate_bench` on bench.completed (replicas share it). The
-handler hands the bench to steps.py, which stores each verdict and queues its event in
-one transaction; the outbox relay publishes them.
+Two durable consumers (replicas share each): `<service>-gate_bench` on bench.completed and
+`<service>-head_trained` on head.trained (T3: the head decoded on its held-out prompts
+against the target alone, services/quality_gate/heads.py). The handlers hand the event
+to steps.py, which stores each verdict and queues its event in one transaction; the
+outbox relay publishes them.
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ import torch
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
-from specbus import RetryPolicy, make_broker, subscriber
+from specbus import RetryPolicy, consumer_name, make_broker, subscriber
 from specbus.envelope import Envelope
 from speccore.model_cache import ModelCache
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted
+from specops_schemas.heads import HeadTrained
 from specops_services.quality_gate import logic, steps
 from specops_services.quality_gate.runner import GateRunner
 from specops_services.quality_gate.settings import gate_settings
@@ -40,12 +44,18 @@ def subscribe(
     retry: RetryPolicy = RETRY,
     fetch_timeout_s: float = 5.0,
 ) -> None:
-    """Register the gate's handler on `broker` (durable consumer `<service>-gate_bench`)."""
+    """Register the gate's handlers on `broker` (durable consumers `<service>-gate_bench`,
+    `<service>-head_trained`)."""
 
     @subscriber(broker, service=service, events=BenchCompleted, retry=retry, fetch_timeout_s=fetch_timeout_s)
     async def gate_bench(event: Envelope[BenchCompleted]) -> None:
         """Gate every measured candidate of the bench that has no stored verdict yet."""
         await steps.gate_bench(pool, runner, event)
+
+    @subscriber(broker, service=service, events=HeadTrained, retry=retry, fetch_timeout_s=fetch_timeout_s)
+    async def head_trained(event: Envelope[HeadTrained]) -> None:
+        """Gate a trained head once: head.gated (passed or not, why) or head.failed."""
+        await steps.gate_head(pool, runner, consumer_name(service, "head_trained"), event)
 
 
 def create_app(settings: Settings | None = None, *, models: ModelCache | None = None) -> FastStream:

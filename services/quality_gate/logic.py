@@ -19,10 +19,11 @@ from specbus.envelope import Envelope, EventPayload
 from specops_schemas.candidates import Candidate, GateOutcome
 from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRunning
+from specops_schemas.heads import HeadFailed, HeadGated, HeadGateResult, HeadTrained
 
 PRODUCER = "quality-gate"
 # What this service publishes (its NATS user may publish these subjects only).
-PUBLISHES = (RunRunning, GateEvaluated, RunFailed)
+PUBLISHES = (RunRunning, GateEvaluated, RunFailed, HeadGated, HeadFailed)
 # uuid5 namespace of the event ids this service derives (any fixed UUID would do).
 EVENT_NAMESPACE = uuid.UUID("5b0f3c4e-9a51-4d3e-8f1a-6c2d7e9b0a14")
 
@@ -105,3 +106,26 @@ def describe(error: BaseException) -> str:
 
 def _derived(envelope: Envelope[P], key: str) -> Envelope[P]:
     return envelope.model_copy(update={"event_id": str(uuid.uuid5(EVENT_NAMESPACE, key))})
+
+
+# --- T3 heads ---------------------------------------------------------------------------------
+# One verdict per trained artifact: head.gated and head.failed carry ids derived from the head
+# and its artifact's digest, and that id is claimed in the inbox with the verdict, so a
+# redelivered (or re-sent) head.trained never publishes a second, different verdict.
+
+
+def head_verdict_id(trained: HeadTrained) -> str:
+    """The id of the one verdict (head.gated or head.failed) on this head's artifact."""
+    return str(uuid.uuid5(EVENT_NAMESPACE, f"{trained.head_id}/{trained.artifact.sha256}/verdict"))
+
+
+def head_gated(event: Envelope[HeadTrained], result: HeadGateResult) -> Envelope[HeadGated]:
+    trained = event.payload
+    gated = HeadGated(head_id=trained.head_id, artifact=trained.artifact, result=result)
+    return event.follow(gated, producer=PRODUCER).model_copy(update={"event_id": head_verdict_id(trained)})
+
+
+def head_failed(event: Envelope[HeadTrained], stage: ErrorStage, message: str) -> Envelope[HeadFailed]:
+    trained = event.payload
+    failed = HeadFailed(head_id=trained.head_id, error_stage=stage, message=message)
+    return event.follow(failed, producer=PRODUCER).model_copy(update={"event_id": head_verdict_id(trained)})

@@ -9,17 +9,21 @@ decoding alone) are then shared by every candidate of that plan.
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import torch
 
 from speccatalog import families
+from speccatalog.artifacts import find_head, is_head_id
 from speccatalog.families.base import DraftSource
+from speccore.errors import SpecError
 from speccore.model_cache import ModelCache
 from speccore.models import LoadedModel
 from specops_schemas.candidates import Candidate, GateOutcome
 from specops_schemas.catalog import GateMethod
 from specops_schemas.events import BenchPlan
-from specops_services.quality_gate import logic
+from specops_schemas.heads import HeadGateResult, HeadTrained
+from specops_services.quality_gate import heads, logic
 from specops_services.quality_gate.gate import QualityGate, pending, skipped
 from specops_services.quality_gate.sample import GateSample, sampling_params
 from specops_services.quality_gate.settings import QualityGateSettings
@@ -59,13 +63,46 @@ class GateRunner:
             torch.set_num_threads(self.settings.threads)
             gate = self._gate_for(plan)
             try:
-                resolved = self._with_datastore(gate.reference.target, plan, candidate, tenant_id)
+                resolved = self._with_head(candidate, tenant_id)
+                resolved = self._with_datastore(gate.reference.target, plan, resolved, tenant_id)
                 return gate.evaluate(method, resolved, sampling_params(plan.sampling))
             # Whatever the candidate's engine raises (bad options, a draft that does not
             # load, OOM, a proposer bug) costs that candidate, not the run; the error is
             # kept in the verdict's details.
             except Exception as err:
                 return logic.gate_unavailable(method, candidate, err)
+
+    def evaluate_head(self, trained: HeadTrained, tenant_id: str) -> HeadGateResult:
+        """Gate a trained head on its held-out prompts (services/quality_gate/heads.py).
+
+        Raises ModelLoadError (the target), heads.HeadUnusable (the artifact: missing,
+        altered, or not decodable on the target) or SpecError (no held-out prompt)."""
+        request = trained.request
+        root = self.settings.artifact_root
+        head_dir = find_head(root, tenant_id, trained.head_id)
+        if head_dir is None or head_dir.name != trained.artifact.sha256:
+            raise heads.HeadUnusable(
+                f"head {trained.head_id} has no artifact {trained.artifact.sha256} in tenant "
+                f"{tenant_id}'s store ({root}); is SPECOPS_ARTIFACT_DIR the trainer's?"
+            )
+        try:
+            n = request.gate.n_prompts
+            prompts = heads.heldout_prompts(root, trained.train_path, trained.heldout_path, n)
+        except OSError as err:
+            raise SpecError(f"the held-out prompts cannot be read from the artifact store: {err}") from err
+        purpose = f"gate of head {trained.head_id}"
+        with self._lock, self.device_lock.held(purpose):
+            torch.set_num_threads(self.settings.threads)
+            target = self.models.get(request.target, self.settings.gate_device, self.settings.gate_dtype)
+            return heads.evaluate_head(target, head_dir, request.gate, prompts)
+
+    def _with_head(self, candidate: Candidate, tenant_id: str | None) -> Candidate:
+        """A candidate drafting with a registry head (`hd-...`) with the head's directory in
+        the tenant's part of the artifact store (speccatalog.artifacts.find_head)."""
+        if not is_head_id(candidate.draft):
+            return candidate
+        path = resolve_head(self.settings.artifact_root, tenant_id, str(candidate.draft))
+        return candidate.model_copy(update={"draft": str(path)})
 
     def _gate_for(self, plan: BenchPlan) -> QualityGate:
         target = self.models.get(plan.target.model_ref, self.settings.gate_device, self.settings.gate_dtype)
@@ -94,3 +131,13 @@ class GateRunner:
             artifact_root=self.settings.artifact_root,
         )
         return candidate if path is None else candidate.model_copy(update={"draft": str(path)})
+
+
+def resolve_head(root: Path, tenant_id: str | None, head_id: str) -> Path:
+    """The trained head directory of registry head ``head_id``; SpecError when the tenant has none."""
+    found = find_head(root, tenant_id, head_id) if tenant_id is not None else None
+    if found is None:
+        raise SpecError(
+            f"head {head_id} has no trained artifact in tenant {tenant_id}'s artifact store ({root})"
+        )
+    return found

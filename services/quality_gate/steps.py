@@ -15,10 +15,15 @@ from typing import Any
 
 from specbus import outbox
 from specbus.envelope import Envelope
+from specbus.inbox import claim
+from speccore.errors import SpecError
 from speccore.model_cache import ModelLoadError
 from specops_schemas.candidates import GateOutcome
+from specops_schemas.catalog import ErrorStage
 from specops_schemas.events import BenchCompleted
+from specops_schemas.heads import HeadTrained
 from specops_services.quality_gate import db, logic, projection
+from specops_services.quality_gate.heads import HeadUnusable
 from specops_services.quality_gate.runner import GateRunner
 from specplatform.db import Pool
 
@@ -66,3 +71,38 @@ async def queue(pool: Pool, events: Sequence[Envelope[Any]]) -> None:
     async with pool.connection() as conn, conn.transaction():
         for event in events:
             await outbox.add(conn, event)
+
+
+async def gate_head(pool: Pool, runner: GateRunner, consumer: str, event: Envelope[HeadTrained]) -> None:
+    """Gate a trained head and queue its one verdict: head.gated, or head.failed when the
+    target or the artifact cannot be loaded or no held-out prompt is there.
+
+    The verdict's id is derived from the head and its artifact (logic.head_verdict_id) and
+    claimed in the inbox with it: a redelivered head.trained that finds it claimed decodes
+    nothing; one that raced a replica and lost drops its (possibly different) numbers."""
+    trained = event.payload
+    verdict_id = logic.head_verdict_id(trained)
+    async with pool.connection() as conn:
+        cur = await conn.execute(
+            "SELECT 1 FROM inbox WHERE consumer = %s AND event_id = %s", (consumer, verdict_id)
+        )
+        if await cur.fetchone() is not None:
+            log.info("head %s: gated already; %s ignored", trained.head_id, event.event_id)
+            return
+    try:
+        result = await asyncio.to_thread(runner.evaluate_head, trained, event.tenant_id)
+        verdict: Envelope[Any] = logic.head_gated(event, result)
+        log.info("head %s: passed=%s (%s)", trained.head_id, result.passed, result.reason)
+    except ModelLoadError as err:
+        verdict = logic.head_failed(
+            event, ErrorStage.MODEL_LOAD, f"the quality gate could not load the target: {err}"
+        )
+    except HeadUnusable as err:
+        verdict = logic.head_failed(event, ErrorStage.QUALITY_GATE, str(err))
+    except SpecError as err:
+        verdict = logic.head_failed(event, ErrorStage.VALIDATION, str(err))
+    if verdict.type == "head.failed":
+        log.warning("head %s: %s", trained.head_id, verdict.payload.message)
+    async with pool.connection() as conn, conn.transaction():
+        if await claim(conn, consumer, verdict_id):
+            await outbox.add(conn, verdict)
