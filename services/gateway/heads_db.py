@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from specbus.envelope import Envelope
+from speccatalog import artifacts
 from specops_schemas.heads import HeadDataResponse, HeadResponse, HeadTransition
 from specops_services.gateway.db import EventRow
 from specplatform.db import Connection
@@ -111,6 +113,20 @@ async def update_head(conn: Connection, head: HeadResponse) -> None:
     await conn.execute(
         "UPDATE heads SET state = %s, head = %s WHERE id = %s", (head.state, _head_json(head), head.id)
     )
+
+
+async def artifact_paths(
+    conn: Connection, tenant_id: str, drafts: list[str | None], root: Path
+) -> dict[str, str]:
+    """Where the tenant's trained heads among `drafts` are (their directories in the artifact
+    store, `root`), by head id: what `apply` tells speccore to load for a head candidate."""
+    ids = [d for d in drafts if d is not None and artifacts.is_head_id(d)]
+    out: dict[str, str] = {}
+    for head_id in ids:
+        row = await get_head(conn, tenant_id, head_id)
+        if row is not None and row.head.artifact is not None:
+            out[head_id] = str(root / row.head.artifact.path)
+    return out
 
 
 async def head_state(conn: Connection, head_id: str) -> str | None:

@@ -166,6 +166,12 @@ async def apply_run(
 ) -> JSONResponse:
     key = _key(idempotency_key)
     reply = await runs.apply_run(
-        pool_of(request), principal, run_id, body or ApplyRequest(), key, await _fingerprint(request)
+        pool_of(request),
+        principal,
+        run_id,
+        body or ApplyRequest(),
+        key,
+        await _fingerprint(request),
+        request.app.state.settings.artifact_root,
     )
     return _json(reply)

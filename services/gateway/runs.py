@@ -27,7 +27,7 @@ from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunReques
 from specops_schemas.heads import HeadRequested, HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
 from specops_schemas.tune import TuneRequested
-from specops_services.gateway import cache, db, engine_flags, logic, projection, results, sse
+from specops_services.gateway import cache, db, engine_flags, heads_db, logic, projection, results, sse
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.problems import ProblemError, problem
 from specplatform.db import Connection, Pool, tenant_transaction
@@ -277,7 +277,13 @@ async def read_run(pool: Pool, principal: Principal, run_id: str) -> RunStatusRe
 
 
 async def apply_run(
-    pool: Pool, principal: Principal, run_id: str, body: ApplyRequest, key: str | None, fingerprint: str
+    pool: Pool,
+    principal: Principal,
+    run_id: str,
+    body: ApplyRequest,
+    key: str | None,
+    fingerprint: str,
+    artifact_root: Path,
 ) -> logic.Reply:
     async def work(conn: Connection) -> logic.Reply:
         row = await db.get_run(conn, principal.tenant_id, run_id) if logic.is_spec_id(run_id) else None
@@ -291,8 +297,11 @@ async def apply_run(
         except LookupError as exc:
             raise _invalid("#/candidate_id", str(exc), "unknown-candidate") from None
         engine = body.engine or row.request.target.engine
+        paths = await heads_db.artifact_paths(
+            conn, principal.tenant_id, [chosen.candidate.draft], artifact_root
+        )
         try:
-            response = engine_flags.apply_response(run_id, chosen.candidate, engine)
+            response = engine_flags.apply_response(run_id, chosen.candidate, engine, draft_paths=paths)
         except engine_flags.EngineCannotRun as exc:
             raise problem(422, str(exc), type="urn:specops:problem:engine-cannot-run") from None
         return logic.Reply(200, response.model_dump(mode="json"), {})

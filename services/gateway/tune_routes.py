@@ -129,6 +129,12 @@ async def apply_session(
 ) -> JSONResponse:
     key = _key(idempotency_key)
     reply = await tune_sessions.apply_session(
-        pool_of(request), principal, session_id, body or ApplyRequest(), key, await _fingerprint(request)
+        pool_of(request),
+        principal,
+        session_id,
+        body or ApplyRequest(),
+        key,
+        await _fingerprint(request),
+        request.app.state.settings.artifact_root,
     )
     return _json(reply)

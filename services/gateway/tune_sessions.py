@@ -7,13 +7,24 @@ tune_logic.py. POSTs go through `runs.keyed` (Idempotency-Key, one tenant transa
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from specbus import outbox
 from specbus.envelope import new_event
 from specops_schemas.api import ApplyRequest
 from specops_schemas.candidates import CandidateResult
 from specops_schemas.tune import TuneRequested, TuneSessionCreateRequest, TuneSessionResponse
-from specops_services.gateway import curve, db, engine_flags, logic, results, sse, tune_db, tune_logic
+from specops_services.gateway import (
+    curve,
+    db,
+    engine_flags,
+    heads_db,
+    logic,
+    results,
+    sse,
+    tune_db,
+    tune_logic,
+)
 from specops_services.gateway import tune_projection as projection
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.problems import problem
@@ -116,7 +127,13 @@ async def curve_png(pool: Pool, principal: Principal, session_id: str) -> bytes:
 
 
 async def apply_session(
-    pool: Pool, principal: Principal, session_id: str, body: ApplyRequest, key: str | None, fingerprint: str
+    pool: Pool,
+    principal: Principal,
+    session_id: str,
+    body: ApplyRequest,
+    key: str | None,
+    fingerprint: str,
+    artifact_root: Path,
 ) -> logic.Reply:
     async def work(conn: Connection) -> logic.Reply:
         row = None
@@ -132,8 +149,9 @@ async def apply_session(
         except LookupError as exc:
             raise problem(422, str(exc), type="urn:specops:problem:unknown-candidate") from None
         engine = body.engine or row.source.request.target.engine
+        paths = await heads_db.artifact_paths(conn, principal.tenant_id, [chosen.draft], artifact_root)
         try:
-            applied = engine_flags.apply_response(session_id, chosen, engine)
+            applied = engine_flags.apply_response(session_id, chosen, engine, draft_paths=paths)
         except engine_flags.EngineCannotRun as exc:
             raise problem(422, str(exc), type="urn:specops:problem:engine-cannot-run") from None
         return logic.Reply(200, applied.model_dump(mode="json"), {})

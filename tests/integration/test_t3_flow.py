@@ -161,6 +161,15 @@ def _t1_offers(client: SpeculativeClient, head: HeadResponse) -> Run:
     assert offered, [c.candidate.candidate_id for c in run.candidates]
     measured = [c for c in run.candidates if c.candidate.draft == head.id and c.measurement is not None]
     assert measured, "the tenant's production head was listed but not measured"
+    # apply: speccore loads the head from the registry's artifact; vLLM cannot load its layout.
+    chosen = measured[0].candidate.candidate_id
+    applied = client.runs.apply(run.id, candidate_id=chosen)
+    head_dir = Path(applied.cli_args[applied.cli_args.index("--head") + 1])
+    assert head.artifact is not None and str(head_dir).endswith(head.artifact.path)
+    assert (head_dir / "head.safetensors").is_file()
+    with pytest.raises(SpecopsAPIError) as err:
+        client.runs.apply(run.id, engine="vllm", candidate_id=chosen)
+    assert err.value.status == 422 and "T3 head" in str(err.value), err.value
     return run
 
 

@@ -69,6 +69,7 @@ def test_vllm_heads_and_mtp() -> None:
         (cand(Family.DRAFT_MODEL, draft="self:12"), "only speccore"),
         (cand(Family.DRAFT_MODEL), "needs a draft"),
         (cand(Family.EAGLE, 3, draft="builtin:eagle"), "its own layout"),
+        (cand(Family.MEDUSA, 3, draft="hd-0123456789abcdef01234567"), "T3 head in speccore's layout"),
     ],
 )
 def test_vllm_refuses_what_it_cannot_run(candidate: Candidate, why: str) -> None:

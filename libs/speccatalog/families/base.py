@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Protocol
 
+from speccatalog.artifacts import is_head_id
 from speccatalog.costs import DraftCost
 from speccatalog.targets import DatastoreRef, HeadRef, TargetError, TargetInfo
 
@@ -303,6 +304,11 @@ def external_draft(candidate: CandidateLike, engine: str, draft_path: str | None
         raise EngineRefusal(
             f"{engine} cannot run this candidate: '{draft}' is a layer-truncated copy of the target "
             "that only speccore builds"
+        )
+    if is_head_id(draft):
+        raise EngineRefusal(
+            f"{engine} cannot run this candidate: '{draft}' is a T3 head in speccore's layout; "
+            "apply it to speccore, or train it as EAGLE-3 and `specops heads export` it for vLLM or SGLang"
         )
     if draft.startswith(BUILTIN_PREFIX) and draft_path is None:
         raise EngineRefusal(
