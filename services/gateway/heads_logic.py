@@ -16,13 +16,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope
 from specops_schemas.api import API_PREFIX
-from specops_schemas.catalog import Role
+from specops_schemas.catalog import ErrorStage, Role
+from specops_schemas.events import parse_event
 from specops_schemas.heads import (
     HEAD_EVENT_TYPES,
     LIFECYCLE,
     HeadEpochCompleted,
+    HeadEvent,
     HeadFailed,
     HeadGated,
     HeadRequested,
@@ -48,6 +51,9 @@ RATIONALE_REQUIRED = frozenset({"production", "deprecated"})
 _PRODUCTION_ROLES = frozenset({Role.ADMIN, Role.HEAD_REVIEWER})
 # uuid5 namespace of the head.transitioned a service verdict leads to (derived from its event).
 _TRANSITION_NAMESPACE = uuid.UUID("5b8f7d0e-1c2a-4e63-9f1d-3a7c2b6e8d41")
+# uuid5 namespace of the head.failed a parked head event leads to (derived from the head).
+_DEAD_LETTER_NAMESPACE = uuid.UUID("0f3b6f0a-6a43-4c1e-8f38-2b9d7c51a6e2")
+DEAD_LETTER_ERROR_CHARS = 300
 
 
 def head_location(head_id: str) -> str:
@@ -203,3 +209,27 @@ def forgets_winners(move: HeadTransition) -> bool:
 
 def writes_approval(move: HeadTransition) -> bool:
     return move.to_state == "production"
+
+
+def dead_letter_failure(letter: DeadLetter, producer: str) -> Envelope[HeadFailed] | None:
+    """The head.failed (error_stage dead_letter) that ends a head whose event a service gave up
+    on (a trainer that keeps dying on a head.requested, a gate on its head.trained); None when
+    the letter holds no head event, or only one of the registry's own. Its id derives from the
+    head, so however many of the head's events are parked, it fails once."""
+    try:
+        parked = parse_event(letter.data)
+    except ValueError:
+        return None
+    payload = parked.payload
+    if not isinstance(payload, HeadEvent) or isinstance(payload, HeadFailed | HeadTransitioned):
+        return None
+    error = letter.error.strip() or "no error text"
+    if len(error) > DEAD_LETTER_ERROR_CHARS:
+        error = error[: DEAD_LETTER_ERROR_CHARS - 3] + "..."
+    message = (
+        f"{letter.service} gave up on {parked.type} after {letter.deliveries} deliveries and parked "
+        f"it on the dead-letter queue: {error} (once that is fixed, submit the head again)"
+    )
+    failed = HeadFailed(head_id=payload.head_id, error_stage=ErrorStage.DEAD_LETTER, message=message)
+    event_id = str(uuid.uuid5(_DEAD_LETTER_NAMESPACE, payload.head_id))
+    return parked.follow(failed, producer=producer).model_copy(update={"event_id": event_id})

@@ -24,7 +24,7 @@ from specops_schemas.api import (
     RunStatusResponse,
 )
 from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunRequested
-from specops_schemas.heads import HeadRequested, HeadTransitioned
+from specops_schemas.heads import HeadFailed, HeadRequested, HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
 from specops_schemas.tune import TuneRequested
 from specops_services.gateway import cache, db, engine_flags, heads_db, logic, projection, results, sse
@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 PRODUCER = results.PRODUCER
 # What the gateway publishes on SPEC (its NATS user may publish these subjects, and the
 # tenants' result subjects, only); run.failed is the reaper's, tune.requested POST tune-sessions',
-# registry.datastore_registered the datastores upload's.
+# registry.datastore_registered the datastores upload's, head.failed the heads projector's for a
+# head whose event a service parked.
 PUBLISHES = (
     RunRequested,
     RunQueued,
@@ -47,6 +48,7 @@ PUBLISHES = (
     DatastoreRegistered,
     HeadRequested,
     HeadTransitioned,
+    HeadFailed,
 )
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 # The problem of a request whose Idempotency-Key another request holds right now.

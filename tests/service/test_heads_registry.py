@@ -2,13 +2,14 @@
 heads/train publishing head.requested, its heads projector folding the trainer's and the gate's
 events (played by the test, which needs no trainer or gate for it) and publishing the
 head.transitioned each verdict leads to, people's transitions with their roles, approvals and
-refusals, deprecation forgetting the tenant's cached answers that listed the head, the
-SSE stream, the SDK and the CLI."""
+refusals, deprecation forgetting the tenant's cached answers that listed the head, a head
+whose event a service parked failed once, the SSE stream, the SDK and the CLI."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import time
 import uuid
@@ -25,6 +26,7 @@ from fixtures.postgres import PostgresCluster
 from nats.js import JetStreamContext
 
 from specbus import make_broker
+from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope, new_event
 from speccatalog.artifacts import head_data_path
 from specops.client import SpecopsAPIError, SpeculativeClient
@@ -285,6 +287,42 @@ async def test_uploads_train_and_the_gate_verdict(
         foreign_list == {"heads": []} and foreign_get.status_code == 404 and foreign_stream.status_code == 404
     )
     assert sorted(e.payload.transition.to_state for e in all_moves) == ["failed", "rejected", "validated"]
+
+
+async def test_a_head_whose_event_was_parked_fails_once(db: str, nats_url: str, js: JetStreamContext) -> None:
+    """A trainer that keeps dying on a head.requested parks it: the head fails with the reason
+    (error_stage dead_letter) instead of training for ever, however often its letters come."""
+    async with running_gateway(db, nats_url) as gw:
+        sha = (
+            await gw.client.post(
+                f"{HEADS}/data", content=JSONL, headers=gw.auth(**{"Content-Type": "application/jsonl"})
+            )
+        ).json()["sha256"]
+        head_id = (await gw.client.post(f"{HEADS}/train", json=train_body(sha), headers=gw.auth())).json()[
+            "id"
+        ]
+        requested = (await bus.events(js, f"spec.head.{head_id}.requested"))[0]
+        letter = DeadLetter(
+            service="head_trainer",
+            subject=f"spec.head.{head_id}.requested",
+            data=base64.b64encode(requested.model_dump_json().encode()),
+            deliveries=5,
+            error="MemoryError: cannot allocate the target",
+        )
+        nc = await nats.connect(nats_url)
+        try:
+            for _ in range(2):  # the same letter twice, as a redrive and a new park would
+                await nc.jetstream().publish("spec.dlq.head_trainer", letter.model_dump_json().encode())
+        finally:
+            await nc.close()
+        failed = await wait_head(gw, head_id, "failed")
+        moves = await bus.events(js, f"spec.head.{head_id}.transitioned")
+        await asyncio.sleep(1.0)  # time for a second letter to fail it again, if it would
+        failures = await bus.events(js, f"spec.head.{head_id}.failed")
+    assert "head_trainer gave up on head.requested" in failed["error"]
+    assert "MemoryError" in failed["error"]
+    assert [e.payload.error_stage for e in failures] == [ErrorStage.DEAD_LETTER]
+    assert [m.payload.transition.to_state for m in moves] == ["failed"]
 
 
 async def audited_moves(dsn: str, nats_url: str, head_id: str, *, at_least: int) -> list[str]:

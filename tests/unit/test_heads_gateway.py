@@ -3,10 +3,12 @@ head where, and what each head.* event does to the registry's head."""
 
 from __future__ import annotations
 
+import base64
 from datetime import UTC, datetime
 
 import pytest
 
+from specbus.dlq import DeadLetter
 from specbus.envelope import new_event
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import ErrorStage, Role
@@ -197,3 +199,36 @@ def test_runs_with_uat_heads_bypass_the_winner_cache() -> None:
     }
     assert cache.cacheable(RunCreateRequest.model_validate(body))
     assert not cache.cacheable(RunCreateRequest.model_validate(body | {"include_uat_heads": True}))
+
+
+def letter(body: bytes) -> DeadLetter:
+    return DeadLetter(
+        service="head_trainer",
+        subject=f"spec.head.{HEAD}.requested",
+        data=base64.b64encode(body),
+        deliveries=5,
+        error="MemoryError: " + "x" * 1000,
+    )
+
+
+def test_a_parked_head_event_fails_its_head_once() -> None:
+    parked = requested()
+    failed = heads_logic.dead_letter_failure(letter(parked.model_dump_json().encode()), "gateway")
+    assert failed is not None and failed.payload.head_id == HEAD
+    assert failed.payload.error_stage == ErrorStage.DEAD_LETTER and failed.tenant_id == parked.tenant_id
+    assert (
+        len(failed.payload.message) < 500
+        and "head_trainer gave up on head.requested" in failed.payload.message
+    )
+    # A letter of the same head again (a redrive parked anew) derives the same event: it fails once.
+    again = heads_logic.dead_letter_failure(letter(parked.model_dump_json().encode()), "gateway")
+    assert again is not None and again.event_id == failed.event_id
+    # A parked head.failed already says the head failed; a body that is no event names no head.
+    own = new_event(
+        HeadFailed(head_id=HEAD, error_stage=ErrorStage.TRAINING, message="x"),
+        tenant_id="acme",
+        correlation_id=HEAD,
+        producer="head_trainer",
+    )
+    assert heads_logic.dead_letter_failure(letter(own.model_dump_json().encode()), "gateway") is None
+    assert heads_logic.dead_letter_failure(letter(b"{not json"), "gateway") is None
