@@ -24,22 +24,19 @@ server (the event's occurred_at minus the run's created_at).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import platform
 import statistics
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import fresh_token, machine
+
 from specops.client import Run, SpeculativeClient, default_url
-from specops_schemas.catalog import Role
 from specops_schemas.events import RunPredicted
-from specops_services.gateway.tokens import issue_token
 from specplatform.settings import load_settings
 
 PREDICTED_LIMIT_S = 5.0
@@ -107,13 +104,6 @@ def hits(client: SpeculativeClient, scenario: str, n: int, samples: Samples) -> 
                 samples.add(scenario, "hit_post_to_sse_completed_s", time.monotonic() - start)
 
 
-def fresh_token(dsn: str) -> str:
-    tenant = f"t1-latency-{uuid.uuid4().hex[:12]}"
-    return asyncio.run(
-        issue_token(dsn, tenant_id=tenant, role=Role.DEVELOPER, name="bench/t1_latency.py")
-    ).secret
-
-
 def summarise(samples: Samples) -> list[dict[str, Any]]:
     rows = []
     order = {name: i for i, name in enumerate(METRICS)}
@@ -146,17 +136,6 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "python": sys.version.split()[0],
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -176,7 +155,9 @@ def main() -> int:
     plan = [("predicted", args.n), ("measured", args.measured_runs)]
     for scenario, runs in plan:
         for i in range(runs):
-            with SpeculativeClient(args.url, fresh_token(dsn)) as client:
+            with SpeculativeClient(
+                args.url, fresh_token(dsn, "t1-latency", name="bench/t1_latency.py")
+            ) as client:
                 print(f"{scenario} {i + 1}/{runs}: cache miss ...", file=sys.stderr, flush=True)
                 run = miss(client, scenario, samples)
                 winner = run.winner.candidate.candidate_id if run.winner is not None else "none"

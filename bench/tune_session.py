@@ -21,35 +21,25 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
-import platform
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
+from common import fresh_token, machine
+
 from specops.client import SpeculativeClient, default_url
 from specops_schemas.candidates import CandidateResult
-from specops_schemas.catalog import Role
 from specops_schemas.tune import TrialResult, TuneSessionResponse, TuneTrialCompleted
-from specops_services.gateway.tokens import issue_token
 from specplatform.settings import load_settings
 
 MODEL = "smollm2-135m-instruct"
 TARGET = {"model_ref": MODEL, "gpu": "cpu", "engine": "speccore"}
 RUN_TIMEOUT_S = 1800.0
 REGISTER_WAIT_S = 5.0
-
-
-def fresh_token(dsn: str) -> str:
-    tenant = f"tune-bench-{uuid.uuid4().hex[:12]}"
-    return asyncio.run(
-        issue_token(dsn, tenant_id=tenant, role=Role.DEVELOPER, name="bench/tune_session.py")
-    ).secret
 
 
 def corpus_jsonl(folders: list[Path]) -> bytes:
@@ -165,17 +155,6 @@ def _same_config(a: Any, b: Any) -> bool:
     )
 
 
-def machine() -> dict[str, Any]:
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "load_average": os.getloadavg(),
-        "python": sys.version.split()[0],
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -192,7 +171,7 @@ def main() -> int:
 
     dsn = args.database_url or load_settings().require_database_url()
     before = machine()
-    with SpeculativeClient(args.url, fresh_token(dsn)) as client:
+    with SpeculativeClient(args.url, fresh_token(dsn, "tune-bench", name="bench/tune_session.py")) as client:
         datastore_id = None
         if args.corpus_dir:
             data = corpus_jsonl(args.corpus_dir)
