@@ -12,7 +12,6 @@ loads the target and the prompts and takes the device's host lock.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -157,11 +156,3 @@ def _total(ms: Sequence[GenerationMetrics]) -> GenerationMetrics:
         total.drafted_tokens += m.drafted_tokens
         total.accepted_tokens += m.accepted_tokens
     return total
-
-
-def head_provenance(head_dir: Path) -> dict[str, object]:
-    """config.json's provenance of a head (its head_id, target, ...), {} when absent."""
-    try:
-        return dict(json.loads((head_dir / "config.json").read_text()).get("provenance") or {})
-    except (OSError, ValueError):
-        return {}

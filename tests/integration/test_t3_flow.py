@@ -8,13 +8,16 @@ validated -> production 409, a developer's promotion to production 403, a promot
 rationale 422); `uat` (developer) -> `production` (head reviewer, approval row with the
 rationale); a new T1 run of the tenant lists and measures the head; deprecation -> the same
 request is no cache hit on the answer that listed the head, and the new run does not offer
-it. Every move is an event, and the audit log holds each.
+it. Every move is an event, and the audit log holds each. And seed 000's Example 1 on a
+published head: a vLLM H100 run of Llama-3.1-8B-Instruct (predicted here) lists the
+published EAGLE-3 head, and `apply` renders the `--speculative-config` that loads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from pathlib import Path
 
@@ -39,6 +42,7 @@ TARGET = {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccor
 WORKLOAD = "chat"
 WAIT_S = 900.0
 RATIONALE = "held-out acceptance checked by hand"
+PUBLISHED_EAGLE3 = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
 # A head small enough to train in seconds on two cores, gated on two held-out prompts. The
 # threshold is low: three epochs on 160 examples is what this test can afford, not a good
 # head (it measured acceptance 0.062 on the gate's prompts, 2026-11-25).
@@ -85,6 +89,7 @@ def test_t3_through_the_gateway(monkeypatch: pytest.MonkeyPatch) -> None:
             assert deprecated.state == "deprecated"
             again = _t1_after_deprecation(client, head, measured)
             types = [e.type for e in client.heads.stream(head.id)]
+            _published_head_on_vllm(other)
         _audited(runtime.database_url, head.id)
     moves = [f"{t.from_state}->{t.to_state}" for t in deprecated.transitions]
     assert moves == ["training->validated", "validated->uat", "uat->production", "production->deprecated"]
@@ -179,6 +184,17 @@ def _t1_after_deprecation(client: SpeculativeClient, head: HeadResponse, before:
     assert run.status == "completed" and not run.cache_hit and run.id != before.id, run
     assert not _uses(run, head.id)
     return run
+
+
+def _published_head_on_vllm(client: SpeculativeClient) -> None:
+    target = {"model_ref": "meta-llama/Llama-3.1-8B-Instruct", "gpu": "H100-80GB", "engine": "vllm"}
+    run = client.runs.wait(client.runs.create(target=target, workload=WORKLOAD).id, timeout=WAIT_S)
+    assert run.status == "completed" and run.measured is False, run
+    published = [c for c in run.candidates if c.candidate.draft == PUBLISHED_EAGLE3]
+    assert published, [c.candidate.candidate_id for c in run.candidates]
+    applied = client.runs.apply(run.id, candidate_id=published[0].candidate.candidate_id)
+    config = json.loads(applied.cli_args[applied.cli_args.index("--speculative-config") + 1])
+    assert config["method"] == "eagle3" and config["model"] == PUBLISHED_EAGLE3, config
 
 
 def _audited(database_url: str, head_id: str) -> None:

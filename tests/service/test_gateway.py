@@ -450,10 +450,9 @@ async def test_cache_hit_completes_at_once_and_is_recorded(gw: Gateway) -> None:
                 Jsonb(["ngram-k4"]),
             ),
         )
-    start = time.monotonic()
-    # `h100` is the same profile as `H100-80GB`, so it shares the cached winner.
+    # `h100` is the same profile as `H100-80GB`, so it shares the cached winner: the POST itself
+    # answers 200 with the run completed (no bus round trip; its latency is bench/t1_latency.py's).
     hit = await gw.create(body=run_body(gpu="h100"))
-    assert time.monotonic() - start < 1.0
     assert hit.status_code == 200, hit.text
     run = hit.json()
     assert run["status"] == "completed" and run["cache_hit"] is True
