@@ -76,8 +76,12 @@ class HeadDataResponse(Model):
 class HeadGateSpec(Model):
     """What the trained head must show on the held-out prompts to be registered `validated`."""
 
+    # The rate is per drafted token: a Medusa chain drafts num_heads tokens a step and its
+    # later heads are weak, so a useful head's rate is low (a 4-head smollm2 head trained on
+    # the CPU measured 0.091 at 1.31x over `none`, bench/results/t3-medusa-rejected-cpu2.json);
+    # an untrained one measures about 0.01.
     min_acceptance: Fraction = Field(
-        0.2, description="Least draft-token acceptance rate (accepted / drafted) measured on speccore."
+        0.05, description="Least draft-token acceptance rate (accepted / drafted) measured on speccore."
     )
     min_speedup: float | None = Field(
         None, gt=0.0, description="Least speedup over `none` on those prompts; None: recorded, not required."
