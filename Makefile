@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench lint asyncapi scale-check chaos tune-bench
+.PHONY: setup test demo bench lint asyncapi scale-check chaos tune-bench t3-bench
 
 setup: $(STAMP)
 
@@ -75,3 +75,8 @@ lint: setup
 # JSON Schema and AsyncAPI 3.0 built from the pydantic models in schemas/; commit the result.
 asyncapi: setup
 	$(PY) -m specops_schemas.generate --out schemas/generated
+
+# A T3 head through a running stack (`specops up`): trained on the shipped ShareGPT exchanges,
+# gated, promoted, measured by a T1 run, deprecated. About 12 minutes on 2 cores.
+t3-bench: setup
+	$(PY) bench/t3_head.py --epochs 4 --min-acceptance 0.05 --out bench/results/t3-medusa-cpu2.json
