@@ -130,6 +130,15 @@ def test_the_best_registry_head_is_always_measured() -> None:
     assert picked == sorted(picked, key=[c.candidate_id for c in ranked].index)
 
 
+def test_a_registry_head_is_pruned_for_engines_that_cannot_load_it() -> None:
+    """A T3 head is in speccore's layout: a vLLM run of its target lists it as pruned, with why."""
+    head = HeadRef(HEAD, "medusa", SMOL, num_heads=2, acceptance=0.3)
+    plan = plan_run(request(SMOL, "H100-80GB", "vllm"), run_id="r2", host=CPU_HOST, available_heads=[head])
+    assert HEAD not in drafts(plan)
+    reasons = {p.reason for p in plan.pruned if p.candidate.draft == HEAD}
+    assert reasons == {"vllm cannot load a T3 head in speccore's layout"}
+
+
 def _ranked(*cands: tuple[str, str, str | None]) -> list[RankedCandidate]:
     return [
         RankedCandidate(

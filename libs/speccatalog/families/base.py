@@ -189,6 +189,8 @@ class FamilySpec:
             return f"{engine} does not implement {self.name}"
         if engine != SPECCORE and (candidate.draft or "").startswith(SELF_PREFIX):
             return f"{engine} cannot build a layer-truncated self draft"
+        if engine != SPECCORE and is_head_id(candidate.draft):
+            return f"{engine} cannot load a T3 head in speccore's layout"
         if engine == VLLM and candidate.tree:
             return "vLLM takes no static draft tree (speculative_token_tree was removed)"
         return None
