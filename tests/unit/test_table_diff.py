@@ -56,7 +56,7 @@ def test_the_compared_tables_leave_out_pure_bookkeeping() -> None:
     by_name = {spec.name: spec for spec in TABLES}
     assert set(by_name) == {
         "runs", "run_events", "candidates", "bench_results", "gate_results", "datastores", "winner_cache",
-        "tune_sessions", "tune_session_events",
+        "tune_sessions", "tune_session_events", "heads", "head_events", "speculative_head_approvals",
     }  # fmt: skip
     assert not {"created_at", "updated_at"} & set(by_name["runs"].columns)
     # A session's created_at is its tune.requested's time, written from the event; updated_at is not.
