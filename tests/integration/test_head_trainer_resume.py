@@ -9,15 +9,13 @@ import hashlib
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 from fixtures import bus
+from fixtures.process import service_process
 from heads_data import head_requested
 from nats.js import JetStreamContext
 
@@ -33,28 +31,6 @@ TENANT = "acme"
 CHECKPOINT_EVERY = 1
 BATCH_TOKENS = 256  # many steps per epoch on 40 examples, so the kill lands mid-epoch
 WAIT_S = 120.0
-
-
-@contextmanager
-def _trainer_process(log: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    """The head-trainer as its own process, started as `specops serve head-trainer` does."""
-    code = (
-        "import argparse\n"
-        "from specops.commands.serve import run_serve\n"
-        "run_serve(argparse.Namespace(service='head-trainer', replica=0, log_level='INFO'))\n"
-    )
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 async def _first_checkpoint(work: Path, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -92,7 +68,7 @@ async def test_a_trainer_killed_mid_epoch_resumes_to_the_weights_of_an_uninterru
     log = tmp_path / "trainer.log"
     ack = await publish(js, event)
 
-    with _trainer_process(log, env) as first:
+    with service_process("head-trainer", log, env) as first:
         await _first_checkpoint(work, first, log)
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -102,7 +78,7 @@ async def test_a_trainer_killed_mid_epoch_resumes_to_the_weights_of_an_uninterru
     assert killed_at["epoch"] == 0 and killed_at["batch"] >= 1
     assert await bus.count(js, f"spec.head.{head_id}.trained") == 0
 
-    with _trainer_process(log, env):
+    with service_process("head-trainer", log, env):
         [trained] = await bus.events(js, f"spec.head.{head_id}.trained", wait_s=WAIT_S)
         await bus.acked(js, consumer_name(SERVICE, HANDLER), ack)
         starts = await bus.events(js, f"spec.head.{head_id}.training_started", at_least=2)

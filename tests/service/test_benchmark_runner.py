@@ -6,11 +6,10 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import huggingface_hub.constants
 import psycopg
 import pytest
 from fixtures import bus
+from fixtures.process import service_process
 from nats.js import JetStreamContext
 
 from specbus import RetryPolicy, SpecBroker, consumer_name, publish
@@ -158,30 +158,6 @@ async def test_a_target_that_cannot_load_fails_the_run_at_once(
     assert bus.sql(db, "SELECT * FROM bench_results") == []
 
 
-@contextmanager
-def _runner_process(log: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    """The benchmark-runner as its own process, started as `specops serve benchmark-runner` does."""
-    # The serve command's handler itself (service lookup, logging, settings from the
-    # environment), called directly so the test does not depend on the CLI's wiring.
-    code = (
-        "import argparse\n"
-        "from specops.commands.serve import run_serve\n"
-        "run_serve(argparse.Namespace(service='benchmark-runner', replica=0, log_level='INFO'))\n"
-    )
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 async def _first_rows(dsn: str, bench_id: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + WAIT_S
     while not _rep_rows(dsn, bench_id):
@@ -212,14 +188,14 @@ async def test_a_runner_killed_mid_bench_resumes_without_storing_or_announcing_a
     log = tmp_path / "runner.log"
     ack = await publish(js, event)
 
-    with _runner_process(log, env) as first:
+    with service_process("benchmark-runner", log, env) as first:
         await _first_rows(db, bench_id, first, log)
         first.send_signal(signal.SIGKILL)
         first.wait()
     before = _rep_rows(db, bench_id)
     assert 1 <= len(before) < 2 * reps, "the runner must die mid-bench"
 
-    with _runner_process(log, env):
+    with service_process("benchmark-runner", log, env):
         [done] = await bus.events(js, f"spec.bench.{bench_id}.completed", at_least=1)
         await bus.acked(js, consumer_name(SERVICE, HANDLER), ack)
         rep_events = await bus.events(js, f"spec.bench.{bench_id}.rep_measured", at_least=2 * reps)
