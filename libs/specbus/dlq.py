@@ -48,6 +48,11 @@ class DeadLetter(Model):
     )
     parked_at: UtcDatetime = Field(default_factory=utc_now, description="When it was parked, UTC.")
 
+    def brief_error(self, limit: int) -> str:
+        """The last error, stripped and cut to at most `limit` characters (ending in "...")."""
+        error = self.error.strip() or "no error text"
+        return error if len(error) <= limit else error[: limit - 3] + "..."
+
 
 # The largest body a letter carries itself: base64 makes it 4/3 larger, and the letter
 # with its headers must stay under NATS's 1 MiB message limit, or parking fails and the

@@ -223,9 +223,7 @@ def dead_letter_failure(letter: DeadLetter, producer: str) -> Envelope[HeadFaile
     payload = parked.payload
     if not isinstance(payload, HeadEvent) or isinstance(payload, HeadFailed | HeadTransitioned):
         return None
-    error = letter.error.strip() or "no error text"
-    if len(error) > DEAD_LETTER_ERROR_CHARS:
-        error = error[: DEAD_LETTER_ERROR_CHARS - 3] + "..."
+    error = letter.brief_error(DEAD_LETTER_ERROR_CHARS)
     message = (
         f"{letter.service} gave up on {parked.type} after {letter.deliveries} deliveries and parked "
         f"it on the dead-letter queue: {error} (once that is fixed, submit the head again)"

@@ -369,9 +369,7 @@ def dead_letter_failed(letter: DeadLetter, parked: Envelope[Any]) -> Envelope[Ru
     Its id is derived from the run, so however many of a run's events are parked (and
     however often their letters arrive), the run is failed by one event.
     """
-    error = letter.error.strip() or "no error text"
-    if len(error) > DEAD_LETTER_ERROR_CHARS:
-        error = error[: DEAD_LETTER_ERROR_CHARS - 3] + "..."
+    error = letter.brief_error(DEAD_LETTER_ERROR_CHARS)
     message = (
         f"{letter.service} gave up on {parked.type} ({letter.subject}) after {letter.deliveries} "
         f"deliveries and parked it on the dead-letter queue: {error} (once that is fixed, an "
