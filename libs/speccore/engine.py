@@ -176,18 +176,9 @@ class Engine:
             raise SpecError("no prompts to generate from")
         if len({r.sampling for r in requests}) != 1:
             raise SpecError("all requests of one batch must share sampling parameters")
-        limit = self.target.max_context
         seqs = []
         for r in requests:
-            if not r.prompt_ids:
-                raise SpecError("the prompt is empty")
-            if r.max_new_tokens <= 0:
-                raise SpecError(f"max_new_tokens must be positive, got {r.max_new_tokens}")
-            if len(r.prompt_ids) + r.max_new_tokens > limit:
-                raise SpecError(
-                    f"prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
-                    f"the model's context of {limit} tokens"
-                )
+            self.check_request(r)
             gen = None
             if not r.sampling.greedy:
                 gen = torch.Generator()
@@ -201,6 +192,19 @@ class Engine:
                 )
             )
         return seqs
+
+    def check_request(self, r: Request) -> None:
+        """Raise SpecError if the request can never run: empty prompt, no new tokens, too long."""
+        limit = self.target.max_context
+        if not r.prompt_ids:
+            raise SpecError("the prompt is empty")
+        if r.max_new_tokens <= 0:
+            raise SpecError(f"max_new_tokens must be positive, got {r.max_new_tokens}")
+        if len(r.prompt_ids) + r.max_new_tokens > limit:
+            raise SpecError(
+                f"prompt of {len(r.prompt_ids)} tokens plus {r.max_new_tokens} new tokens exceeds "
+                f"the model's context of {limit} tokens"
+            )
 
     def _prefill(self, run: _Run) -> torch.Tensor | None:
         """Commit every prompt token but the last, which is the first step's pending token.
