@@ -6,8 +6,15 @@ running), runs one propose -> verify -> commit over every running row, and
 reports each row's new tokens. Rows at different acceptance share a step: each
 keeps its own accepted path. Not thread-safe: one thread owns the batcher.
 
-Requests with different sampling parameters run in separate batches (the
-verifier takes one setting per batch), stepped in turn.
+Requests with different sampling parameters run in separate lanes (the
+verifier takes one setting per batch), stepped in turn within one step.
+
+Joining: the new rows are prefilled in a cache of their own and the proposer is
+started on them alone; then their KV cache and proposer state are appended to the
+lane's (``Proposer.row_state``, ``speccore.rows``). Leaving: finished rows are
+cut out of both. The kernels are row-invariant (``cpu_kernels``), so a request's
+tokens do not depend on which other requests share its steps: greedy output equals
+the request decoded alone, and seeded sampling draws the same tokens.
 """
 
 from __future__ import annotations
@@ -15,9 +22,14 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
-from speccore.engine import Engine, Generation, Request
+import torch
+
+from speccore import rows
+from speccore.engine import Batch, Engine, Generation, Request
 from speccore.errors import SpecError
+from speccore.sampling import SamplingParams
 
 
 @dataclass(slots=True)
@@ -38,6 +50,15 @@ class StepReport:
     updates: list[RowUpdate] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _Lane:
+    """The running rows of one sampling setting: their batch, handles and proposer state."""
+
+    batch: Batch
+    handles: list[int]
+    state: dict[str, Any]
+
+
 class ContinuousBatcher:
     def __init__(self, engine: Engine, max_rows: int = 32) -> None:
         if max_rows <= 0:
@@ -47,6 +68,9 @@ class ContinuousBatcher:
         self._handles = itertools.count(1)
         self._waiting: deque[tuple[int, Request]] = deque()
         self._cancelled: set[int] = set()
+        self._lanes: dict[SamplingParams, _Lane] = {}
+        proposer = engine.proposer
+        self._row_state: tuple[str, ...] = proposer.row_state if proposer is not None else ()
 
     def check(self, request: Request) -> None:
         """Raise SpecError if the request can never run (empty prompt, too long for the context)."""
@@ -60,7 +84,7 @@ class ContinuousBatcher:
         return handle
 
     def cancel(self, handle: int) -> None:
-        """Drop a request: waiting, it never runs; running, it leaves at the next step."""
+        """Drop a request: waiting, it never runs; running, it leaves before the next step."""
         self._cancelled.add(handle)
 
     @property
@@ -69,35 +93,101 @@ class ContinuousBatcher:
 
     @property
     def running(self) -> int:
-        return 0
+        return sum(len(lane.handles) for lane in self._lanes.values())
 
     @property
     def idle(self) -> bool:
-        return not self._waiting
+        return not self._waiting and not self._lanes
 
+    @torch.inference_mode()
     def step(self) -> StepReport:
-        """Interim: runs the waiting requests of one sampling setting to the end as one batch."""
+        """Admit waiting requests, run one step of every lane, retire the finished rows."""
         report = StepReport()
-        if not self._waiting:
-            return report
-        sampling = self._waiting[0][1].sampling
-        wave = [(h, r) for h, r in self._waiting if r.sampling == sampling][: self.max_rows]
-        for item in wave:
-            self._waiting.remove(item)
-        wave = [(h, r) for h, r in wave if h not in self._cancelled]
-        if not wave:
-            return report
-        report.admitted = [h for h, _ in wave]
-        results = self.engine.generate([r for _, r in wave])
-        for (handle, _), gen in zip(wave, results, strict=True):
-            report.updates.append(
+        self._drop_cancelled()
+        report.admitted = self._admit()
+        for sampling in list(self._lanes):
+            report.updates += self._step_lane(sampling)
+        return report
+
+    def _drop_cancelled(self) -> None:
+        if not self._cancelled:
+            return
+        self._waiting = deque((h, r) for h, r in self._waiting if h not in self._cancelled)
+        for sampling, lane in list(self._lanes.items()):
+            keep = [i for i, h in enumerate(lane.handles) if h not in self._cancelled]
+            if len(keep) < len(lane.handles):
+                self._keep(sampling, lane, keep)
+        live = {h for lane in self._lanes.values() for h in lane.handles} | {h for h, _ in self._waiting}
+        self._cancelled &= live
+
+    def _admit(self) -> list[int]:
+        """Move waiting requests into their lanes, oldest first, while rows are free."""
+        free = self.max_rows - self.running
+        joining: dict[SamplingParams, list[tuple[int, Request]]] = {}
+        while self._waiting and free > 0:
+            handle, request = self._waiting.popleft()
+            joining.setdefault(request.sampling, []).append((handle, request))
+            free -= 1
+        for sampling, items in joining.items():
+            self._join(sampling, items)
+        return [h for items in joining.values() for h, _ in items]
+
+    def _join(self, sampling: SamplingParams, items: list[tuple[int, Request]]) -> None:
+        new = self.engine.open_batch([r for _, r in items])  # starts the proposer on these rows alone
+        fresh = rows.snapshot(self.engine.proposer, self._row_state)
+        handles = [h for h, _ in items]
+        lane = self._lanes.get(sampling)
+        if lane is None:
+            self._lanes[sampling] = _Lane(new, handles, fresh)
+            return
+        old, added = len(lane.handles), len(handles)
+        batch = lane.batch
+        batch.seqs += new.seqs
+        batch.requests += new.requests
+        batch.metrics += new.metrics
+        batch.starts += new.starts
+        batch.cache = batch.cache.concat(new.cache)
+        lane.handles += handles
+        lane.state = {n: rows.concat(lane.state[n], fresh[n], old, added) for n in self._row_state}
+
+    def _step_lane(self, sampling: SamplingParams) -> list[RowUpdate]:
+        lane = self._lanes[sampling]
+        batch = lane.batch
+        before = [
+            (len(s.output_ids), m.drafted_tokens, m.accepted_tokens)
+            for s, m in zip(batch.seqs, batch.metrics, strict=True)
+        ]
+        rows.restore(self.engine.proposer, lane.state)
+        self.engine.step(batch)
+        lane.state = rows.snapshot(self.engine.proposer, self._row_state)
+        updates = []
+        for row, (seq, m, (n, drafted, accepted)) in enumerate(
+            zip(batch.seqs, batch.metrics, before, strict=True)
+        ):
+            updates.append(
                 RowUpdate(
-                    handle=handle,
-                    tokens=list(gen.token_ids),
-                    drafted=gen.metrics.drafted_tokens,
-                    accepted=gen.metrics.accepted_tokens,
-                    finished=True,
-                    generation=gen,
+                    handle=lane.handles[row],
+                    tokens=seq.output_ids[n:],
+                    drafted=m.drafted_tokens - drafted,
+                    accepted=m.accepted_tokens - accepted,
+                    finished=seq.finished,
+                    generation=self.engine.result(batch, row) if seq.finished else None,
                 )
             )
-        return report
+        if any(s.finished for s in batch.seqs):
+            self._keep(sampling, lane, [i for i, s in enumerate(batch.seqs) if not s.finished])
+        return updates
+
+    def _keep(self, sampling: SamplingParams, lane: _Lane, keep: list[int]) -> None:
+        """Cut the lane down to these rows (all state moves with them); an empty lane goes."""
+        if not keep:
+            del self._lanes[sampling]
+            return
+        batch = lane.batch
+        batch.seqs = [batch.seqs[i] for i in keep]
+        batch.requests = [batch.requests[i] for i in keep]
+        batch.metrics = [batch.metrics[i] for i in keep]
+        batch.starts = [batch.starts[i] for i in keep]
+        batch.cache = batch.cache.take(keep)
+        lane.handles = [lane.handles[i] for i in keep]
+        lane.state = {n: rows.take(v, keep) for n, v in lane.state.items()}

@@ -58,17 +58,18 @@ class Request:
 
 
 @dataclass(slots=True)
-class _Run:
-    """Everything one generate() call carries between steps."""
+class Batch:
+    """The rows one loop steps together, and what it carries between steps: one
+    generate() call, or a batch that rows join and leave (speccore.batching)."""
 
     seqs: list[Sequence]
     requests: list[Request]
     metrics: list[GenerationMetrics]
     cache: StaticKVCache
     sampling: SamplingParams
-    start: float
+    starts: list[float]  # per row: when it started (perf_counter); emission times count from it
     on_tokens: TokenCallback | None
-    on_logits: LogitsCallback | None
+    on_logits: LogitsCallback | None = None
 
 
 @dataclass(slots=True)
@@ -137,41 +138,51 @@ class Engine:
         on_logits(row, logits) hands out the verify pass's target logits behind
         every emitted token (the quality gate compares them with plain decoding).
         """
-        seqs = self._validate(requests)
+        run = self.open_batch(requests, on_tokens, on_logits)
+        while not all(s.finished for s in run.seqs):
+            self.step(run)
+        return [self.result(run, row) for row in range(len(run.seqs))]
+
+    @torch.inference_mode()
+    def open_batch(
+        self,
+        requests: list[Request],
+        on_tokens: TokenCallback | None = None,
+        on_logits: LogitsCallback | None = None,
+    ) -> Batch:
+        """Check the requests, prefill their prompts in a new cache and start the proposer on them."""
+        seqs = self.sequences(requests)
         capacity = max(len(s.prompt_ids) for s in seqs) + max(s.max_new_tokens for s in seqs) + BLOCK_HEADROOM
-        run = _Run(
+        now = time.perf_counter()
+        run = Batch(
             seqs=seqs,
-            requests=requests,
+            requests=list(requests),
             metrics=[GenerationMetrics(prompt_tokens=len(s.prompt_ids)) for s in seqs],
             cache=self.runner.new_cache(len(seqs), capacity),
             sampling=seqs[0].sampling,
-            start=time.perf_counter(),
+            starts=[now] * len(seqs),
             on_tokens=on_tokens,
             on_logits=on_logits,
         )
         features = self._prefill(run)
         if self.proposer is not None:
             self.proposer.start(seqs, features)
-        while not all(s.finished for s in seqs):
-            self._step(run)
+        return run
 
-        extra = self.proposer.extra_memory_bytes() if self.proposer is not None else 0
-        results = []
-        for seq, m in zip(seqs, run.metrics, strict=True):
-            m.new_tokens = len(seq.output_ids)
-            m.extra_memory_bytes = extra
-            text = str(self.target.tokenizer.decode(seq.output_ids, skip_special_tokens=True))
-            results.append(
-                Generation(
-                    token_ids=seq.output_ids,
-                    text=text,
-                    finish_reason=seq.finish_reason or "length",
-                    metrics=m,
-                )
-            )
-        return results
+    def result(self, run: Batch, row: int) -> Generation:
+        """A row's output and metrics (final once the row has finished)."""
+        seq, m = run.seqs[row], run.metrics[row]
+        m.new_tokens = len(seq.output_ids)
+        m.extra_memory_bytes = self.proposer.extra_memory_bytes() if self.proposer is not None else 0
+        return Generation(
+            token_ids=seq.output_ids,
+            text=str(self.target.tokenizer.decode(seq.output_ids, skip_special_tokens=True)),
+            finish_reason=seq.finish_reason or "length",
+            metrics=m,
+        )
 
-    def _validate(self, requests: list[Request]) -> list[Sequence]:
+    def sequences(self, requests: list[Request]) -> list[Sequence]:
+        """Each request checked and turned into a sequence with its own generator; one sampling setting."""
         if not requests:
             raise SpecError("no prompts to generate from")
         if len({r.sampling for r in requests}) != 1:
@@ -206,7 +217,7 @@ class Engine:
                 f"the model's context of {limit} tokens"
             )
 
-    def _prefill(self, run: _Run) -> torch.Tensor | None:
+    def _prefill(self, run: Batch) -> torch.Tensor | None:
         """Commit every prompt token but the last, which is the first step's pending token.
 
         Returns the proposer's features of the committed tokens ([batch, n-1, F]) if it reads any.
@@ -228,7 +239,8 @@ class Engine:
         hidden, tapped = self.runner.forward_tapped(cache, tokens, parents, taps=self.taps)
         return hidden, tapped if tapped is not None else hidden
 
-    def _step(self, run: _Run) -> None:
+    @torch.inference_mode()
+    def step(self, run: Batch) -> None:
         """propose -> verify -> commit, then count, emit and let the proposer observe."""
         active = [not s.finished for s in run.seqs]
         t0 = time.perf_counter()
@@ -265,7 +277,7 @@ class Engine:
         )
         return Verified(block=block, logits=logits, features=features, verdict=verdict, active=active)
 
-    def _emit(self, run: _Run, row: int, new: list[int], step: Verified) -> None:
+    def _emit(self, run: Batch, row: int, new: list[int], step: Verified) -> None:
         """A row's new tokens: their logits to on_logits, the kept ones to the sequence and on_tokens,
         and the time they reached the caller to the row's metrics."""
         if run.on_logits is not None:
@@ -277,7 +289,7 @@ class Engine:
             kept = cut_at_stop(seq, stops, len(kept), self.target.tokenizer)
         if run.on_tokens is not None and kept:
             run.on_tokens(row, kept)
-        run.metrics[row].mark_emitted(time.perf_counter() - run.start, finished=seq.finished)
+        run.metrics[row].mark_emitted(time.perf_counter() - run.starts[row], finished=seq.finished)
 
 
 def block_of(seqs: list[Sequence], tree: DraftTree) -> Block:

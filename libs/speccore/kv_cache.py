@@ -103,3 +103,38 @@ class StaticKVCache:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self._keys, *self._values))
+
+    def take(self, rows: list[int]) -> StaticKVCache:
+        """A cache of these rows only, in this order (continuous batching drops finished rows)."""
+        out = StaticKVCache(len(rows), self.capacity, self.device, self.dtype)
+        index = torch.tensor(rows, dtype=torch.long)
+        out.lengths = self.lengths[index].clone()
+        on_device = index.to(self.device)
+        out._keys = [k[on_device] for k in self._keys]
+        out._values = [v[on_device] for v in self._values]
+        return out
+
+    def concat(self, other: StaticKVCache) -> StaticKVCache:
+        """This cache's rows, then ``other``'s, in one cache as long as the longer of the two
+        (continuous batching adds newly prefilled rows to a running batch)."""
+        out = StaticKVCache(
+            self.batch + other.batch, max(self.capacity, other.capacity), self.device, self.dtype
+        )
+        out.lengths = torch.cat([self.lengths, other.lengths])
+        for mine, theirs, into in (
+            (self._keys, other._keys, out._keys),
+            (self._values, other._values, out._values),
+        ):
+            for layer in range(max(len(mine), len(theirs))):
+                parts = [
+                    mine[layer] if layer < len(mine) else None,
+                    theirs[layer] if layer < len(theirs) else None,
+                ]
+                like = next(p for p in parts if p is not None)
+                buf = like.new_zeros((out.batch, like.shape[1], out.capacity, like.shape[3]))
+                if parts[0] is not None:
+                    buf[: self.batch, :, : self.capacity] = parts[0]
+                if parts[1] is not None:
+                    buf[self.batch :, :, : other.capacity] = parts[1]
+                into.append(buf)
+        return out

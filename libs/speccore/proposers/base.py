@@ -139,6 +139,10 @@ class Proposer(ABC):
     # With needs_hidden_states, the target features the engine hands over: () for the
     # final hidden state, else the outputs of these decoder layers, concatenated in order.
     feature_layers: tuple[int, ...] = ()
+    # Attributes holding per-row state (a list per row, a tensor with the batch first, a KV
+    # cache, or None before start): continuous batching (speccore.rows) selects and joins them
+    # as rows finish and join, so a family that keeps any across steps must name it here.
+    row_state: ClassVar[tuple[str, ...]] = ()
 
     def start(  # noqa: B027 - optional hook
         self, seqs: list[Sequence], features: torch.Tensor | None = None

@@ -59,6 +59,7 @@ def resolve_draft(ref: str | None, target: LoadedModel) -> tuple[PreTrainedModel
 
 class DraftModelProposer(Proposer):
     family = "draft_model"
+    row_state = ("cache",)
 
     def __init__(self, cfg: ProposerConfig, target: LoadedModel) -> None:
         self.k = cfg.k
@@ -72,7 +73,10 @@ class DraftModelProposer(Proposer):
 
     def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
         cache = self.cache
-        steps = max((min(self.k, s.remaining - 1) for s in seqs if not s.finished), default=0)
+        # Each row drafts its own budget: a row draws from its generator only for its own
+        # drafts, so its sampled tokens do not depend on the rows beside it.
+        budgets = [0 if s.finished else max(min(self.k, s.remaining - 1), 0) for s in seqs]
+        steps = max(budgets, default=0)
         if cache is None or steps <= 0:
             return DraftTree.empty(len(seqs))
         # Catch up on every token the draft has not seen, pending token included.
@@ -91,7 +95,9 @@ class DraftModelProposer(Proposer):
                 token = logits.argmax(-1)
             else:
                 q = probs_from_logits(logits, ctx.sampling)
-                token = torch.tensor([sample(q[r], g) for r, g in enumerate(ctx.generators)])
+                token = torch.tensor(
+                    [sample(q[r], g) if step < budgets[r] else 0 for r, g in enumerate(ctx.generators)]
+                )
                 probs.append(q)
             drafts.append(token)
             if step + 1 < steps:
@@ -100,9 +106,7 @@ class DraftModelProposer(Proposer):
         return DraftTree(
             tokens=torch.stack(drafts, 1),
             parents=chain_parents(len(seqs), steps),
-            acceptable=torch.tensor(
-                [[not s.finished and i < s.remaining - 1 for i in range(steps)] for s in seqs]
-            ),
+            acceptable=torch.tensor([[i < budget for i in range(steps)] for budget in budgets]),
             draft_probs=torch.stack(probs, 1) if probs else None,
         )
 

@@ -46,6 +46,7 @@ class _Pool:
 class EagleProposer(Proposer):
     family = "eagle"
     needs_hidden_states = True
+    row_state = ("cache", "last", "ready", "queued_tokens", "queued_features")
 
     def __init__(self, cfg: ProposerConfig, target: LoadedModel) -> None:
         config = open_head(cfg.head, self.family, target)

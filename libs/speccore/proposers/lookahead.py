@@ -161,6 +161,7 @@ class _Row:
 
 class LookaheadProposer(Proposer):
     family = "lookahead"
+    row_state = ("_rows",)
 
     def __init__(self, cfg: ProposerConfig) -> None:
         knobs = knob_values(self.family, cfg)

@@ -23,6 +23,7 @@ from speccore.state import Sequence
 class MedusaProposer(Proposer):
     family = "medusa"
     needs_hidden_states = True
+    row_state = ("last", "ready")
 
     def __init__(self, cfg: ProposerConfig, target: LoadedModel) -> None:
         config = open_head(cfg.head, self.family, target)

@@ -45,6 +45,7 @@ def lookup(tokens: list[int], k: int, ngram_min: int, ngram_max: int) -> list[in
 
 class NgramProposer(Proposer):
     family = "ngram"
+    row_state = ("indexes",)
 
     def __init__(self, cfg: ProposerConfig) -> None:
         knobs = knob_values(self.family, cfg)

@@ -1,0 +1,154 @@
+"""Continuous batching on the real model: requests that join a running batch
+between steps, and leave it when done, get exactly the tokens they get alone.
+
+Every drafting family keeps per-row state across steps (KV caches, pools,
+features); joining and leaving moves it with the row. The kernels are
+row-invariant, so greedy output is the request's own greedy output, and seeded
+sampling draws the same tokens whoever shares the batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from speccore.batching import ContinuousBatcher
+from speccore.engine import Engine, Request
+from speccore.errors import SpecError
+from speccore.proposers.base import ProposerConfig
+from speccore.sampling import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+TEXTS = [
+    "Write a python function that reverses a list.",
+    "What is the capital of France?",
+    "List the seven wonders of the ancient world, then list them again.",
+    "Tell me a story about a cat.",
+    "1, 2, 3, 4, 5,",
+    "Explain TCP in one line.",
+]
+SETTINGS = [
+    ("none", ProposerConfig()),
+    ("ngram", ProposerConfig(k=4)),
+    ("lookahead", ProposerConfig(k=3)),
+    ("medusa", ProposerConfig(head="builtin:medusa")),
+    ("eagle", ProposerConfig(k=3, head="builtin:eagle")),
+    ("draft_model", ProposerConfig(k=3, draft="self:8")),
+]
+GREEDY = SamplingParams()
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9)
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm) -> list[list[int]]:
+    return [smollm.encode_prompt(text, chat=True) for text in TEXTS]
+
+
+def staggered(batcher: ContinuousBatcher, requests: list[Request], *, first: int, later_step: int):
+    """Submit ``first`` requests, the rest before step ``later_step``; run until idle.
+
+    Returns each request's tokens as the updates streamed them, the finished generations
+    by request, and the largest number of rows that ran at once."""
+    index = {batcher.add(r): i for i, r in enumerate(requests[:first])}
+    streamed: dict[int, list[int]] = {i: [] for i in range(len(requests))}
+    finished = {}
+    peak, steps = 0, 0
+    while not batcher.idle:
+        steps += 1
+        if steps == later_step:
+            index |= {batcher.add(r): i for i, r in enumerate(requests[first:], start=first)}
+        report = batcher.step()
+        peak = max(peak, batcher.running + sum(u.finished for u in report.updates))
+        for update in report.updates:
+            streamed[index[update.handle]] += update.tokens
+            if update.finished:
+                finished[index[update.handle]] = update.generation
+    return streamed, finished, peak
+
+
+# Sampled: the families whose drafting draws from the request's generator, and plain decoding.
+CASES = [(m, c, GREEDY) for m, c in SETTINGS] + [
+    (m, c, SAMPLED) for m, c in SETTINGS if m in ("none", "eagle", "draft_model")
+]
+
+
+@pytest.mark.parametrize(
+    ("method", "config", "sampling"),
+    CASES,
+    ids=[f"{m}-{'greedy' if s.greedy else 'sampled'}" for m, _, s in CASES],
+)
+def test_rows_joining_and_leaving_get_their_solo_tokens(smollm, prompts, method, config, sampling) -> None:
+    engine = Engine(smollm, method, config)
+    # Different lengths, so rows finish at different steps and the late ones join mid-run.
+    requests = [
+        Request(p, max_new_tokens=6 + 3 * i, sampling=sampling, seed=None if sampling.greedy else 11 + i)
+        for i, p in enumerate(prompts)
+    ]
+    solo = [engine.generate([r])[0] for r in requests]
+    streamed, finished, peak = staggered(
+        ContinuousBatcher(engine, max_rows=3), requests, first=4, later_step=3
+    )
+    assert peak == 3  # the cap held, and rows really shared steps
+    for i, alone in enumerate(solo):
+        assert streamed[i] == alone.token_ids, f"request {i}"
+        assert finished[i].token_ids == alone.token_ids
+        assert finished[i].finish_reason == alone.finish_reason
+        assert finished[i].metrics.new_tokens == len(alone.token_ids)
+
+
+def test_requests_of_different_sampling_settings_share_a_step(smollm, prompts) -> None:
+    engine = Engine(smollm, "ngram", ProposerConfig(k=4))
+    requests = [
+        Request(p, max_new_tokens=10, sampling=GREEDY if i % 2 else SAMPLED, seed=5)
+        for i, p in enumerate(prompts)
+    ]
+    solo = [engine.generate([r])[0].token_ids for r in requests]
+    streamed, _, _ = staggered(ContinuousBatcher(engine, max_rows=8), requests, first=6, later_step=0)
+    assert [streamed[i] for i in range(len(requests))] == solo
+
+
+def test_drafted_and_accepted_counts_add_up_to_each_rows_metrics(smollm, prompts) -> None:
+    engine = Engine(smollm, "ngram", ProposerConfig(k=4))
+    batcher = ContinuousBatcher(engine, max_rows=4)
+    handles = [batcher.add(Request(p, max_new_tokens=16)) for p in prompts]
+    drafted = dict.fromkeys(handles, 0)
+    accepted = dict.fromkeys(handles, 0)
+    metrics = {}
+    while not batcher.idle:
+        for u in batcher.step().updates:
+            drafted[u.handle] += u.drafted
+            accepted[u.handle] += u.accepted
+            if u.finished:
+                metrics[u.handle] = u.generation.metrics
+    assert sum(accepted.values()) > 0  # the list-copying prompt drafts and accepts
+    for h in handles:
+        assert (drafted[h], accepted[h]) == (metrics[h].drafted_tokens, metrics[h].accepted_tokens)
+
+
+def test_a_cancelled_request_leaves_and_the_others_finish(smollm, prompts) -> None:
+    engine = Engine(smollm, "ngram", ProposerConfig(k=4))
+    requests = [Request(p, max_new_tokens=12) for p in prompts[:4]]
+    batcher = ContinuousBatcher(engine, max_rows=2)
+    handles = [batcher.add(r) for r in requests]
+    streamed = {h: batcher.step() and [] for h in handles[:1]}  # one step: the first two run
+    batcher.cancel(handles[0])  # running
+    batcher.cancel(handles[3])  # still waiting
+    streamed = {h: [] for h in handles}
+    done: set[int] = set()
+    while not batcher.idle:
+        for u in batcher.step().updates:
+            streamed[u.handle] += u.tokens
+            done |= {u.handle} if u.finished else set()
+    assert done == {handles[1], handles[2]}
+    assert not streamed[handles[0]] and not streamed[handles[3]]
+    # The request admitted into the cancelled one's row decodes as it does alone.
+    assert streamed[handles[2]] == engine.generate([requests[2]])[0].token_ids
+
+
+def test_a_request_that_cannot_fit_is_refused_when_added(smollm, prompts) -> None:
+    batcher = ContinuousBatcher(Engine(smollm, "none"))
+    with pytest.raises(SpecError, match="exceeds the model's context"):
+        batcher.add(Request(prompts[0], max_new_tokens=smollm.max_context))
+    with pytest.raises(SpecError, match="empty"):
+        batcher.add(Request([], max_new_tokens=4))
+    assert batcher.idle
