@@ -216,10 +216,6 @@ class FamilySpec:
         """SGLang's ``--speculative-*`` settings (SglangConfig fields); EngineRefusal if it cannot."""
         raise EngineRefusal(f"SGLang cannot run this candidate: it has no {self.name} algorithm")
 
-    def sglang_args(self, candidate: CandidateLike) -> list[str]:
-        """SGLang launch arguments beyond SglangConfig's fields."""
-        return []
-
     def speccore_args(self, candidate: CandidateLike, paths: Mapping[str, str]) -> list[str]:
         """``specops generate`` flags that decode ``candidate`` as it was measured."""
         if self.proposer is None:
