@@ -143,8 +143,11 @@ def test_sglang_refuses_families_it_lacks(family: Family) -> None:
 
 
 def test_sglang_refuses_a_head_in_speccores_layout() -> None:
-    with pytest.raises(EngineCannotRun, match="specops heads export"):
+    # SGLang's EAGLE-3 drafts are its own LlamaForCausalLMEagle3 checkpoints: no export helps.
+    with pytest.raises(EngineCannotRun, match="only its own EAGLE-3 checkpoints"):
         engine_config(cand(Family.EAGLE, 3, draft="builtin:eagle"), Engine.SGLANG)
+    with pytest.raises(EngineCannotRun, match="`specops heads export` it"):
+        engine_config(cand(Family.EAGLE, 3, draft="builtin:eagle"), Engine.VLLM)
 
 
 def test_speccore_gets_the_candidate_itself() -> None:
