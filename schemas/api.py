@@ -148,6 +148,14 @@ class SglangConfig(Model):
         None, ge=1, description="Branching per step of the draft tree."
     )
     speculative_num_draft_tokens: int | None = Field(None, ge=1, description="Tree nodes verified per step.")
+    speculative_ngram_min_bfs_breadth: int | None = Field(
+        None, ge=1, description="NGRAM only: fewest branches per level of the trie's draft (1 for a chain)."
+    )
+    speculative_ngram_max_bfs_breadth: int | None = Field(
+        None,
+        ge=1,
+        description="NGRAM only: most branches per level; SGLang's eagle top-k follows it (1: a chain).",
+    )
 
 
 class SpeccoreConfig(Model):

@@ -91,6 +91,22 @@ ALIASES: dict[str, Callable[[], Path]] = {
     "smollm2-135m-instruct": _smollm2_gguf,
     "gemma-3-270m": _gemma3_gguf,
 }
+# Offline alias -> the Hugging Face repo whose weights its GGUF quantizes (same
+# architecture and tokenizer): what an engine that cannot read the alias loads instead.
+HUB_IDS: dict[str, str] = {
+    "smollm2-135m-instruct": "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "gemma-3-270m": "google/gemma-3-270m",
+}
+
+
+def hub_id(ref: str) -> str | None:
+    """The Hugging Face id another engine loads ``ref`` by: an alias's repo, a hub id
+    itself; None for a local file or directory, which only this host can read."""
+    if ref in HUB_IDS:
+        return HUB_IDS[ref]
+    if ref.endswith(".gguf") or Path(ref).expanduser().exists():
+        return None
+    return ref
 
 
 @dataclass(slots=True)

@@ -8,9 +8,12 @@ arguments:
   ``num_speculative_tokens``, ...). vLLM takes no static tree.
 - SGLang: ``--speculative-algorithm``, ``--speculative-draft-model-path``,
   ``--speculative-num-steps``, ``--speculative-eagle-topk``,
-  ``--speculative-num-draft-tokens`` (which counts the verified root), plus what a
-  family adds (the ngram match window).
+  ``--speculative-num-draft-tokens`` (which counts the verified root) and, for NGRAM,
+  ``--speculative-ngram-{min,max}-bfs-breadth``.
 - speccore: the candidate itself, and its CLI flags.
+
+Both engines' flags are checked against the keys and values their pinned source accepts
+(speccatalog.engine_args); a setting outside them is refused rather than handed out.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import json
 from collections.abc import Mapping
 
 from speccatalog import families
+from speccatalog.engine_args import EngineArgsError, check_sglang_args, check_vllm_config
 from speccatalog.families.base import EngineRefusal
 from specops_schemas.api import ApplyResponse, EngineConfig, SglangConfig, SpeccoreConfig, VllmConfig
 from specops_schemas.candidates import Candidate
@@ -46,15 +50,21 @@ def engine_config(
                 raise EngineRefusal(
                     "vLLM cannot run this candidate: it takes no static draft tree; apply a chain candidate"
                 )
-            vllm = VllmConfig(engine="vllm", **spec.vllm(candidate, draft_path))
+            fields = {k: v for k, v in spec.vllm(candidate, draft_path).items() if v is not None}
+            check_vllm_config(fields)  # before the wire model, which would fail on an unknown key
+            vllm = VllmConfig(engine="vllm", **fields)
             body = vllm.model_dump(exclude={"engine"}, exclude_none=True)
             return vllm, ["--speculative-config", json.dumps(body, separators=(",", ":"))]
         if engine == Engine.SGLANG:
-            sglang = SglangConfig(engine="sglang", **spec.sglang(candidate, draft_path))
-            return sglang, [*_sglang_args(sglang), *spec.sglang_args(candidate)]
+            fields = {k: v for k, v in spec.sglang(candidate, draft_path).items() if v is not None}
+            check_sglang_args(_sglang_args(fields))
+            sglang = SglangConfig(engine="sglang", **fields)
+            return sglang, _sglang_args(sglang.model_dump(exclude={"engine"}, exclude_none=True))
         args = spec.speccore_args(candidate, paths)
     except EngineRefusal as exc:
         raise EngineCannotRun(str(exc)) from None
+    except EngineArgsError as exc:
+        raise EngineCannotRun(f"{engine.value} would reject this candidate's flags: {exc}") from None
     return SpeccoreConfig(engine="speccore", candidate=candidate), args
 
 
@@ -71,13 +81,9 @@ def apply_response(
     )
 
 
-def _sglang_args(config: SglangConfig) -> list[str]:
-    args = ["--speculative-algorithm", config.speculative_algorithm]
-    if config.speculative_draft_model_path is not None:
-        args += ["--speculative-draft-model-path", config.speculative_draft_model_path]
-    args += ["--speculative-num-steps", str(config.speculative_num_steps)]
-    if config.speculative_eagle_topk is not None:
-        args += ["--speculative-eagle-topk", str(config.speculative_eagle_topk)]
-    if config.speculative_num_draft_tokens is not None:
-        args += ["--speculative-num-draft-tokens", str(config.speculative_num_draft_tokens)]
+def _sglang_args(fields: Mapping[str, object]) -> list[str]:
+    """Each ServerArgs field as its launch flag (``--field-name value``), in order."""
+    args: list[str] = []
+    for name, value in fields.items():
+        args += ["--" + name.replace("_", "-"), str(value)]
     return args

@@ -57,8 +57,19 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     ex = actions.add_parser("export", help="write an EAGLE-3 head as a speculators checkpoint for vLLM")
     ex.add_argument("--head", required=True, type=Path, help="directory written by `heads train`")
     ex.add_argument("--target", required=True, help="the verifier (its embeddings go into the checkpoint)")
-    ex.add_argument("--verifier-name", help="name or path vLLM loads the verifier by (default: --target)")
+    ex.add_argument(
+        "--verifier-name",
+        help="Hugging Face id (or path on the serving host) vLLM loads the verifier by "
+        "(default: --target's hub id; an offline alias maps to the repo it quantizes)",
+    )
+    k = ex.add_mutually_exclusive_group(required=True)
+    k.add_argument("--k", type=int, help="speculative tokens vLLM drafts per step (the measured winner's k)")
+    k.add_argument("--from-run", metavar="RUN_ID", help="take k from this T1 run's winner (asks the gateway)")
+    dtypes = ("float16", "bfloat16", "float32")
+    ex.add_argument("--dtype", choices=dtypes, help="the weights' dtype (default: the head's)")
     ex.add_argument("--out", required=True, type=Path)
+    ex.add_argument("--url", help="gateway URL for --from-run (default: SPECOPS_URL, else `specops up`'s)")
+    ex.add_argument("--token", help="API token for --from-run (default: SPECOPS_TOKEN, else the state dir's)")
     ex.set_defaults(handler=run_export)
 
     _registry_parsers(actions)
@@ -264,17 +275,59 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    from specops.commands.client_command import error
+
+    k = args.k if args.from_run is None else _winner_k(args)
+    if k is None:
+        return 2
+    if k < 1:
+        return error("heads export", f"--k must be at least 1, got {k}")
+
     import torch
 
+    from speccore.errors import SpecError
     from speccore.heads.speculators import export_speculators
-    from speccore.models import load_model
+    from speccore.models import hub_id, load_model
 
+    verifier = args.verifier_name or hub_id(args.target)
+    if verifier is None:
+        return error(
+            "heads export",
+            f"vLLM cannot load '{args.target}' from this host's files; pass --verifier-name "
+            "(the target's Hugging Face id, or its path on the serving host)",
+        )
     target = load_model(args.target, device="cpu")
     embeddings = target.model.get_input_embeddings().weight
     assert isinstance(embeddings, torch.Tensor)
     architectures = list(target.model.config.architectures or [type(target.model).__name__])
-    out = export_speculators(
-        args.head, args.out, args.verifier_name or args.target, embeddings, architectures
-    )
-    print(f"wrote a speculators EAGLE-3 checkpoint to {out}", file=sys.stderr)
+    try:
+        out = export_speculators(
+            args.head, args.out, verifier, embeddings, architectures, speculative_tokens=k, dtype=args.dtype
+        )
+    except SpecError as exc:
+        return error("heads export", str(exc))
+    print(f"wrote a speculators EAGLE-3 checkpoint (k={k}, verifier {verifier}) to {out}", file=sys.stderr)
     return 0
+
+
+def _winner_k(args: argparse.Namespace) -> int | None:
+    """The k of run ``--from-run``'s winner; None (after saying why) when there is none."""
+    from specops.commands.client_command import call
+
+    found: list[int] = []
+
+    def work(client: Any, a: argparse.Namespace) -> int:
+        from specops.commands.client_command import error
+
+        run = client.runs.get(a.from_run)
+        if run.winner is None:
+            return error("heads export", f"run {a.from_run} has no winner (yet); pass --k")
+        winner = run.winner.candidate
+        if winner.family != "eagle":
+            why = f"run {a.from_run}'s winner is {winner.family}, not an EAGLE head; pass --k"
+            return error("heads export", why)
+        found.append(winner.k)
+        return 0
+
+    call("heads export", args, work)
+    return found[0] if found else None

@@ -559,6 +559,7 @@ async def test_apply_for_each_engine(gw: Gateway) -> None:
     sglang = (await gw.client.post(url, json={"engine": "sglang"}, headers=gw.auth())).json()
     assert sglang["config"]["speculative_algorithm"] == "NGRAM"
     assert "--speculative-num-steps" in sglang["cli_args"]
+    assert sglang["config"]["speculative_ngram_max_bfs_breadth"] == 1  # a chain, as measured
 
     speccore = (await gw.client.post(url, json={"engine": "speccore"}, headers=gw.auth())).json()
     assert speccore["config"]["candidate"] == NGRAM.model_dump(mode="json")

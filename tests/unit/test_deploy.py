@@ -1,8 +1,9 @@
 """docker-compose.yml and infra/ against the code: services, commands, durable consumers, schemas.
 
 The deployment files name things the code decides (the services of `specops serve`, the
-durable consumers KEDA scales on, the NATS monitoring port), so they are read here and
-compared with the code, and validated against the compose-spec and Kubernetes schemas.
+durable consumers KEDA scales on, the NATS monitoring port, the engine server's queue-wait
+metric), so they are read here and compared with the code, and validated against the
+compose-spec and Kubernetes schemas.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from specops.commands.serve import SERVICES
+from specops.commands.serve import SERVICES as SERVE_TARGETS
 from specops.runtime.nats_server import find_binary
 from specops.runtime.topology import bus_consumers
 
@@ -34,7 +35,13 @@ INFRA = ROOT / "infra"
 BASE = INFRA / "base"
 NATS_CONF = BASE / "nats.conf"
 
+# `specops serve engine` is the inference server, not a platform service: no bus, no
+# database, its own HTTP port and autoscaler (test_the_engine_* below).
+ENGINE = "engine"
+SERVICES = {name: package for name, package in SERVE_TARGETS.items() if name != ENGINE}
 BUS_SERVICES = sorted(set(SERVICES) - {"gateway"})
+# The engine's queue-wait histogram (the brief's contract, vLLM's name under `specops:`).
+QUEUE_WAIT = "specops:request_queue_time_seconds"
 # Compose services that run once and exit: no healthcheck.
 ONE_SHOT = ("init", "nats-auth")
 # Kinds served by custom resource definitions, which kubernetes-validate has no schema for;
@@ -197,6 +204,17 @@ def _compose_errors(document: dict[str, Any]) -> list[str]:
     return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
 
 
+def test_compose_runs_the_engine_on_demand() -> None:
+    """The engine server is a profile: `docker compose up` alone starts the platform only."""
+    engine = _compose()["services"][ENGINE]
+    assert engine["profiles"] == [ENGINE]
+    command = engine["command"]
+    assert command[:2] == ["serve", ENGINE]
+    port = dict(zip(command[2::2], command[3::2], strict=True))["--port"]
+    assert engine["ports"] == [f"{port}:{port}"]
+    assert f"127.0.0.1:{port}/health" in " ".join(engine["healthcheck"]["test"])
+
+
 def test_compose_validates_against_the_compose_spec() -> None:
     document = _compose()
     assert _compose_errors(document) == []
@@ -209,8 +227,12 @@ def test_compose_validates_against_the_compose_spec() -> None:
 # --- infra/ ------------------------------------------------------------------------------
 
 
+def _platform(objects: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {name: doc for name, doc in objects.items() if name != ENGINE}
+
+
 def test_every_service_has_a_deployment_running_it() -> None:
-    deployments = _objects("Deployment")
+    deployments = _platform(_objects("Deployment"))
     assert set(deployments) == set(SERVICES)
     for name, deployment in deployments.items():
         container = _container(deployment)
@@ -234,7 +256,7 @@ def test_prometheus_scrapes_every_service_on_its_ops_port() -> None:
     config = _objects("ConfigMap")["specops-config"]["data"]
     port = int(config["SPECOPS_METRICS_PORT"])
     assert config["SPECOPS_METRICS_HOST"] == "0.0.0.0"
-    for name, deployment in _objects("Deployment").items():
+    for name, deployment in _platform(_objects("Deployment")).items():
         annotations = deployment["spec"]["template"]["metadata"]["annotations"]
         assert annotations == {
             "prometheus.io/scrape": "true",
@@ -260,7 +282,7 @@ def _jetstream_triggers(scaled: dict[str, Any]) -> list[dict[str, str]]:
 
 def _check_scaled_objects(objects: list[dict[str, Any]]) -> None:
     """One ScaledObject per bus service, one trigger per durable consumer the code binds."""
-    scaled_objects = _objects("ScaledObject", objects)
+    scaled_objects = _platform(_objects("ScaledObject", objects))
     deployments = _objects("Deployment", objects)
     services = {name: _objects("Service", objects)[name] for name in ("nats",)}
     monitor_port = _nats_monitoring_port()
@@ -306,7 +328,13 @@ def test_scaled_objects_have_the_fields_keda_requires() -> None:
         for trigger in spec["triggers"]:
             # KEDA's trigger metadata is a map of strings.
             assert all(isinstance(v, str) for v in trigger["metadata"].values()), trigger
-            assert {"natsServerMonitoringEndpoint", "stream", "consumer"} <= set(trigger["metadata"])
+            assert set(trigger) <= {"type", "metadata", "metricType", "name", "authenticationRef"}, trigger
+            assert trigger.get("metricType", "AverageValue") in {"AverageValue", "Value", "Utilization"}
+            required = {
+                "nats-jetstream": {"natsServerMonitoringEndpoint", "stream", "consumer"},
+                "prometheus": {"serverAddress", "query", "threshold"},
+            }[trigger["type"]]
+            assert required <= set(trigger["metadata"]), trigger
 
 
 def test_measuring_services_never_share_a_node() -> None:
@@ -320,6 +348,11 @@ def test_measuring_services_never_share_a_node() -> None:
         assert rule["labelSelector"]["matchLabels"] == {"specops/measures": "true"}
     for name in set(deployments) - measuring:
         assert "specops/measures" not in deployments[name]["spec"]["template"]["metadata"]["labels"]
+    # The engine loads the cores as much: it keeps off a measuring service's node too.
+    engine = deployments[ENGINE]["spec"]["template"]["spec"]
+    (rule,) = engine["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert rule["topologyKey"] == "kubernetes.io/hostname"
+    assert rule["labelSelector"]["matchLabels"] == {"specops/measures": "true"}
 
 
 def test_the_gateway_is_served_and_scaled_on_cpu() -> None:
@@ -335,6 +368,52 @@ def test_the_gateway_is_served_and_scaled_on_cpu() -> None:
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= set(ports)
     config = _objects("ConfigMap")["specops-config"]["data"]
     assert ports["http"] == int(config["SPECOPS_GATEWAY_PORT"])
+
+
+def test_the_engine_serves_openai_health_and_metrics_on_one_port() -> None:
+    deployment = _objects("Deployment")[ENGINE]
+    container = _container(deployment)
+    args = container["args"]
+    assert args[:2] == ["serve", ENGINE]
+    flags = dict(zip(args[2::2], args[3::2], strict=True))
+    assert {"--model", "--method", "--host", "--port"} <= set(flags)
+    assert flags["--host"] == "0.0.0.0"
+    # What the container is started with comes from the ConfigMap it reads.
+    settings = _objects("ConfigMap")["specops-engine"]["data"]
+    assert {"configMapRef": {"name": "specops-engine"}} in container["envFrom"]
+    for value in flags.values():
+        for variable in re.findall(r"\$\((\w+)\)", value):
+            assert variable in settings, variable
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"http": int(flags["--port"])}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": flags["--port"],
+        "prometheus.io/path": "/metrics",
+    }
+    assert "replicas" not in deployment["spec"]  # KEDA owns them
+    service = _objects("Service")[ENGINE]
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+
+
+def test_the_engine_scales_on_its_queue_wait() -> None:
+    """KEDA's Prometheus scaler on the p90 of the queue-wait histogram of the model served."""
+    scaled = _objects("ScaledObject")[ENGINE]
+    assert scaled["spec"]["scaleTargetRef"]["name"] == ENGINE
+    assert scaled["spec"]["minReplicaCount"] >= 1  # a cold start loads the model
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "Value"
+    query = " ".join(trigger["metadata"]["query"].split())
+    assert f"rate({QUEUE_WAIT}_bucket{{" in query and "histogram_quantile(0.9, sum by (le)" in query
+    assert float(trigger["metadata"]["threshold"]) > 0
+    model = _objects("ConfigMap")["specops-engine"]["data"]["SPECOPS_ENGINE_MODEL"]
+    assert re.search(r'model_name="([^"]+)"', query).group(1) == model  # type: ignore[union-attr]
+    # An idle engine (0/0 = NaN) reads as no wait, not as an error.
+    assert query.endswith("or vector(0)")
 
 
 @pytest.mark.parametrize("directory", _kustomization_dirs(), ids=lambda p: str(p.relative_to(INFRA)))

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from speccatalog import engine_args, families
 from speccatalog.targets import HeadRef
 from specops_schemas.api import ApplyResponse, RunCreateRequest, SglangConfig, SpeccoreConfig, VllmConfig
 from specops_schemas.candidates import Candidate
@@ -112,14 +113,27 @@ def test_sglang_chains() -> None:
     assert standalone.speculative_num_draft_tokens == 5
     nextn, args = sglang(cand(Family.MTP, 2))
     assert nextn.speculative_algorithm == "NEXTN" and "--speculative-draft-model-path" not in args
+
+
+def test_sglang_ngram_drafts_the_measured_chain() -> None:
+    # SGLang's _handle_ngram sets eagle_topk from --speculative-ngram-max-bfs-breadth
+    # (default 10): the breadth flags, not --speculative-eagle-topk, make it a chain.
     ngram, args = sglang(cand(Family.NGRAM, 6, options={"ngram_min": 2, "ngram_max": 5}))
-    assert ngram.speculative_algorithm == "NGRAM"
-    assert args[-4:] == [
-        "--speculative-ngram-min-match-window-size",
-        "2",
-        "--speculative-ngram-max-match-window-size",
-        "5",
+    assert args == [
+        "--speculative-algorithm",
+        "NGRAM",
+        "--speculative-num-steps",
+        "6",
+        "--speculative-num-draft-tokens",
+        "7",
+        "--speculative-ngram-min-bfs-breadth",
+        "1",
+        "--speculative-ngram-max-bfs-breadth",
+        "1",
     ]
+    assert ngram.speculative_eagle_topk is None
+    # The match-window flags are gone from SGLang's parser; they must never be rendered.
+    assert not any("match-window" in arg for arg in args)
 
 
 @pytest.mark.parametrize("family", [Family.MEDUSA, Family.REST, Family.LOOKAHEAD, Family.CASCADE])
@@ -129,8 +143,11 @@ def test_sglang_refuses_families_it_lacks(family: Family) -> None:
 
 
 def test_sglang_refuses_a_head_in_speccores_layout() -> None:
-    with pytest.raises(EngineCannotRun, match="specops heads export"):
+    # SGLang's EAGLE-3 drafts are its own LlamaForCausalLMEagle3 checkpoints: no export helps.
+    with pytest.raises(EngineCannotRun, match="only its own EAGLE-3 checkpoints"):
         engine_config(cand(Family.EAGLE, 3, draft="builtin:eagle"), Engine.SGLANG)
+    with pytest.raises(EngineCannotRun, match="`specops heads export` it"):
+        engine_config(cand(Family.EAGLE, 3, draft="builtin:eagle"), Engine.VLLM)
 
 
 def test_speccore_gets_the_candidate_itself() -> None:
@@ -178,3 +195,102 @@ def test_every_candidate_the_predictor_offers_can_be_applied(engine: str) -> Non
         plan = plan_run(request, run_id="r", host=HostInfo(cuda=False), available_heads=heads)
         for ranked in plan.ranked:
             apply_response("r", ranked.candidate, Engine(engine))
+
+
+# --- flags checked against the engines' pinned source (speccatalog.engine_args) -----------
+
+
+def offered(engine: Engine) -> list[Candidate]:
+    """Every candidate the predictor ranks for a GPU run on ``engine``, all families included."""
+    heads = [
+        HeadRef("eagle-70b", Family.EAGLE, LLAMA_70B, eagle_version=3),
+        HeadRef("eagle2-70b", Family.EAGLE, LLAMA_70B, eagle_version=2),
+        HeadRef("medusa-70b", Family.MEDUSA, LLAMA_70B, num_heads=4),
+    ]
+    found = []
+    for model, fingerprint in [(LLAMA_70B, "chat"), (LLAMA_70B, "code"), ("deepseek-ai/DeepSeek-V3", "code")]:
+        request = RunCreateRequest.model_validate(
+            {
+                "target": {"model_ref": model, "gpu": "H200", "engine": engine.value},
+                "workload": {"fingerprint": fingerprint},
+            }
+        )
+        plan = plan_run(request, run_id="r", host=HostInfo(cuda=False), available_heads=heads)
+        found += [ranked.candidate for ranked in plan.ranked]
+    return found
+
+
+def test_every_vllm_flag_is_a_speculative_config_field() -> None:
+    candidates = offered(Engine.VLLM)
+    families_seen = {c.family for c in candidates}
+    assert {Family.NGRAM, Family.DRAFT_MODEL, Family.EAGLE, Family.MEDUSA, Family.MTP} <= families_seen
+    for candidate in candidates:
+        body = vllm_json(candidate)
+        assert set(body) <= engine_args.VLLM_KEYS, candidate.candidate_id
+        assert body["method"] in engine_args.VLLM_METHODS
+        assert body["num_speculative_tokens"] == candidate.k
+
+
+def test_every_sglang_flag_is_a_server_arg_with_an_accepted_value() -> None:
+    candidates = offered(Engine.SGLANG)
+    families_seen = {c.family for c in candidates}
+    assert {Family.NGRAM, Family.DRAFT_MODEL, Family.EAGLE, Family.MTP} <= families_seen
+    for candidate in candidates:
+        config, args = sglang(candidate)
+        flags = args[0::2]
+        assert set(flags) <= set(engine_args.SGLANG_FLAGS), candidate.candidate_id
+        assert config.speculative_algorithm in engine_args.SGLANG_ALGORITHMS
+        if config.speculative_algorithm == "NGRAM":
+            assert "--speculative-eagle-topk" not in flags  # overwritten by the breadth
+            assert config.speculative_ngram_max_bfs_breadth == 1
+        if config.speculative_eagle_topk == 1 or config.speculative_algorithm == "NGRAM":
+            # A chain: SGLang forces num_draft_tokens = num_steps + 1 for topk 1.
+            assert config.speculative_num_draft_tokens == config.speculative_num_steps + 1
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ({"method": "ngram", "num_speculative_tokens": 4, "speculative_token_tree": "[]"}, "no field"),
+        ({"method": "ngram", "num_speculative_tokens": 4, "disable_by_batch_size": 8}, "no field"),
+        ({"method": "lookahead", "num_speculative_tokens": 4}, "no speculative method"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "positive integer"),
+    ],
+)
+def test_vllm_check_refuses_what_speculative_config_rejects(body: dict[str, object], why: str) -> None:
+    with pytest.raises(engine_args.EngineArgsError, match=why):
+        engine_args.check_vllm_config(body)
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--speculative-ngram-min-match-window-size", "2"], "no launch flag"),
+        (["--speculative-ngram-branch-length", "18"], "no launch flag"),
+        (["--speculative-algorithm", "MEDUSA"], "takes one of"),
+        (["--speculative-num-steps", "0"], "positive integer"),
+        (["--speculative-ngram-match-type", "SUFFIX"], "takes one of"),
+        (["--speculative-num-steps"], "needs a value"),
+    ],
+)
+def test_sglang_check_refuses_what_server_args_rejects(args: list[str], why: str) -> None:
+    with pytest.raises(engine_args.EngineArgsError, match=why):
+        engine_args.check_sglang_args(args)
+
+
+def test_the_renderer_refuses_flags_the_engine_rejects(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A family spec (built in or from an entry point) that renders a key the engine lacks
+    gets a refusal from apply, never a launch line the engine would stop on."""
+    spec = type(families.family("ngram"))
+    unknown_key = {"method": "ngram", "num_speculative_tokens": 4, "x": 3}
+    monkeypatch.setattr(spec, "vllm", lambda self, c, p: unknown_key)
+    with pytest.raises(EngineCannotRun, match="vllm would reject this candidate's flags: .*no field x"):
+        engine_config(cand(Family.NGRAM, 4), Engine.VLLM)
+    old_window = {
+        "speculative_algorithm": "NGRAM",
+        "speculative_num_steps": 4,
+        "speculative_ngram_branch_length": 18,  # removed from SGLang's parser
+    }
+    monkeypatch.setattr(spec, "sglang", lambda self, c, p: old_window)
+    with pytest.raises(EngineCannotRun, match="no launch flag --speculative-ngram-branch-length"):
+        engine_config(cand(Family.NGRAM, 4), Engine.SGLANG)

@@ -155,33 +155,6 @@ def test_eagle3_training_is_behind_its_flag(tmp_path):
     assert "ENABLE_L4_EAGLE3_TRAINING=1" in err and "Traceback" not in err
 
 
-def test_eagle3_head_exports_in_the_speculators_layout(tmp_path):
-    from speccore.heads.artifact import save_head
-    from speccore.heads.speculators import export_speculators
-
-    head = tiny_eagle("eagle3")
-    head.draft_ids.copy_(torch.arange(0, 100, 2))  # every other id of a 100-token vocabulary
-    config = head.config
-    config.vocab_size = 100
-    save_head(tmp_path / "head", config, head)
-    embeddings = torch.randn(100, 32)
-    out = export_speculators(
-        tmp_path / "head", tmp_path / "spec", "my/target", embeddings, ["LlamaForCausalLM"]
-    )
-    spec = json.loads((out / "config.json").read_text())
-    assert spec["speculators_model_type"] == "eagle3"
-    assert spec["speculators_config"]["verifier"]["name_or_path"] == "my/target"
-    assert spec["eagle_aux_hidden_state_layer_ids"] == [2, 3]  # vLLM taps layer inputs
-    assert spec["draft_vocab_size"] == 50 and spec["transformer_layer_config"]["vocab_size"] == 100
-    tensors = load_file(str(out / "model.safetensors"))
-    assert tensors["fc.weight"].shape == (32, 64)
-    assert tensors["layers.0.self_attn.q_proj.weight"].shape[1] == 64  # attention reads [embedding; feature]
-    assert "layers.0.hidden_norm.weight" in tensors and tensors["lm_head.weight"].shape == (50, 32)
-    assert torch.equal(torch.arange(50) + tensors["d2t"], torch.arange(0, 100, 2))
-    assert torch.equal(torch.nonzero(tensors["t2d"]).flatten(), torch.arange(0, 100, 2))
-    assert torch.equal(tensors["embed_tokens.weight"], embeddings.half())
-
-
 @pytest.mark.slow
 def test_heads_data_writes_a_disjoint_split(tmp_path):
     from speccore.training.data import check_disjoint, read_examples

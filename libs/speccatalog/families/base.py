@@ -216,10 +216,6 @@ class FamilySpec:
         """SGLang's ``--speculative-*`` settings (SglangConfig fields); EngineRefusal if it cannot."""
         raise EngineRefusal(f"SGLang cannot run this candidate: it has no {self.name} algorithm")
 
-    def sglang_args(self, candidate: CandidateLike) -> list[str]:
-        """SGLang launch arguments beyond SglangConfig's fields."""
-        return []
-
     def speccore_args(self, candidate: CandidateLike, paths: Mapping[str, str]) -> list[str]:
         """``specops generate`` flags that decode ``candidate`` as it was measured."""
         if self.proposer is None:
@@ -307,16 +303,22 @@ def external_draft(candidate: CandidateLike, engine: str, draft_path: str | None
             f"{engine} cannot run this candidate: '{draft}' is a layer-truncated copy of the target "
             "that only speccore builds"
         )
+    # What the engine does load instead: vLLM an exported EAGLE-3 head; SGLang only its own
+    # EAGLE-3 checkpoints (LlamaForCausalLMEagle3), which specops does not write.
+    instead = (
+        "train it as EAGLE-3 (`specops heads train --family eagle3`) and `specops heads export` it"
+        if engine == "vLLM"
+        else f"{engine} loads only its own EAGLE-3 checkpoints, which `specops heads export` does not write"
+    )
     if is_head_id(draft):
         raise EngineRefusal(
             f"{engine} cannot run this candidate: '{draft}' is a T3 head in speccore's layout; "
-            "apply it to speccore, or train it as EAGLE-3 and `specops heads export` it for vLLM or SGLang"
+            f"apply it to speccore, or {instead}"
         )
     if draft.startswith(BUILTIN_PREFIX) and draft_path is None:
         raise EngineRefusal(
             f"{engine} cannot run this candidate: '{draft}' is a head speccore ships in its own layout; "
-            "train an EAGLE-3 head (`specops heads train --family eagle3`) and `specops heads export` "
-            "it for vLLM or SGLang"
+            f"apply it to speccore, or {instead}"
         )
     return draft_path or draft
 

@@ -85,17 +85,26 @@ class Ngram(FamilySpec):
         }
 
     def sglang(self, candidate: CandidateLike, draft_path: str | None) -> dict[str, Any]:
-        return sglang_chain(candidate, "NGRAM")
+        """A chain of k drafts from SGLang's n-gram trie, the shape speccore measured.
 
-    def sglang_args(self, candidate: CandidateLike) -> list[str]:
-        # Not fields of SglangConfig; the launch arguments still carry the measured match window.
-        lo, hi = int_option(candidate, "ngram_min"), int_option(candidate, "ngram_max")
-        args = []
-        if lo is not None:
-            args += ["--speculative-ngram-min-match-window-size", str(lo)]
-        if hi is not None:
-            args += ["--speculative-ngram-max-match-window-size", str(hi)]
-        return args
+        SGLang's NGRAM branch (``_handle_ngram`` in
+        ``python/sglang/srt/arg_groups/speculative_hook.py@004c82e07d876f6e4a0ad6e15325706b0f478f1a``)
+        overwrites ``speculative_eagle_topk`` with ``speculative_ngram_max_bfs_breadth``
+        (default 10), so a rendered ``--speculative-eagle-topk 1`` is lost and SGLang
+        drafts a tree 10 wide; the breadth flags (min 1, max 1) are what make it a chain.
+        ``--speculative-num-draft-tokens`` counts the verified root (the same file caps the
+        external SAM budget at num_draft_tokens - 1), so k drafts are k + 1. The measured
+        match window (ngram_min / ngram_max) has no SGLang flag any more: that version
+        removed ``--speculative-ngram-{min,max}-match-window-size`` (its trie matches any
+        suffix up to ``--speculative-ngram-max-trie-depth``), so it is not rendered.
+        """
+        chain = sglang_chain(candidate, "NGRAM")
+        return {
+            **chain,
+            "speculative_eagle_topk": None,
+            "speculative_ngram_min_bfs_breadth": 1,
+            "speculative_ngram_max_bfs_breadth": 1,
+        }
 
     def check_knobs(self, values: Mapping[str, int]) -> None:
         lo, hi = values["ngram_min"], values["ngram_max"]
