@@ -53,7 +53,7 @@ WARMUP_PROMPT_TOKENS = 64
 class Decoded:
     """What one generate call of a method returned, per request."""
 
-    token_ids: list[list[int]]  # new tokens of each request
+    token_ids: list[list[int]]  # new tokens of each request; empty lists over HTTP (text, not ids)
     metrics: list[GenerationMetrics]  # of each request; empty where the method reports none (HF)
 
 
@@ -123,6 +123,9 @@ class RepRun:
 
     @property
     def new_tokens(self) -> int:
+        # A method over HTTP gets text, not ids: its metrics count the tokens.
+        if self.metrics:
+            return sum(m.new_tokens for m in self.metrics)
         return sum(len(ids) for ids in self.token_ids)
 
     @property
