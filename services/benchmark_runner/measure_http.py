@@ -341,6 +341,18 @@ class _Servers:
         if candidate is not None and is_head_id(candidate.draft):
             paths[str(candidate.draft)] = str(registry_head(str(candidate.draft), self.corpora))
         port = free_port()
+        extra = s.engine_args()
+        if self.engine == HttpEngine.SPECOPS:
+            # speccore's server runs where and as the in-process bench would.
+            extra = [
+                "--device",
+                s.bench_device,
+                "--dtype",
+                s.bench_dtype,
+                "--threads",
+                str(s.threads),
+                *extra,
+            ]
         command = launch_command(
             self.engine,
             s.engine_command(self.engine),
@@ -348,7 +360,7 @@ class _Servers:
             candidate,
             port=port,
             draft_paths=paths,
-            extra_args=s.engine_args(),
+            extra_args=extra,
         )
         threads = str(s.threads)
         env = {"SPECOPS_THREADS": threads, "OMP_NUM_THREADS": threads}

@@ -58,7 +58,7 @@ class BenchmarkRunnerSettings(Settings):
     )
     bench_engine_urls: dict[str, str] = Field(
         default_factory=dict,
-        description="SPECOPS_BENCH_ENGINE_URLS: JSON of method (`none` or a candidate id) -> base URL of a "
+        description="SPECOPS_BENCH_ENGINE_URLS: JSON of method (`baseline` or a candidate id) -> base URL of a "
         "running server to measure it on instead of launching one (left running afterwards).",
     )
     bench_engine_start_timeout_s: float = Field(

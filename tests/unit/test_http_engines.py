@@ -138,6 +138,14 @@ def test_spec_counts_and_their_delta_from_real_exposition_text() -> None:
     assert engine_metrics.spec_counts(_vllm_metrics(1, 4, 2, [1]), "specops:") == engine_metrics.SpecCounts()
 
 
+def test_spec_counts_of_a_real_specops_server() -> None:
+    """/metrics of `specops serve engine --method ngram --k 4` after four 16-token requests."""
+    text = (Path(__file__).parent / "data" / "specops_serve_engine.metrics").read_text()
+    counts = engine_metrics.spec_counts(text, "specops:")
+    assert counts == engine_metrics.SpecCounts(18, 60, 16, [4, 4, 4, 4])
+    assert engine_metrics.spec_counts(text, "vllm:") == engine_metrics.SpecCounts()
+
+
 def test_a_counter_going_down_means_a_restart() -> None:
     with pytest.raises(ValueError, match="restarted"):
         engine_metrics.delta(
