@@ -58,8 +58,8 @@ class BenchmarkRunnerSettings(Settings):
     )
     bench_engine_urls: dict[str, str] = Field(
         default_factory=dict,
-        description="SPECOPS_BENCH_ENGINE_URLS: JSON of method (`baseline` or a candidate id) -> base URL of a "
-        "running server to measure it on instead of launching one (left running afterwards).",
+        description="SPECOPS_BENCH_ENGINE_URLS: JSON of method (`baseline` or a candidate id) -> base URL "
+        "of a running server to measure it on instead of launching one (left running afterwards).",
     )
     bench_engine_start_timeout_s: float = Field(
         900.0, gt=0.0, description="Seconds a launched server has to answer /health (model load included)."
