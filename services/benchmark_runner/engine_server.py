@@ -1,10 +1,11 @@
 """An OpenAI-compatible engine server for one bench method: launched, or attached to.
 
-A bench measures each method (the baseline ``none`` and every candidate) on a server
+A bench measures each method (the baseline and every candidate) on a server
 of its own, started once per bench with the candidate's flags (:func:`launch_command`:
 the flags ``specops apply`` answers, ``specops_schemas.engine_flags``) on a free port
 and stopped when the bench ends, fails or is cancelled (:class:`EngineServer`: its own
-process group, SIGTERM then SIGKILL). A method with a URL in the settings is measured
+process group, SIGTERM then SIGKILL; and SIGTERM from the kernel when the runner
+itself dies, DIE_WITH_PARENT). A method with a URL in the settings is measured
 on that server instead, which is then left running.
 
 Command lines (the executable part is a setting, shlex-split):
@@ -22,6 +23,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -37,6 +39,20 @@ from specops_schemas.catalog import Engine
 from specops_schemas.engine_flags import engine_config
 
 HOST = "127.0.0.1"
+# The launched command runs under this: on Linux it asks the kernel to SIGTERM it when the
+# thread that started it dies (a runner killed with SIGKILL leaves no server behind), then
+# execs the command. Done in a fresh single-threaded process, not in preexec_fn, which is
+# unsafe in a process with threads. PR_SET_PDEATHSIG = 1; it survives the exec.
+DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit('the runner that started this engine server is gone')\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 LOG_TAIL_CHARS = 3000
 STOP_GRACE_S = 20.0
 POLL_S = 0.5
@@ -140,7 +156,7 @@ class EngineServer:
             env = os.environ | dict(self.spec.env or {})
             # A process group of its own: stop() ends the server and whatever it spawned.
             self._proc = subprocess.Popen(
-                list(command),
+                [sys.executable, "-c", DIE_WITH_PARENT, str(os.getpid()), *command],
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

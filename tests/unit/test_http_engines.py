@@ -9,7 +9,9 @@ engine server use, with vLLM's counter names and labels; the end-to-end bench on
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -186,8 +188,40 @@ def test_a_server_that_never_answers_is_stopped_after_the_timeout(tmp_path: Path
     script = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
     with pytest.raises(EngineStartError, match="was not ready after 1 s"):
         EngineServer(_spec([sys.executable, "-c", script], timeout_s=1.0)).start()
-    pid = int(pid_file.read_text())
-    assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+    assert not _running(int(pid_file.read_text()))
+
+
+def test_a_runner_killed_with_sigkill_leaves_no_server(tmp_path: Path) -> None:
+    """The kernel SIGTERMs a launched server when the process that launched it dies."""
+    pid_file = tmp_path / "pid"
+    server = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    runner = (
+        "from specops_services.benchmark_runner.engine_server import EngineServer, HttpEngine, ServerSpec\n"
+        f"command = [{sys.executable!r}, '-c', {server!r}]\n"
+        "spec = ServerSpec(HttpEngine.VLLM, command, 'http://127.0.0.1:9', 600)\n"
+        "EngineServer(spec).start()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", runner])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None, "the server never started"
+            time.sleep(0.1)
+        pid = int(pid_file.read_text())
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while _running(pid):
+        assert time.monotonic() < deadline, f"server {pid} outlived its runner"
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
 
 
 def test_a_vllm_bench_without_vllm_fails_with_the_reason() -> None:
