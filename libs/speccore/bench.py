@@ -55,6 +55,7 @@ class Decoded:
 
     token_ids: list[list[int]]  # new tokens of each request; empty lists over HTTP (text, not ids)
     metrics: list[GenerationMetrics]  # of each request; empty where the method reports none (HF)
+    overhead_s: float = 0.0  # time of the call spent on anything but decoding (an HTTP engine's scrapes)
 
 
 # Decodes the requests of one batch (they share sampling parameters).
@@ -222,6 +223,7 @@ class _Bench:
                 decoded = self.decode(method, requests)
                 seconds[method] += time.perf_counter() - start
                 if decoded is not None:
+                    seconds[method] -= decoded.overhead_s
                     token_ids[method].extend(decoded.token_ids)
                     metrics[method].extend(decoded.metrics)
             self.log(f"rep {rep + 1}/{self.schedule.reps} batch {b + 1}/{len(self.batches)} done")

@@ -19,8 +19,9 @@ published, stored and gated like one in-process. What differs:
   lists stand for prompt indices here.
 - Per request, streamed: TTFT, total time, and the prompt and new tokens from the
   stream's `usage`. Acceptance comes from the server's Prometheus spec-decode counters,
-  scraped before and after each batch (engine_metrics.py); a batch's counts are
-  booked on its first request's metrics, so a rep's sums are the server's.
+  scraped before and after each batch (engine_metrics.py, their time left out of the
+  method's); a batch's counts are booked on its first request's metrics, so a rep's
+  sums are the server's.
 - After the reps, for an `exact` gate, every server decodes the prompts greedily one
   at a time and each candidate's texts are compared with the baseline's:
   `Measurement.greedy_agreement`, which the quality gate judges (it cannot decode on
@@ -118,17 +119,22 @@ class HttpMethod:
         self.model = self.client.models.list().data[0].id
 
     def __call__(self, requests: list[Request]) -> Decoded:
-        """Decode one batch concurrently; the server's spec-decode counts go on its first request."""
+        """Decode one batch concurrently; the server's spec-decode counts go on its first request,
+        and the time of the two scrapes is reported as overhead (left out of the timing)."""
+        start = time.perf_counter()
         before = self.server.metrics_text()
+        scraped = time.perf_counter()
         with ThreadPoolExecutor(max_workers=len(requests)) as pool:
             answers = list(pool.map(self._generate, requests))
+        decoded = time.perf_counter()
         after = self.server.metrics_text()
+        overhead = (scraped - start) + (time.perf_counter() - decoded)
         metrics = [a.metrics for a in answers]
         new_tokens = sum(m.new_tokens for m in metrics)
         counts = self._counts(before, after, new_tokens)
         if counts is not None and counts.drafts:
             _book(metrics[0], counts)
-        return Decoded([[] for _ in answers], metrics)
+        return Decoded([[] for _ in answers], metrics, overhead_s=overhead)
 
     def greedy(self, max_new_tokens: int, seed: int) -> list[str]:
         """Every prompt's greedy text, one request at a time."""

@@ -31,7 +31,7 @@ from specops_services.benchmark_runner.engine_server import (
     launch_command,
 )
 from specops_services.benchmark_runner.measure import MeasureError
-from specops_services.benchmark_runner.measure_http import http_engine, measure_http
+from specops_services.benchmark_runner.measure_http import _sglang_estimate, http_engine, measure_http
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
 from specops_services.quality_gate import logic as gate_logic
 from specops_services.quality_gate.runner import GateRunner
@@ -163,6 +163,13 @@ def test_sglang_gauges() -> None:
     )
     text = generate_latest(registry).decode()
     assert engine_metrics.gauges(text) == {"sglang:spec_accept_rate": 0.5, "sglang:spec_accept_length": 2.5}
+
+
+def test_sglang_counts_are_estimated_from_its_gauges() -> None:
+    gauges = {engine_metrics.SGLANG_LENGTH: 2.5, engine_metrics.SGLANG_RATE: 0.5}
+    # 100 tokens at 2.5 a step: 40 steps, 60 accepted of 120 drafted.
+    assert _sglang_estimate(gauges, 100) == engine_metrics.SpecCounts(40, 120, 60)
+    assert _sglang_estimate({}, 100) is None  # speculation off: nothing drafted
 
 
 # --- server processes ----------------------------------------------------------------------
