@@ -236,7 +236,9 @@ def measure_http(
     agreement: dict[str, float] = {}
     candidates = {c.candidate_id: c for c in plan.candidates}
     pending = [r for r in range(plan.reps) if any((m, r) not in stored for m in [BASELINE_ID, *candidates])]
-    if not pending:
+    # The exact gate's greedy comparison needs every candidate's server, stored reps or not.
+    greedy = plan.quality_gate == GateMethod.EXACT
+    if not pending and not greedy:
         return outcome(plan, rows, failures)
     try:
         prompts = load_prompts(str(plan.fingerprint), plan.n_prompts, plan.seed)
@@ -255,22 +257,21 @@ def measure_http(
         stack.callback(servers.stop)
         try:
             methods: dict[str, HttpMethod] = {BASELINE_ID: servers.method(BASELINE_ID, None)}
-        except (EngineStartError, EngineCannotRun, openai.OpenAIError, httpx.HTTPError) as err:
+        except (EngineStartError, openai.OpenAIError, httpx.HTTPError) as err:
             raise MeasureError(ErrorStage.BENCHMARK, f"the baseline server did not start: {err}") from err
         for cid, candidate in candidates.items():
-            if all((cid, r) in stored for r in pending):
+            measured = all((cid, r) in stored for r in pending)
+            if measured and not greedy:
                 continue
             try:
                 methods[cid] = servers.method(cid, candidate)
-            except EngineCannotRun as err:
-                failures[cid] = CandidateFailure(
-                    candidate_id=cid, error_stage=ErrorStage.VALIDATION, message=str(err)
-                )
-            except (EngineStartError, SpecError, openai.OpenAIError, httpx.HTTPError) as err:
-                message = f"its {engine} server did not start: {describe(err)}"
-                failures[cid] = CandidateFailure(
-                    candidate_id=cid, error_stage=ErrorStage.MODEL_LOAD, message=message
-                )
+            except (EngineCannotRun, EngineStartError, SpecError, openai.OpenAIError, httpx.HTTPError) as err:
+                if not measured:
+                    failures[cid] = _start_failure(cid, engine, err)
+                else:  # its reps are stored: still measured, but with no greedy comparison its gate fails
+                    log.warning(
+                        "run %s: %s's server did not start again: %s", plan.run_id, cid, describe(err)
+                    )
 
         def report(run: RepRun) -> None:
             row = RepRow(run.method, run.rep, rep_metrics(run.metrics, run.seconds), run.speedup)
@@ -285,9 +286,19 @@ def measure_http(
             raise MeasureError(ErrorStage.BENCHMARK, str(err)) from err
         for cid, why in dropped.items():
             failures[cid] = CandidateFailure(candidate_id=cid, error_stage=ErrorStage.BENCHMARK, message=why)
-        if plan.quality_gate == GateMethod.EXACT:
+        if greedy:
             agreement = _greedy_agreement(plan, {m: methods[m] for m in methods if m not in failures})
     return outcome(plan, rows, failures, agreement)
+
+
+def _start_failure(candidate_id: str, engine: HttpEngine, err: Exception) -> CandidateFailure:
+    """A candidate whose server could not run: refused by the engine, or did not start."""
+    if isinstance(err, EngineCannotRun):
+        return CandidateFailure(
+            candidate_id=candidate_id, error_stage=ErrorStage.VALIDATION, message=str(err)
+        )
+    message = f"its {engine} server did not start: {describe(err)}"
+    return CandidateFailure(candidate_id=candidate_id, error_stage=ErrorStage.MODEL_LOAD, message=message)
 
 
 def _greedy_agreement(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[str, float]:
