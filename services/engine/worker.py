@@ -102,6 +102,10 @@ class EngineWorker:
         """Finish the step under way, fail what is still queued or running, and join the thread."""
         self._inbox.put(_STOP)
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the engine worker is still in a step after %s s; leaving it", timeout)
+        else:
+            log.info("the engine worker stopped")
 
     @property
     def alive(self) -> bool:
