@@ -6,29 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from fixtures.engine import engine_server
 
 from speccore.engine import Engine, Generation, Request
 from speccore.models import LoadedModel
 from speccore.proposers import ProposerConfig, default_k
 from specops.cli import main as specops
-from specops.runtime.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
-START_S = 180.0
 CHAT = ["Name three colours.", "What is 2 + 2? Answer briefly."]
 TEXTS = [
     "def fibonacci(n):\n    ",
@@ -45,40 +39,9 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The server's base URL; on teardown it is sent SIGTERM and must stop its worker and exit."""
-    port = free_port()
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-    cmd = [sys.executable, "-m", "specops.cli", "serve", "engine", "--model", MODEL, "--method", "ngram"]
-    cmd += ["--port", str(port), "--threads", "1", "--device", "cpu", "--dtype", "float32"]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log)
+    with engine_server(["--model", MODEL, "--method", "ngram"], log) as url:
         yield url
-        proc.send_signal(signal.SIGTERM)
-        # uvicorn re-raises the signal once it has shut down, so the process ends by SIGTERM.
-        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
-        assert "the engine worker stopped" in log.read_text(), log.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"the server was not healthy within {START_S} s:\n{log.read_text()[-3000:]}")
 
 
 @pytest.fixture(scope="module")
