@@ -66,7 +66,7 @@ def _generate_cli(capsys: pytest.CaptureFixture[str], text: str, *, chat: bool) 
 
 
 def test_greedy_text_is_specops_generates_streaming_or_not(
-    client: openai.OpenAI, capsys: pytest.CaptureFixture[str]
+    client: openai.OpenAI, smollm: LoadedModel, capsys: pytest.CaptureFixture[str]
 ) -> None:
     text = CHAT[0]
     expected_chat = _generate_cli(capsys, text, chat=True)
@@ -102,6 +102,14 @@ def test_greedy_text_is_specops_generates_streaming_or_not(
         model=MODEL, prompt=TEXTS[1], max_tokens=MAX_TOKENS, temperature=0, stream=True
     )
     assert "".join(c.choices[0].text for c in pieces) == expected_plain
+    # Token ids, and several prompts in one request (choice i answers prompt i).
+    ids = smollm.encode_prompt(TEXTS[1], chat=False)
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=MAX_TOKENS, temperature=0)
+    assert by_ids.choices[0].text == expected_plain
+    two = client.completions.create(
+        model=MODEL, prompt=[TEXTS[1], TEXTS[1] + expected_plain], max_tokens=MAX_TOKENS, temperature=0
+    )
+    assert [c.index for c in two.choices] == [0, 1] and two.choices[0].text == expected_plain
 
 
 def _metrics(url: str) -> dict[str, float]:
