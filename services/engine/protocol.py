@@ -72,6 +72,8 @@ class _Sampling(_Body):
             raise ValueError(f"'stop' takes at most 4 strings, got {len(stops)}")
         if any(not s for s in stops):
             raise ValueError("'stop' strings must not be empty")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("'stream_options' is only allowed when 'stream' is true")
         return self
 
     @property

@@ -60,7 +60,15 @@ def test_counts_of_per_step_updates_and_of_one_finishing_update_agree() -> None:
 def test_bodies_refuse_what_the_server_does_not_do() -> None:
     ok = CompletionRequest(model="m", prompt="hi", stop="\n", logprobs=None, echo=False)
     assert ok.stop_strings == ("\n",) and ok.temperature == 1.0 and ok.max_tokens == 16
-    for bad in ({"echo": True}, {"best_of": 2}, {"temperature": -1}, {"stop": ["a"] * 5}, {"n": 0}):
+    refused = [
+        {"echo": True},
+        {"best_of": 2},
+        {"temperature": -1},
+        {"stop": ["a"] * 5},
+        {"n": 0},
+        {"stream_options": {"include_usage": True}},
+    ]
+    for bad in refused:
         with pytest.raises(ValidationError):
             CompletionRequest(model="m", prompt="hi", **bad)
     chat = ChatCompletionRequest(
