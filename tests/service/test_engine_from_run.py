@@ -80,7 +80,10 @@ def test_serve_engine_from_run_serves_the_runs_winner(
 
         log = tmp_path / "engine.log"
         args = ["--from-run", run.id, "--url", gateway.url, "--token", token]
-        with engine_server(args, log) as url, openai.OpenAI(base_url=f"{url}/v1", api_key="-") as engine:
+        with (
+            engine_server(args, log) as server,
+            openai.OpenAI(base_url=f"{server.url}/v1", api_key="-") as engine,
+        ):
             assert [m.id for m in engine.models.list()] == [MODEL]
             reply = engine.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=8, temperature=0)
             assert reply.choices[0].text

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -40,8 +42,8 @@ MAX_TOKENS = 16
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("engine") / "engine.log"
-    with engine_server(["--model", MODEL, "--method", "ngram"], log) as url:
-        yield url
+    with engine_server(["--model", MODEL, "--method", "ngram"], log) as engine:
+        yield engine.url
 
 
 @pytest.fixture(scope="module")
@@ -247,3 +249,25 @@ def test_a_client_that_leaves_mid_stream_cancels_its_request(server: str, client
     while _counter(_metrics(server), "request_success", finished_reason="abort") == before:
         assert time.monotonic() < deadline, "the abandoned request was never cancelled"
         time.sleep(0.2)
+
+
+def test_sigterm_lets_the_requests_under_way_finish(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    expected = _generate_cli(capsys, CHAT[0], chat=True)
+    with (
+        engine_server(["--model", MODEL, "--method", "ngram"], tmp_path / "engine.log") as engine,
+        openai.OpenAI(base_url=f"{engine.url}/v1", api_key="-", max_retries=0) as client,
+    ):
+        stream = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": CHAT[0]}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+        )
+        chunks = [next(stream)]  # the server holds the request: it sent the role
+        engine.proc.send_signal(signal.SIGTERM)
+        chunks.extend(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
