@@ -59,7 +59,9 @@ class _Sampling(_Body):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass kept; 1 disables top-p.")
     top_k: int = Field(0, ge=-1, description="vLLM extension: keep the k most likely; 0 or -1 disables it.")
     seed: int | None = Field(None, description="Seed of the sampler; choice i samples with seed + i.")
-    stop: str | list[str] | None = Field(None, description="Up to 4 stop strings; the text ends before.")
+    stop: str | list[str] | None = Field(
+        None, description="Up to 4 stop strings; the text ends before the token that completes one."
+    )
     n: int = Field(1, ge=1, le=16, description="Choices per prompt.")
     stream: bool = Field(False, description="Send server-sent events, one chunk per update.")
     stream_options: StreamOptions | None = Field(None, description="Streaming only: include_usage.")

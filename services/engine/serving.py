@@ -34,7 +34,7 @@ class InvalidRequest(Exception):
 
 
 class EngineFailure(Exception):
-    """A choice cannot finish (the server is stopping)."""
+    """A choice cannot finish: the server is stopping, or a decoding step failed (503)."""
 
 
 @dataclass(frozen=True, slots=True)
