@@ -151,7 +151,11 @@ async def _disconnected(request: Request) -> None:
 def serve(engine: Engine, options: ServerOptions) -> None:
     """`specops serve engine`: run the server under uvicorn until SIGTERM / SIGINT."""
     import uvicorn
+    from prometheus_client import disable_created_metrics
 
+    # No `_created` series beside each counter and histogram, as vLLM's /metrics (this process
+    # serves one registry, the server's).
+    disable_created_metrics()
     server = EngineServer(engine, options)
     config = uvicorn.Config(
         create_app(server),

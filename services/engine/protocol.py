@@ -59,7 +59,9 @@ class _Sampling(_Body):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass kept; 1 disables top-p.")
     top_k: int = Field(0, ge=-1, description="vLLM extension: keep the k most likely; 0 or -1 disables it.")
     seed: int | None = Field(None, description="Seed of the sampler; choice i samples with seed + i.")
-    stop: str | list[str] | None = Field(None, description="Up to 4 stop strings; the text ends before.")
+    stop: str | list[str] | None = Field(
+        None, description="Up to 4 stop strings; the text ends before the token that completes one."
+    )
     n: int = Field(1, ge=1, le=16, description="Choices per prompt.")
     stream: bool = Field(False, description="Send server-sent events, one chunk per update.")
     stream_options: StreamOptions | None = Field(None, description="Streaming only: include_usage.")
@@ -72,6 +74,8 @@ class _Sampling(_Body):
             raise ValueError(f"'stop' takes at most 4 strings, got {len(stops)}")
         if any(not s for s in stops):
             raise ValueError("'stop' strings must not be empty")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("'stream_options' is only allowed when 'stream' is true")
         return self
 
     @property

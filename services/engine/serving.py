@@ -34,7 +34,7 @@ class InvalidRequest(Exception):
 
 
 class EngineFailure(Exception):
-    """A choice cannot finish (the server is stopping)."""
+    """A choice cannot finish: the server is stopping, or a decoding step failed (503)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,17 +87,20 @@ class EngineServer:
         return self._prepare([ids], body.token_limit, body)
 
     def open(self, prepared: Prepared, arrival: float) -> ChoiceStream:
+        if not self.worker.alive:
+            raise EngineFailure("the engine worker is not running")
         return ChoiceStream(self.worker, prepared.requests, arrival, self.target.tokenizer)
 
     def _completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+        """Token ids of each prompt: text as `specops generate` encodes it (no chat template)."""
         if isinstance(prompt, str):
             return [self.target.encode_prompt(prompt, chat=False)]
-        if prompt and all(isinstance(p, int) for p in prompt):
-            return [list(prompt)]  # type: ignore[arg-type]
-        return [
-            self.target.encode_prompt(p, chat=False) if isinstance(p, str) else list(p)
-            for p in prompt  # type: ignore[union-attr]
-        ]
+        ids: list[list[int]] = []
+        for p in prompt:
+            if isinstance(p, int):  # one prompt given as token ids
+                return [[int(t) for t in prompt]]  # type: ignore[arg-type]
+            ids.append(self.target.encode_prompt(p, chat=False) if isinstance(p, str) else list(p))
+        return ids
 
     def _prepare(
         self,

@@ -102,6 +102,10 @@ class EngineWorker:
         """Finish the step under way, fail what is still queued or running, and join the thread."""
         self._inbox.put(_STOP)
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the engine worker is still in a step after %s s; leaving it", timeout)
+        else:
+            log.info("the engine worker stopped")
 
     @property
     def alive(self) -> bool:
@@ -113,12 +117,15 @@ class EngineWorker:
         try:
             while self._drain(block=self.batcher.idle):
                 if not self.batcher.idle:
-                    self._step()
+                    try:
+                        self._step()
+                    except Exception as exc:  # the batch's requests fail; the server goes on
+                        log.exception("a decoding step failed; failing the requests in the batch")
+                        self._fail_live(f"the engine failed: {type(exc).__name__}: {exc}")
                 self.metrics.queues(running=self.batcher.running, waiting=self.batcher.waiting)
-        except Exception:
-            log.exception("the engine worker failed; failing its requests")
         finally:
-            self._fail_all("the server is shutting down")
+            self._fail_live("the server is shutting down")
+            self._fail_inbox("the server is shutting down")
             self.metrics.queues(running=0, waiting=0)
 
     def _drain(self, *, block: bool) -> bool:
@@ -200,12 +207,16 @@ class EngineWorker:
             if ticket.handle is not None and self._live.pop(ticket.handle, None) is not None:
                 self.batcher.cancel(ticket.handle)
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_live(self, message: str) -> None:
+        """Fail and cancel every request the batcher holds, running or waiting."""
         for handle, ticket in list(self._live.items()):
             self.batcher.cancel(handle)
             self._send(ticket, Failed(ticket.index, message))
             self.metrics.finished("abort", None)
         self._live.clear()
+
+    def _fail_inbox(self, message: str) -> None:
+        """Fail the requests submitted but never added."""
         while True:
             try:
                 item = self._inbox.get_nowait()

@@ -96,8 +96,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
     replica = args.replica if args.replica is not None else _env_replica()
     if args.service == ENGINE:
+        served = serve_engine.choose(args)  # a bad choice fails before anything starts
         configure_logging(args.service, replica, args.log_level)
-        return serve_engine.run(args)
+        return serve_engine.run(args, served)
     engine_only = serve_engine.given_engine_options(args)
     if engine_only:
         raise RuntimeSetupError(f"{', '.join(engine_only)}: only `specops serve engine` takes these")

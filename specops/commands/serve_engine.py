@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from speccore.errors import SpecError
@@ -67,21 +68,35 @@ def given_engine_options(args: argparse.Namespace) -> list[str]:
     return [f"--{d.replace('_', '-')}" for d in ENGINE_OPTIONS if getattr(args, d, None) not in (None, [])]
 
 
-def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What the server decodes with, chosen before anything starts."""
+
+    method: str
+    config: ProposerConfig
+    model: str
+    origin: str  # where the choice came from, for the log
+
+
+def choose(args: argparse.Namespace) -> Served:
+    """The method, its ProposerConfig and the target: from the flags, or the run's winner."""
+    return _from_run(args) if args.from_run else _from_flags(args)
+
+
+def run(args: argparse.Namespace, served: Served) -> int:
     """Load the target, build the engine and serve until SIGTERM / SIGINT."""
     from speccore.engine import Engine
     from specops_services.engine.app import serve
     from specops_services.engine.serving import ServerOptions
 
-    method, config, model = _from_run(args) if args.from_run else _from_flags(args)
+    log.info("serving %s", served.origin)
     load = argparse.Namespace(
-        model=model, device=args.device or "auto", dtype=args.dtype or "auto", threads=args.threads
+        model=served.model, device=args.device or "auto", dtype=args.dtype or "auto", threads=args.threads
     )
     target = decoding.load_target(load)
-    config = _builtin_datastore(target, config)
-    engine = Engine(target, method, config)
+    engine = Engine(target, served.method, _builtin_datastore(target, served.config))
     options = ServerOptions(
-        served_model_name=args.served_model_name or model,
+        served_model_name=args.served_model_name or served.model,
         host=args.host or DEFAULT_HOST,
         port=args.port if args.port is not None else DEFAULT_PORT,
         max_batch=args.max_batch or DEFAULT_MAX_BATCH,
@@ -90,14 +105,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _from_flags(args: argparse.Namespace) -> tuple[str, ProposerConfig, str]:
+def _from_flags(args: argparse.Namespace) -> Served:
     if not args.model:
         raise SpecError("serve engine needs --model (or --from-run RUN_ID)")
     method = args.method or "none"
-    return method, decoding.proposer_config(args, method, "serve engine"), args.model
+    config = decoding.proposer_config(args, method, "serve engine")
+    return Served(method, config, args.model, f"{args.model} with {method} (k={config.k})")
 
 
-def _from_run(args: argparse.Namespace) -> tuple[str, ProposerConfig, str]:
+def _from_run(args: argparse.Namespace) -> Served:
     """The method, ProposerConfig and target of a run's winner, fetched from the gateway."""
     from speccore.candidates import speccore_candidate
     from specops.client import SpecopsError, SpeculativeClient
@@ -112,13 +128,17 @@ def _from_run(args: argparse.Namespace) -> tuple[str, ProposerConfig, str]:
             applied = client.runs.apply(run.id)
     except SpecopsError as exc:
         raise SpecError(f"cannot fetch run {args.from_run}: {exc}") from None
-    spec = speccore_candidate(candidate)
-    config = _with_drafts(spec.config, applied.cli_args)
-    log.info("run %s: serving winner %s (%s, k=%d)", run.id, candidate.candidate_id, spec.family, candidate.k)
     model = args.model or run.request.target.model_ref
     if model != run.request.target.model_ref:
         raise SpecError(f"run {run.id} measured {run.request.target.model_ref}, not {model}; drop --model")
-    return spec.family, config, model
+    spec = speccore_candidate(candidate)
+    config = _with_drafts(spec.config, applied.cli_args)
+    tree = list(config.tree_shape) if config.tree_shape else "-"
+    origin = (
+        f"run {run.id}'s winner {candidate.candidate_id} on {model} "
+        f"({spec.family}, k={config.k}, tree {tree}, knobs {dict(config.knobs)})"
+    )
+    return Served(spec.family, config, model, origin)
 
 
 # What a run's winner decides, so not given beside --from-run.
