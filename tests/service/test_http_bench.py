@@ -1,5 +1,5 @@
-"""A bench over HTTP on real `specops serve engine` servers, without the bus: every method on
-its own server, acceptance from the servers' /metrics, greedy outputs compared for the
+"""A bench over HTTP on real `specops serve engine` servers, without the bus, in batch mode
+(concurrent requests): every method on its own server, acceptance from the servers' /metrics, greedy outputs compared for the
 exact gate, a candidate whose server cannot start failed alone with the server's own
 words, and no server left running afterwards."""
 
@@ -32,7 +32,7 @@ def test_a_bench_on_engine_servers(monkeypatch: pytest.MonkeyPatch) -> None:
         run_id="run-http-bench",
         target=Target(model_ref="smollm2-135m-instruct", gpu="cpu", engine="speccore"),
         fingerprint="code",
-        mode="interactive",
+        mode="batch",  # both prompts sent at once (the interactive path: tests/integration)
         quality_gate="exact",
         candidates=[NGRAM, BROKEN],
         reps=1,
