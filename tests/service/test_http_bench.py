@@ -1,7 +1,7 @@
 """A bench over HTTP on real `specops serve engine` servers, without the bus, in batch mode
-(concurrent requests): every method on its own server, acceptance from the servers' /metrics, greedy outputs compared for the
-exact gate, a candidate whose server cannot start failed alone with the server's own
-words, and no server left running afterwards."""
+(concurrent requests): every method on its own server, acceptance from the servers'
+/metrics, greedy outputs compared for the exact gate, a candidate whose server cannot
+start failed alone with the server's own words, and no server left running afterwards."""
 
 from __future__ import annotations
 
