@@ -93,6 +93,12 @@ class Measurement(Model):
     ttft_s: float = Field(ge=0.0, description="Mean time to first token, seconds.")
     tpot_s: float = Field(ge=0.0, description="Mean time per output token after the first, seconds.")
     extra_memory_bytes: int = Field(ge=0, description="Peak memory on top of the target and its KV cache.")
+    greedy_agreement: Fraction | None = Field(
+        None,
+        description="Share of the bench's prompts whose greedy output on the candidate's server equals the "
+        "baseline server's, text for text: what the `exact` gate of an engine measured over HTTP (vLLM, "
+        "SGLang, `specops serve engine`) decides on. None for benches measured in-process.",
+    )
 
 
 class GateOutcome(Model):

@@ -11,6 +11,16 @@ from typing import NoReturn
 from speccatalog import families
 from speccatalog.families.base import DraftSource, FamilyError
 from speccore.errors import SpecError
+from specops.commands.decoding import (
+    draft_args,
+    load_target,
+    methods,
+    methods_help,
+    model_args,
+    positive,
+    proposer_config,
+    tree_knobs,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,77 +28,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def _shape(value: str) -> tuple[int, ...]:
-    try:
-        shape = tuple(int(part) for part in value.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated counts like 4,2,1, got {value!r}"
-        ) from None
-    if min(shape) <= 0:
-        raise argparse.ArgumentTypeError(f"every depth needs at least one child, got {value!r}")
-    return shape
-
-
-def _tree_knobs(args: argparse.Namespace) -> dict[str, object]:
-    """The tree options given on the command line, as ProposerConfig fields."""
-    given = {"tree_shape": args.tree_shape, "tree_topk": args.tree_topk, "tree_tokens": args.tree_tokens}
-    return {name: value for name, value in given.items() if value is not None}
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="alias, local dir, .gguf file or Hugging Face id")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
-    p.add_argument("--threads", type=_positive, help="CPU threads for PyTorch")
-
-
-def _draft_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--k", type=int, help="draft tokens per step (family default when omitted)")
-    p.add_argument(
-        "--draft", help="draft model for draft_model/hf_assisted, or self:N (target's first N layers)"
-    )
-    p.add_argument("--datastore", help="REST datastore built with `specops datastore build`")
-    p.add_argument(
-        "--head",
-        action="append",
-        default=[],
-        help="trained head for medusa/eagle: a directory (`specops heads train`) or builtin:<name>, "
-        "a head shipped for the model; bench: repeatable, each method takes the head it decodes",
-    )
-    p.add_argument(
-        "--tree-shape",
-        type=_shape,
-        help="medusa/eagle static tree, e.g. 4,2,1: 4 children of the pending token, 2 below each, ...",
-    )
-    # Defaults as in speccore.proposers.base.ProposerConfig (not imported here: it loads torch).
-    p.add_argument("--tree-topk", type=_positive, help="eagle: children per expanded node (default 2)")
-    p.add_argument("--tree-tokens", type=_positive, help="medusa/eagle: draft nodes per step (default 5)")
-
-
 def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=_positive, default=128)
-
-
-def _methods() -> list[str]:
-    """speccore's methods: plain decoding, then every family whose spec names a proposer."""
-    return ["none", *families.runnable()]
-
-
-def _methods_help() -> str:
-    runnable = [families.family(name) for name in families.runnable()]
-    return "; ".join(["none: plain decoding", *(f"{spec.name}: {spec.summary}" for spec in runnable)])
+    p.add_argument("--max-new-tokens", type=positive, default=128)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,9 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="generate text with a speculative method")
-    _model_args(gen)
-    gen.add_argument("--method", default="none", choices=_methods(), help=_methods_help())
-    _draft_args(gen)
+    model_args(gen)
+    gen.add_argument("--method", default="none", choices=methods(), help=methods_help())
+    draft_args(gen)
     _sampling_args(gen)
     src = gen.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt")
@@ -108,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, metrics")
 
     bench = sub.add_parser("bench", help="interleaved benchmark of methods on a prompt set")
-    _model_args(bench)
+    model_args(bench)
     bench.add_argument(
         "--workload", required=True, choices=("chat", "code"), help="prompt set (with --prompts: the label)"
     )
@@ -116,11 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts", type=Path, help='JSONL of {"prompt", "completion"} lines: their prompts, as chat'
     )
     bench.add_argument("--methods", default="none,ngram", help="comma-separated; none is always included")
-    _draft_args(bench)
+    draft_args(bench)
     _sampling_args(bench)
-    bench.add_argument("--n-prompts", type=_positive, default=10)
-    bench.add_argument("--reps", type=_positive, default=3)
-    bench.add_argument("--batch-size", type=_positive, default=1)
+    bench.add_argument("--n-prompts", type=positive, default=10)
+    bench.add_argument("--reps", type=positive, default=3)
+    bench.add_argument("--batch-size", type=positive, default=1)
     bench.add_argument("--json", type=Path, help="where to write the results (default bench/results/...)")
 
     ds = sub.add_parser("datastore", help="REST datastores")
@@ -169,22 +114,6 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _single_head(heads: list[str]) -> str | None:
-    if len(heads) > 1:
-        raise SpecError("generate takes one --head")
-    return heads[0] if heads else None
-
-
-def _load(args: argparse.Namespace):
-    import torch
-
-    from speccore.models import load_model
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return load_model(args.model, device=args.device, dtype=args.dtype)
-
-
 def _sampling(args: argparse.Namespace):
     from speccore.sampling import SamplingParams
 
@@ -193,20 +122,13 @@ def _sampling(args: argparse.Namespace):
 
 def _generate(args: argparse.Namespace) -> int:
     from speccore.engine import Engine, Request
-    from speccore.proposers import ProposerConfig, default_k
 
     text = args.prompt if args.prompt is not None else _read_prompt(args.prompt_file)
     if not text.strip():
         raise SpecError("the prompt is empty")
     sampling = _sampling(args)
-    cfg = ProposerConfig(
-        k=args.k if args.k is not None else default_k(args.method),
-        draft=args.draft,
-        datastore=args.datastore,
-        head=_single_head(args.head),
-        **_tree_knobs(args),  # type: ignore[arg-type]
-    )
-    target = _load(args)
+    cfg = proposer_config(args, args.method, "generate")
+    target = load_target(args)
     engine = Engine(target, args.method, cfg)
     request = Request(
         target.encode_prompt(text, args.chat), args.max_new_tokens, sampling, args.seed, tuple(args.stop)
@@ -280,14 +202,14 @@ def _bench(args: argparse.Namespace) -> int:
         datastore=args.datastore,
         heads=tuple(args.head),
         prompts=str(args.prompts) if args.prompts else None,
-        tree=_tree_knobs(args),
+        tree=tree_knobs(args),
     )
     prompts = (
         file_prompts(args.prompts, spec.n_prompts)
         if args.prompts
         else load_prompts(spec.workload, spec.n_prompts, seed=spec.seed)
     )
-    target = _load(args)
+    target = load_target(args)
     if any(_reads_datastore(method) for method in spec.methods):
         # The workload's built-in datastore (or --datastore builtin:<workload>), built from a
         # corpus that leaves out the measured prompts' conversations.
@@ -329,7 +251,7 @@ def _table(result: dict) -> str:
 def _datastore(args: argparse.Namespace) -> int:
     from speccore.datastore import build_datastore
 
-    target = _load(argparse.Namespace(model=args.model, device="cpu", dtype="auto", threads=None))
+    target = load_target(argparse.Namespace(model=args.model, device="cpu", dtype="auto", threads=None))
     store = build_datastore(
         target.tokenizer, args.corpus, args.out, pattern=args.pattern, exclude=tuple(args.exclude)
     )

@@ -53,8 +53,9 @@ WARMUP_PROMPT_TOKENS = 64
 class Decoded:
     """What one generate call of a method returned, per request."""
 
-    token_ids: list[list[int]]  # new tokens of each request
+    token_ids: list[list[int]]  # new tokens of each request; empty lists over HTTP (text, not ids)
     metrics: list[GenerationMetrics]  # of each request; empty where the method reports none (HF)
+    overhead_s: float = 0.0  # time of the call spent on anything but decoding (an HTTP engine's scrapes)
 
 
 # Decodes the requests of one batch (they share sampling parameters).
@@ -123,6 +124,9 @@ class RepRun:
 
     @property
     def new_tokens(self) -> int:
+        # A method over HTTP gets text, not ids: its metrics count the tokens.
+        if self.metrics:
+            return sum(m.new_tokens for m in self.metrics)
         return sum(len(ids) for ids in self.token_ids)
 
     @property
@@ -219,6 +223,7 @@ class _Bench:
                 decoded = self.decode(method, requests)
                 seconds[method] += time.perf_counter() - start
                 if decoded is not None:
+                    seconds[method] -= decoded.overhead_s
                     token_ids[method].extend(decoded.token_ids)
                     metrics[method].extend(decoded.metrics)
             self.log(f"rep {rep + 1}/{self.schedule.reps} batch {b + 1}/{len(self.batches)} done")

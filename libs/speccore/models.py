@@ -140,14 +140,23 @@ class LoadedModel:
             return list(self.tokenizer(text).input_ids)
         return chat_prompt_ids(self.tokenizer, text, self.ref)
 
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a conversation (``{"role", "content"}`` turns) through the chat template."""
+        return chat_messages_ids(self.tokenizer, messages, self.ref)
+
 
 def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str, model: str) -> list[int]:
     """Token ids of ``text`` as one user turn of ``model``'s chat template, ready for the reply."""
+    return chat_messages_ids(tokenizer, [{"role": "user", "content": text}], model)
+
+
+def chat_messages_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], model: str
+) -> list[int]:
+    """Token ids of ``messages`` through ``model``'s chat template, ready for the assistant's reply."""
     if not tokenizer.chat_template:
         raise SpecError(f"model '{model}' has no chat template; send plain prompts (chat off)")
-    rendered = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-    )
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     # The template already writes the special tokens (bos and turn markers).
     return list(tokenizer(rendered, add_special_tokens=False).input_ids)
 

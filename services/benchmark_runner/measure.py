@@ -101,7 +101,7 @@ def measure(
     An exception `on_rep` raises stops the bench. `tenant_id` (the bench's) and
     `artifact_root` locate the corpora a rest candidate's draft may name (`ds-<hex>`).
     """
-    stored = _check_done(plan, done)
+    stored = check_done(plan, done)
     rows = list(stored.values())
     failures: dict[str, CandidateFailure] = {}
     candidates = {c.candidate_id: c for c in plan.candidates}
@@ -136,13 +136,33 @@ def measure(
             raise MeasureError(ErrorStage.BENCHMARK, str(err)) from err
         for cid, why in dropped.items():
             failures[cid] = CandidateFailure(candidate_id=cid, error_stage=ErrorStage.BENCHMARK, message=why)
+    return outcome(plan, rows, failures)
+
+
+def outcome(
+    plan: BenchPlan,
+    rows: Iterable[RepRow],
+    failures: dict[str, CandidateFailure],
+    greedy_agreement: dict[str, float] | None = None,
+) -> BenchOutcome:
+    """The bench's summaries from its rep rows, stored and new, in plan order.
+
+    `greedy_agreement` (benches over HTTP): per candidate id, what its summary reports
+    for the exact gate.
+    """
     by_method: dict[str, list[RepRow]] = {}
     for row in rows:
         by_method.setdefault(row.candidate_id, []).append(row)
+    agreement = greedy_agreement or {}
+    order = [c.candidate_id for c in plan.candidates]
     return BenchOutcome(
         baseline=summarise(by_method[BASELINE_ID]),
-        results=[summarise(by_method[m]) for m in candidates if m not in failures and m in by_method],
-        failures=[failures[m] for m in candidates if m in failures],
+        results=[
+            summarise(by_method[m]).model_copy(update={"greedy_agreement": agreement.get(m)})
+            for m in order
+            if m not in failures and m in by_method
+        ],
+        failures=[failures[m] for m in order if m in failures],
     )
 
 
@@ -302,7 +322,7 @@ def _engine(
                 config = dataclasses.replace(config, datastore=str(built))
         elif spec.source == DraftSource.HEAD and is_head_id(config.head):
             # A tenant's registry head (T3): its trained artifact in the tenant's part of the store.
-            config = dataclasses.replace(config, head=str(_registry_head(str(config.head), corpora)))
+            config = dataclasses.replace(config, head=str(registry_head(str(config.head), corpora)))
         return Engine(target, spec.family, config)
     except (SpecError, OSError, RuntimeError, MemoryError) as err:
         release_memory()
@@ -311,7 +331,7 @@ def _engine(
         ) from err
 
 
-def _registry_head(head_id: str, corpora: Corpora) -> Path:
+def registry_head(head_id: str, corpora: Corpora) -> Path:
     """The trained directory of registry head ``head_id`` among the bench's tenant's heads."""
     found = None
     if corpora.tenant_id is not None and corpora.artifact_root is not None:
@@ -327,7 +347,7 @@ def _registry_head(head_id: str, corpora: Corpora) -> Path:
 # --- helpers ----------------------------------------------------------------------------
 
 
-def _check_done(plan: BenchPlan, done: Iterable[RepRow]) -> dict[tuple[str, int], RepRow]:
+def check_done(plan: BenchPlan, done: Iterable[RepRow]) -> dict[tuple[str, int], RepRow]:
     known = {BASELINE_ID, *(c.candidate_id for c in plan.candidates)}
     stored: dict[tuple[str, int], RepRow] = {}
     for row in done:

@@ -13,7 +13,8 @@ import torch
 
 from speccore.model_cache import ModelCache
 from specops_schemas.events import BenchPlan
-from specops_services.benchmark_runner.measure import BenchOutcome, RepCallback, RepRow, measure
+from specops_services.benchmark_runner.measure import BenchOutcome, Corpora, RepCallback, RepRow, measure
+from specops_services.benchmark_runner.measure_http import http_engine, measure_http
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
 from specplatform.hostlock import DeviceLock, device_lock_name
 
@@ -38,7 +39,9 @@ class BenchRunner:
         tenant_id: str | None = None,
     ) -> BenchOutcome:
         """`measure.measure` with this host's device, dtype, thread budget and artifact store
-        (`tenant_id`: the bench's tenant, whose uploaded corpora its rest candidates may name).
+        (`tenant_id`: the bench's tenant, whose uploaded corpora its rest candidates may name);
+        `measure_http.measure_http` on engine servers for a vLLM or SGLang plan, and for a
+        speccore one when `bench_speccore` is `server`.
 
         Waits for the device lock first; `stop` set meanwhile raises LockAbandoned.
         """
@@ -46,6 +49,10 @@ class BenchRunner:
         with self.device_lock.held(f"bench of run {plan.run_id}", stop):
             # Worker threads start with PyTorch's default; the service's budget applies to each.
             torch.set_num_threads(self.settings.threads)
+            engine = http_engine(plan, self.settings)
+            if engine is not None:
+                corpora = Corpora(tenant_id, self.settings.artifact_root)
+                return measure_http(plan, engine, self.settings, on_rep=on_rep, done=done, corpora=corpora)
             return measure(
                 plan,
                 model_cache=self.models,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
+from typing import Literal
+
 from pydantic import Field
 
 from specplatform.hostlock import MeasureLockDir
@@ -9,7 +13,13 @@ from specplatform.settings import Settings, service_settings
 
 
 class BenchmarkRunnerSettings(Settings):
-    """`SPECOPS_THREADS`, `SPECOPS_BENCH_*` (plus NATS_URL / DATABASE_URL, see specplatform.settings)."""
+    """`SPECOPS_THREADS`, `SPECOPS_BENCH_*` (plus NATS_URL / DATABASE_URL, see specplatform.settings).
+
+    HTTP engines (measure_http.py): a plan for vLLM or SGLang, and a speccore plan when
+    `bench_speccore` is `server`, is measured on OpenAI-compatible servers the runner
+    launches with `bench_<engine>_command` (one per method, on free ports), or attaches
+    to where `bench_engine_urls` names a method's server.
+    """
 
     threads: int = Field(2, ge=1, le=1024, description="CPU threads PyTorch may use.")
     bench_device: str = Field("auto", description="Where the target runs: auto, cpu or cuda.")
@@ -23,6 +33,47 @@ class BenchmarkRunnerSettings(Settings):
         description="Seconds after which a bench whose runner died is redelivered; a live runner "
         "extends it by a heartbeat every third of it, however long the bench takes.",
     )
+
+    bench_speccore: Literal["inprocess", "server"] = Field(
+        "inprocess",
+        description="SPECOPS_BENCH_SPECCORE: how a speccore plan is measured: in this process, or "
+        "over HTTP on `specops serve engine` servers (the protocol vLLM and SGLang are measured with).",
+    )
+    bench_vllm_command: str = Field(
+        "vllm", description="SPECOPS_BENCH_VLLM_COMMAND: the vLLM executable (`<it> serve <model> ...`)."
+    )
+    bench_sglang_command: str = Field(
+        "python -m sglang.launch_server",
+        description="SPECOPS_BENCH_SGLANG_COMMAND: SGLang's launcher (`<it> --model-path <model> ...`).",
+    )
+    bench_specops_command: str = Field(
+        f"{shlex.quote(sys.executable)} -m specops.cli",
+        description="SPECOPS_BENCH_SPECOPS_COMMAND: the specops CLI (`<it> serve engine --model ...`); "
+        "default: this interpreter's.",
+    )
+    bench_engine_args: str = Field(
+        "",
+        description="SPECOPS_BENCH_ENGINE_ARGS: arguments added to every launched server, e.g. "
+        "`--gpu-memory-utilization 0.2` so that vLLM's baseline and candidates fit one GPU together.",
+    )
+    bench_engine_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description="SPECOPS_BENCH_ENGINE_URLS: JSON of method (`baseline` or a candidate id) -> base URL "
+        "of a running server to measure it on instead of launching one (left running afterwards).",
+    )
+    bench_engine_start_timeout_s: float = Field(
+        900.0, gt=0.0, description="Seconds a launched server has to answer /health (model load included)."
+    )
+    bench_engine_request_timeout_s: float = Field(
+        600.0, gt=0.0, description="Seconds one HTTP generation may take before the method fails."
+    )
+
+    def engine_command(self, engine: str) -> list[str]:
+        """The executable part of the launch command of `engine` (vllm, sglang, specops)."""
+        return shlex.split(getattr(self, f"bench_{engine}_command"))
+
+    def engine_args(self) -> list[str]:
+        return shlex.split(self.bench_engine_args)
 
 
 def runner_settings(given: Settings | None = None) -> BenchmarkRunnerSettings:

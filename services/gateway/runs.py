@@ -15,6 +15,7 @@ from specbus import outbox
 from specbus.envelope import Envelope, new_event
 from speccatalog.hardware import HardwareError, resolve_profile
 from speccatalog.targets import TargetError, UnknownModel, parse_hf_config, resolve_target
+from specops_schemas import engine_flags
 from specops_schemas.api import (
     API_PREFIX,
     ApplyRequest,
@@ -27,7 +28,7 @@ from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunReques
 from specops_schemas.heads import HeadFailed, HeadRequested, HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
 from specops_schemas.tune import TuneRequested
-from specops_services.gateway import cache, db, engine_flags, heads_db, logic, projection, results, sse
+from specops_services.gateway import cache, db, heads_db, logic, projection, results, sse
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.problems import ProblemError, problem
 from specplatform.db import Connection, Pool, tenant_transaction

@@ -11,13 +11,13 @@ from pathlib import Path
 
 from specbus import outbox
 from specbus.envelope import new_event
+from specops_schemas import engine_flags
 from specops_schemas.api import ApplyRequest
 from specops_schemas.candidates import CandidateResult
 from specops_schemas.tune import TuneRequested, TuneSessionCreateRequest, TuneSessionResponse
 from specops_services.gateway import (
     curve,
     db,
-    engine_flags,
     heads_db,
     logic,
     results,

@@ -17,6 +17,7 @@ from typing import Any
 
 from speccatalog.hardware import resolve_profile
 from speccatalog.targets import TargetInfo, parse_hf_config
+from specops_schemas.catalog import Engine
 from specops_services.predictor.logic import profile_of_gpu_name
 from specops_services.predictor.plan import CPU_BENCH, GPU_BENCH, BenchDefaults, HostInfo
 from specops_services.predictor.settings import PredictorSettings
@@ -47,8 +48,10 @@ def gpu_name() -> str | None:
 
 
 def host_info(settings: PredictorSettings) -> HostInfo:
-    """The host as planning sees it; UnknownHardware if SPECOPS_HOST_GPU names no profile."""
-    info = _host_hardware(settings)
+    """The host as planning sees it; UnknownHardware if SPECOPS_HOST_GPU names no profile,
+    ValueError if SPECOPS_MEASURED_ENGINES names an unknown engine."""
+    engines = frozenset(Engine(e.strip()) for e in settings.measured_engines.split(",") if e.strip())
+    info = dataclasses.replace(_host_hardware(settings), engines=engines)
     sizes = (settings.bench_reps, settings.bench_prompts, settings.bench_new_tokens)
     if sizes == (None, None, None):
         return info

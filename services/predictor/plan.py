@@ -88,6 +88,9 @@ class HostInfo:
     gpu_profile: str | None = None  # L0 profile name of this host's GPU, if it has one
     hub_access: bool = False  # Hugging Face ids can be downloaded here
     bench: BenchDefaults | None = None  # the bench size measured here; None: CPU_BENCH / GPU_BENCH
+    # Engines the benchmark-runner measures here: speccore in-process, vLLM and SGLang over HTTP
+    # where they are installed (SPECOPS_MEASURED_ENGINES); a run on another is predicted.
+    engines: frozenset[Engine] = frozenset({Engine.SPECCORE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +164,11 @@ def _builtin_heads(target: TargetInfo) -> list[HeadRef]:
 def _why_not_measurable(request: RunCreateRequest, target: TargetInfo, host: HostInfo) -> str | None:
     engine = request.target.engine
     profile = resolve_profile(request.target.gpu)
-    if engine != Engine.SPECCORE:
-        return f"only speccore measures here; the winner for {engine} is predicted"
+    if engine not in host.engines:
+        measured = ", ".join(sorted(host.engines)) or "no engine"
+        return (
+            f"{engine} is not measured here (SPECOPS_MEASURED_ENGINES: {measured}); its winner is predicted"
+        )
     if not (target.local or host.hub_access):
         return f"{target.ref} cannot be loaded here (not an offline alias or a local directory)"
     if profile.kind == "cpu" and host.cuda:

@@ -21,6 +21,12 @@ class PredictorSettings(Settings):
         description="SPECOPS_HUB_ACCESS: Hugging Face ids can be downloaded here, so runs on them are "
         "measured; otherwise only the offline aliases and local directories are.",
     )
+    measured_engines: str = Field(
+        "speccore",
+        description="SPECOPS_MEASURED_ENGINES: comma-separated engines whose runs are measured here "
+        "(speccore, vllm, sglang); vLLM and SGLang only where the benchmark-runner can launch them "
+        "(SPECOPS_BENCH_VLLM_COMMAND, ...). A run on another engine gets the predicted winner, unmeasured.",
+    )
     enable_cascade: bool = Field(
         False,
         validation_alias=AliasChoices("ENABLE_L4_CASCADE", "enable_cascade"),

@@ -89,6 +89,26 @@ def gate_unavailable(method: GateMethod, candidate: Candidate, error: BaseExcept
     )
 
 
+def exact_over_http(candidate: Candidate, agreement: float, threshold: float) -> GateOutcome:
+    """The `exact` verdict of a candidate measured on an engine server (vLLM, SGLang, `specops
+    serve engine`): the share of the bench's prompts whose greedy output on its server equals
+    the baseline server's (Measurement.greedy_agreement, compared by the benchmark-runner
+    while both servers ran)."""
+    return GateOutcome(
+        method=GateMethod.EXACT,
+        passed=agreement >= threshold,
+        score=agreement,
+        threshold=threshold,
+        details={
+            "candidate_id": candidate.candidate_id,
+            "measured": True,
+            "measured_over": "http",
+            "reason": "greedy outputs of the candidate's engine server against the baseline server's, "
+            "prompt by prompt, on the bench's prompts",
+        },
+    )
+
+
 def target_unavailable(event: Envelope[BenchCompleted], message: str) -> Envelope[RunFailed]:
     bench = event.payload
     failed = RunFailed(

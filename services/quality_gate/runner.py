@@ -19,13 +19,13 @@ from speccatalog.families.base import DraftSource
 from speccore.errors import SpecError
 from speccore.model_cache import ModelCache
 from speccore.models import LoadedModel
-from specops_schemas.candidates import Candidate, GateOutcome
-from specops_schemas.catalog import GateMethod
+from specops_schemas.candidates import Candidate, GateOutcome, Measurement
+from specops_schemas.catalog import Engine, GateMethod
 from specops_schemas.events import BenchPlan
 from specops_schemas.heads import HeadGateResult, HeadTrained
 from specops_services.quality_gate import heads, logic
 from specops_services.quality_gate.gate import QualityGate, pending, skipped
-from specops_services.quality_gate.sample import GateSample, sampling_params
+from specops_services.quality_gate.sample import GateSample, Thresholds, sampling_params
 from specops_services.quality_gate.settings import QualityGateSettings
 from specplatform.hostlock import DeviceLock, device_lock_name
 from specprompts.corpora import candidate_datastore
@@ -42,19 +42,39 @@ class GateRunner:
         self.device_lock = DeviceLock(settings.measure_lock_dir, device_lock_name(settings.gate_device))
         self._gate: tuple[tuple[str, GateSample], QualityGate] | None = None
 
-    def evaluate(self, plan: BenchPlan, candidate: Candidate, *, tenant_id: str | None = None) -> GateOutcome:
+    def evaluate(
+        self,
+        plan: BenchPlan,
+        candidate: Candidate,
+        *,
+        tenant_id: str | None = None,
+        measured: Measurement | None = None,
+    ) -> GateOutcome:
         """The plan's gate method on `candidate` (of `tenant_id`'s bench: a rest draft may name
-        one of its uploaded corpora).
+        one of its uploaded corpora; `measured`: its bench summary).
 
-        `skipped` and `pending` load nothing. A candidate the gate cannot run on gets
-        a failed verdict (logic.gate_unavailable); a target that cannot be loaded
-        raises speccore.model_cache.ModelLoadError, which fails the whole run.
+        `skipped` and `pending` load nothing. A candidate measured on an engine server
+        (vLLM, SGLang, `specops serve engine`) is gated `exact` on the greedy outputs its
+        bench compared (`measured.greedy_agreement`), loading nothing either; a vLLM or
+        SGLang candidate under another method, which needs decoding in this process, fails
+        closed. A candidate the gate cannot run on gets a failed verdict
+        (logic.gate_unavailable); a target that cannot be loaded raises
+        speccore.model_cache.ModelLoadError, which fails the whole run.
         """
         method = plan.quality_gate
         if method == GateMethod.SKIPPED:
             return skipped()
         if method == GateMethod.PENDING:
             return pending()
+        agreement = measured.greedy_agreement if measured is not None else None
+        if method == GateMethod.EXACT and agreement is not None:
+            return logic.exact_over_http(candidate, agreement, Thresholds().exact)
+        if plan.target.engine != Engine.SPECCORE:
+            why = (
+                f"a {plan.target.engine} candidate is gated on its server's greedy outputs (method exact), "
+                f"which its bench did not report; {method} decodes on speccore"
+            )
+            return logic.gate_unavailable(method, candidate, SpecError(why))
         # The gate decodes on the same device a benchmark-runner measures on: a gate running
         # beside a bench would skew its timings, so it takes the device's host lock as well.
         purpose = f"gate of {candidate.candidate_id} in run {plan.run_id}"

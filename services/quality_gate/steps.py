@@ -39,10 +39,15 @@ async def gate_bench(pool: Pool, runner: GateRunner, event: Envelope[BenchComple
         log.info("bench %s: no measured candidate left to gate", bench.bench_id)
         return
     await queue(pool, [logic.gating_started(event)])
+    measured = {m.candidate_id: m for m in bench.results}
     for candidate in todo:
         try:
             outcome = await asyncio.to_thread(
-                runner.evaluate, bench.plan, candidate, tenant_id=event.tenant_id
+                runner.evaluate,
+                bench.plan,
+                candidate,
+                tenant_id=event.tenant_id,
+                measured=measured.get(candidate.candidate_id),
             )
         except ModelLoadError as err:
             log.error("bench %s: %s", bench.bench_id, err)

@@ -1,5 +1,8 @@
 """`specops serve <service> [--replica N]`: run one service process until SIGTERM / SIGINT.
 
+`specops serve engine` is the OpenAI-compatible speccore server (serve_engine.py); it takes
+the engine options, which the bus services refuse.
+
 Each service's app module (`specops_services.<package>.app`) exposes
 `serve(settings: Settings) -> None`, which blocks until the process is told to stop and
 then shuts down cleanly (consumers, outbox relay, database pool). `specops up` starts
@@ -19,6 +22,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from specops.commands import serve_engine
 from specplatform.errors import RuntimeSetupError
 
 # Service name on the command line (and in `specops up`) -> package under specops_services.
@@ -31,6 +35,7 @@ SERVICES = {
     "head-trainer": "head_trainer",
     "audit": "audit",
 }
+ENGINE = "engine"
 REPLICA_ENV = "SPECOPS_REPLICA"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -48,13 +53,18 @@ def _replica(text: str) -> int:
 def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     """Add `serve` to the `specops` subcommands (`sub`)."""
     serve = sub.add_parser("serve", help="run one service process until SIGTERM / SIGINT")
-    serve.add_argument("service", choices=list(SERVICES), help="the service to run")
+    serve.add_argument(
+        "service",
+        choices=[*SERVICES, ENGINE],
+        help="the service to run (engine: the OpenAI-compatible server)",
+    )
     serve.add_argument(
         "--replica",
         type=_replica,
         help=f"replica number shown in the log lines (default: ${REPLICA_ENV}, else 0)",
     )
     serve.add_argument("--log-level", default="INFO", choices=LOG_LEVELS, help="default INFO")
+    serve_engine.add_engine_options(serve)
     serve.set_defaults(handler=run_serve)
 
 
@@ -85,6 +95,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from specplatform.telemetry import configure_tracing
 
     replica = args.replica if args.replica is not None else _env_replica()
+    if args.service == ENGINE:
+        served = serve_engine.choose(args)  # a bad choice fails before anything starts
+        configure_logging(args.service, replica, args.log_level)
+        return serve_engine.run(args, served)
+    engine_only = serve_engine.given_engine_options(args)
+    if engine_only:
+        raise RuntimeSetupError(f"{', '.join(engine_only)}: only `specops serve engine` takes these")
     configure_logging(args.service, replica, args.log_level)
     configure_tracing(args.service)
     entry = service_entry(args.service)

@@ -85,9 +85,16 @@ class _Recording(GateRunner):
         super().__init__(SETTINGS, models)
         self.gated: list[str] = []
 
-    def evaluate(self, plan: BenchPlan, candidate: Candidate, *, tenant_id: str | None = None) -> GateOutcome:
+    def evaluate(
+        self,
+        plan: BenchPlan,
+        candidate: Candidate,
+        *,
+        tenant_id: str | None = None,
+        measured: Measurement | None = None,
+    ) -> GateOutcome:
         self.gated.append(candidate.candidate_id)
-        return super().evaluate(plan, candidate, tenant_id=tenant_id)
+        return super().evaluate(plan, candidate, tenant_id=tenant_id, measured=measured)
 
 
 def _loader(calls: list[str], model: LoadedModel | None = None) -> Callable[[str, str, str], LoadedModel]:

@@ -11,7 +11,7 @@ from speccatalog.targets import HeadRef
 from specops_schemas.api import ApplyResponse, RunCreateRequest, SglangConfig, SpeccoreConfig, VllmConfig
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import Engine, Family
-from specops_services.gateway.engine_flags import EngineCannotRun, apply_response, engine_config
+from specops_schemas.engine_flags import EngineCannotRun, apply_response, engine_config
 from specops_services.predictor.plan import HostInfo, plan_run
 
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"

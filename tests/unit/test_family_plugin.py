@@ -25,7 +25,7 @@ PROMPT = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b
 PLAN_AND_APPLY = """
 import json
 from specops_schemas.api import RunCreateRequest
-from specops_services.gateway.engine_flags import EngineCannotRun, apply_response
+from specops_schemas.engine_flags import EngineCannotRun, apply_response
 from specops_services.predictor.plan import HostInfo, plan_run
 
 def plan(engine):

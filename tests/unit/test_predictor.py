@@ -576,3 +576,17 @@ def test_measurable_only_where_the_host_matches() -> None:
     assert not plan_run(request(engine="vllm"), run_id="r", host=CPU_HOST).measurable_here
     chat = plan_run(request(fingerprint="chat"), run_id="r", host=CPU_HOST)
     assert chat.bench_plan is not None and chat.bench_plan.sampling.temperature > 0.0
+
+
+def test_vllm_and_sglang_are_measured_where_the_host_says_it_measures_them() -> None:
+    """SPECOPS_MEASURED_ENGINES: the benchmark-runner measures them over HTTP there."""
+    gpu_host = HostInfo(cuda=True, gpu_profile="H100-80GB", hub_access=True)
+    vllm = request(model="meta-llama/Llama-3.1-8B-Instruct", gpu="H100-80GB", engine="vllm")
+    predicted = plan_run(vllm, run_id="r", host=gpu_host)
+    assert not predicted.measurable_here and "vllm is not measured here" in str(
+        predicted.not_measurable_reason
+    )
+    host = dataclasses.replace(gpu_host, engines=frozenset({Engine.SPECCORE, Engine.VLLM}))
+    measured = plan_run(vllm, run_id="r", host=host)
+    assert measured.bench_plan is not None and measured.bench_plan.target.engine == Engine.VLLM
+    assert not plan_run(request(engine="sglang", gpu="H100-80GB"), run_id="r", host=host).measurable_here

@@ -11,7 +11,7 @@ from speccatalog.targets import KNOWN_TARGETS, HeadRef
 from specops_schemas.api import RunCreateRequest, SglangConfig, VllmConfig
 from specops_schemas.candidates import Candidate, Prediction, RankedCandidate
 from specops_schemas.catalog import Engine, Family
-from specops_services.gateway.engine_flags import engine_config
+from specops_schemas.engine_flags import engine_config
 from specops_services.predictor.logic import make_plan, offered_states, registry_head
 from specops_services.predictor.plan import CPU_BENCH, HostInfo, Plan, pick_for_bench, plan_run
 

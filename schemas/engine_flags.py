@@ -1,4 +1,5 @@
-"""Apply: translate a candidate into the flags of the engine that will serve it.
+"""Translate a candidate into the flags of the engine that will serve it: what the gateway's
+apply answers, and what the benchmark-runner launches an HTTP engine with.
 
 Each family's spec (speccatalog.families) renders its own settings, under the flag and
 key names of reference/engines.md; this module wraps them for the wire and as launch

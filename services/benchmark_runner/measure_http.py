@@ -1,0 +1,388 @@
+"""Measure a bench plan on OpenAI-compatible engine servers: vLLM, SGLang or `specops serve engine`.
+
+The same protocol as in-process (speccore.bench.interleave: warm-up, interleaved reps,
+speedups as same-rep ratios to the baseline, a failing candidate dropped alone) and the
+same rows and summaries (measure.rep_metrics, measure.outcome), so a bench over HTTP is
+published, stored and gated like one in-process. What differs:
+
+- Each method decodes on a server of its own (engine_server.py): the baseline on the
+  engine without speculation, each candidate with its rendered flags. Every server is
+  started once per bench, before the warm-up, and stopped when the bench ends, fails or
+  is cancelled. A candidate whose server does not start fails alone (error_stage
+  model_load; validation where the engine refuses its flags); a baseline that does not
+  start fails the bench.
+- Prompts are the plan's workload prompts (specprompts.sets.load_prompts, as
+  in-process) sent as text: chat prompts to /v1/chat/completions (the server applies
+  the model's chat template), raw ones to /v1/completions; `max_tokens`, temperature,
+  top_p, top_k and seed (prompt i: seed + i) as in-process. A batch's requests are sent
+  concurrently (batch mode: 8 at once; interactive: one). The protocol's prompt token
+  lists stand for prompt indices here.
+- Per request, streamed: TTFT, total time, and the prompt and new tokens from the
+  stream's `usage`. Acceptance comes from the server's Prometheus spec-decode counters,
+  scraped before and after each batch (engine_metrics.py, their time left out of the
+  method's); a batch's counts are booked on its first request's metrics, so a rep's
+  sums are the server's.
+- After the reps, for an `exact` gate, every server decodes the prompts greedily one
+  at a time and each candidate's texts are compared with the baseline's:
+  `Measurement.greedy_agreement`, which the quality gate judges (it cannot decode on
+  an engine it does not run).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import openai
+
+from speccatalog.artifacts import is_head_id
+from speccore.bench import BaselineFailed, Decoded, RepRun, Schedule, describe, interleave
+from speccore.engine import Request
+from speccore.errors import SpecError
+from speccore.metrics import GenerationMetrics
+from speccore.sampling import SamplingParams
+from specops_schemas.candidates import BASELINE_ID, Candidate
+from specops_schemas.catalog import Engine, ErrorStage, GateMethod, Mode
+from specops_schemas.engine_flags import EngineCannotRun
+from specops_schemas.events import BenchPlan, CandidateFailure
+from specops_services.benchmark_runner import engine_metrics
+from specops_services.benchmark_runner.engine_server import (
+    HOST,
+    EngineServer,
+    EngineStartError,
+    HttpEngine,
+    ServerSpec,
+    free_port,
+    launch_command,
+)
+from specops_services.benchmark_runner.measure import (
+    BATCH_SIZE,
+    BenchOutcome,
+    Corpora,
+    MeasureError,
+    RepCallback,
+    RepRow,
+    check_done,
+    outcome,
+    registry_head,
+    rep_metrics,
+    sampling_params,
+)
+from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
+from specprompts.sets import load_prompts
+from specprompts.sources import Prompt
+
+log = logging.getLogger(__name__)
+
+GREEDY = SamplingParams()
+
+
+def http_engine(plan: BenchPlan, settings: BenchmarkRunnerSettings) -> HttpEngine | None:
+    """The server a plan is measured on; None: in-process speccore."""
+    engine = plan.target.engine
+    if engine == Engine.VLLM:
+        return HttpEngine.VLLM
+    if engine == Engine.SGLANG:
+        return HttpEngine.SGLANG
+    return HttpEngine.SPECOPS if settings.bench_speccore == "server" else None
+
+
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """One request's answer: its text and what was measured of it."""
+
+    text: str
+    metrics: GenerationMetrics
+
+
+@dataclass(slots=True)
+class HttpMethod:
+    """One bench method on its server: a speccore.bench Method, and a greedy decoder."""
+
+    engine: HttpEngine
+    server: EngineServer
+    prompts: Sequence[Prompt]
+    timeout_s: float
+    client: openai.OpenAI = field(init=False)
+    model: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = openai.OpenAI(
+            base_url=f"{self.server.url}/v1", api_key="unused", timeout=self.timeout_s, max_retries=0
+        )
+        self.model = self.client.models.list().data[0].id
+
+    def __call__(self, requests: list[Request]) -> Decoded:
+        """Decode one batch concurrently; the server's spec-decode counts go on its first request,
+        and the time of the two scrapes is reported as overhead (left out of the timing)."""
+        start = time.perf_counter()
+        before = self.server.metrics_text()
+        scraped = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=len(requests)) as pool:
+            answers = list(pool.map(self._generate, requests))
+        decoded = time.perf_counter()
+        after = self.server.metrics_text()
+        overhead = (scraped - start) + (time.perf_counter() - decoded)
+        metrics = [a.metrics for a in answers]
+        new_tokens = sum(m.new_tokens for m in metrics)
+        counts = self._counts(before, after, new_tokens)
+        if counts is not None and counts.drafts:
+            _book(metrics[0], counts)
+        return Decoded([[] for _ in answers], metrics, overhead_s=overhead)
+
+    def greedy(self, max_new_tokens: int, seed: int) -> list[str]:
+        """Every prompt's greedy text, one request at a time."""
+        return [
+            self._generate(Request([i], max_new_tokens, GREEDY, seed + i)).text
+            for i in range(len(self.prompts))
+        ]
+
+    def _counts(self, before: str, after: str, new_tokens: int) -> engine_metrics.SpecCounts | None:
+        if self.engine == HttpEngine.SGLANG:
+            return _sglang_estimate(engine_metrics.gauges(after), new_tokens)
+        prefix = self.engine.metrics_prefix
+        return engine_metrics.delta(
+            engine_metrics.spec_counts(before, prefix), engine_metrics.spec_counts(after, prefix)
+        )
+
+    def _generate(self, request: Request) -> Generated:
+        prompt = self.prompts[request.prompt_ids[0]]
+        sampling = request.sampling
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "seed": request.seed,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if sampling.top_k:
+            kwargs["extra_body"] = {"top_k": sampling.top_k}
+        start = time.perf_counter()
+        if prompt.chat:
+            stream: Any = self.client.chat.completions.create(
+                messages=[{"role": "user", "content": prompt.text}], **kwargs
+            )
+        else:
+            stream = self.client.completions.create(prompt=prompt.text, **kwargs)
+        pieces: list[str] = []
+        ttft = 0.0
+        usage = None
+        for chunk in stream:
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                piece = choice.delta.content if prompt.chat else choice.text
+                if piece:
+                    ttft = ttft or time.perf_counter() - start
+                    pieces.append(piece)
+        total = time.perf_counter() - start
+        metrics = GenerationMetrics(
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            # Without usage in the stream, each text piece counts as one token.
+            new_tokens=usage.completion_tokens if usage else len(pieces),
+            ttft_s=ttft or total,
+            total_time_s=total,
+        )
+        return Generated("".join(pieces), metrics)
+
+
+def _book(metrics: GenerationMetrics, counts: engine_metrics.SpecCounts) -> None:
+    """Put a batch's spec-decode counts on a request's metrics, as speccore records its steps:
+    a drafting step is a verify step, drafting every position counted."""
+    metrics.verify_steps = counts.drafts
+    metrics.drafted_tokens = counts.draft_tokens
+    metrics.accepted_tokens = counts.accepted_tokens
+    metrics.drafted_per_position = [counts.drafts] * len(counts.accepted_per_position)
+    metrics.accepted_per_position = list(counts.accepted_per_position)
+
+
+def _sglang_estimate(gauges: dict[str, float], new_tokens: int) -> engine_metrics.SpecCounts | None:
+    """SGLang's counts estimated from its acceptance gauges (its last logged batch) and the
+    batch's new tokens: steps = tokens / acceptance length, drafted = accepted / rate."""
+    length = gauges.get(engine_metrics.SGLANG_LENGTH, 0.0)
+    rate = gauges.get(engine_metrics.SGLANG_RATE, 0.0)
+    if length <= 1.0 or rate <= 0.0 or new_tokens <= 0:
+        return None
+    drafts = max(1, round(new_tokens / length))
+    accepted = new_tokens - drafts
+    return engine_metrics.SpecCounts(
+        drafts=drafts, draft_tokens=round(accepted / rate), accepted_tokens=accepted
+    )
+
+
+# --- the bench ------------------------------------------------------------------------------
+
+
+def measure_http(
+    plan: BenchPlan,
+    engine: HttpEngine,
+    settings: BenchmarkRunnerSettings,
+    *,
+    on_rep: RepCallback,
+    done: Iterable[RepRow] = (),
+    corpora: Corpora | None = None,
+) -> BenchOutcome:
+    """Measure every rep of `plan` not in `done` on `engine` servers (see the module's docstring)."""
+    stored = check_done(plan, done)
+    rows = list(stored.values())
+    failures: dict[str, CandidateFailure] = {}
+    agreement: dict[str, float] = {}
+    candidates = {c.candidate_id: c for c in plan.candidates}
+    pending = [r for r in range(plan.reps) if any((m, r) not in stored for m in [BASELINE_ID, *candidates])]
+    # The exact gate's greedy comparison needs every candidate's server, stored reps or not.
+    greedy = plan.quality_gate == GateMethod.EXACT
+    if not pending and not greedy:
+        return outcome(plan, rows, failures)
+    try:
+        prompts = load_prompts(str(plan.fingerprint), plan.n_prompts, plan.seed)
+    except SpecError as err:
+        raise MeasureError(ErrorStage.VALIDATION, f"no prompt set for this plan: {err}") from err
+    schedule = Schedule(
+        prompts=[[i] for i in range(len(prompts))],  # prompt indices (HttpMethod._generate)
+        reps=plan.reps,
+        max_new_tokens=plan.max_new_tokens,
+        sampling=sampling_params(plan.sampling),
+        seed=plan.seed,
+        batch_size=BATCH_SIZE if plan.mode == Mode.BATCH else 1,
+    )
+    servers = _Servers(plan, engine, settings, prompts, corpora or Corpora(None, None))
+    with contextlib.ExitStack() as stack:
+        stack.callback(servers.stop)
+        try:
+            methods: dict[str, HttpMethod] = {BASELINE_ID: servers.method(BASELINE_ID, None)}
+        except (EngineStartError, openai.OpenAIError, httpx.HTTPError) as err:
+            raise MeasureError(ErrorStage.BENCHMARK, f"the baseline server did not start: {err}") from err
+        for cid, candidate in candidates.items():
+            measured = all((cid, r) in stored for r in pending)
+            if measured and not greedy:
+                continue
+            try:
+                methods[cid] = servers.method(cid, candidate)
+            except (EngineCannotRun, EngineStartError, SpecError, openai.OpenAIError, httpx.HTTPError) as err:
+                if not measured:
+                    failures[cid] = _start_failure(cid, engine, err)
+                else:  # its reps are stored: still measured, but with no greedy comparison its gate fails
+                    log.warning(
+                        "run %s: %s's server did not start again: %s", plan.run_id, cid, describe(err)
+                    )
+
+        def report(run: RepRun) -> None:
+            row = RepRow(run.method, run.rep, rep_metrics(run.metrics, run.seconds), run.speedup)
+            on_rep(row)
+            rows.append(row)
+
+        try:
+            dropped = interleave(
+                schedule, dict(methods), report, baseline=BASELINE_ID, stored=lambda m, r: (m, r) in stored
+            )
+        except BaselineFailed as err:
+            raise MeasureError(ErrorStage.BENCHMARK, str(err)) from err
+        for cid, why in dropped.items():
+            failures[cid] = CandidateFailure(candidate_id=cid, error_stage=ErrorStage.BENCHMARK, message=why)
+        if greedy:
+            agreement = _greedy_agreement(plan, {m: methods[m] for m in methods if m not in failures})
+    return outcome(plan, rows, failures, agreement)
+
+
+def _start_failure(candidate_id: str, engine: HttpEngine, err: Exception) -> CandidateFailure:
+    """A candidate whose server could not run: refused by the engine, or did not start."""
+    if isinstance(err, EngineCannotRun):
+        return CandidateFailure(
+            candidate_id=candidate_id, error_stage=ErrorStage.VALIDATION, message=str(err)
+        )
+    message = f"its {engine} server did not start: {describe(err)}"
+    return CandidateFailure(candidate_id=candidate_id, error_stage=ErrorStage.MODEL_LOAD, message=message)
+
+
+def _greedy_agreement(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[str, float]:
+    """Per candidate still measured: the share of prompts whose greedy text is the baseline's.
+
+    A candidate whose greedy decoding fails gets none (its gate then fails it)."""
+    try:
+        want = methods[BASELINE_ID].greedy(plan.max_new_tokens, plan.seed)
+    except (openai.OpenAIError, httpx.HTTPError) as err:
+        log.warning("run %s: the baseline's greedy outputs failed: %s", plan.run_id, describe(err))
+        return {}
+    agreement: dict[str, float] = {}
+    for cid, method in methods.items():
+        if cid == BASELINE_ID:
+            continue
+        try:
+            got = method.greedy(plan.max_new_tokens, plan.seed)
+        except (openai.OpenAIError, httpx.HTTPError) as err:
+            log.warning("run %s: greedy outputs of %s failed: %s", plan.run_id, cid, describe(err))
+            continue
+        agreement[cid] = sum(a == b for a, b in zip(want, got, strict=True)) / len(want)
+    return agreement
+
+
+class _Servers:
+    """The bench's servers: the command or URL of each method's, and those started so far."""
+
+    def __init__(
+        self,
+        plan: BenchPlan,
+        engine: HttpEngine,
+        settings: BenchmarkRunnerSettings,
+        prompts: Sequence[Prompt],
+        corpora: Corpora,
+    ) -> None:
+        self.plan = plan
+        self.engine = engine
+        self.settings = settings
+        self.prompts = prompts
+        self.corpora = corpora
+        self.started: list[EngineServer] = []
+
+    def method(self, key: str, candidate: Candidate | None) -> HttpMethod:
+        """Start (or attach to) the server of method `key` and connect to it."""
+        server = EngineServer(self._spec(key, candidate))
+        self.started.append(server)
+        log.info("run %s: starting the %s server of %s", self.plan.run_id, self.engine, key)
+        server.start()
+        return HttpMethod(self.engine, server, self.prompts, self.settings.bench_engine_request_timeout_s)
+
+    def _spec(self, key: str, candidate: Candidate | None) -> ServerSpec:
+        s = self.settings
+        url = s.bench_engine_urls.get(key)
+        if url is not None:
+            return ServerSpec(self.engine, None, url, s.bench_engine_start_timeout_s)
+        paths = {}
+        if candidate is not None and is_head_id(candidate.draft):
+            paths[str(candidate.draft)] = str(registry_head(str(candidate.draft), self.corpora))
+        port = free_port()
+        extra = s.engine_args()
+        if self.engine == HttpEngine.SPECOPS:
+            # speccore's server runs where and as the in-process bench would.
+            extra = [
+                "--device",
+                s.bench_device,
+                "--dtype",
+                s.bench_dtype,
+                "--threads",
+                str(s.threads),
+                *extra,
+            ]
+        command = launch_command(
+            self.engine,
+            s.engine_command(self.engine),
+            self.plan.target.model_ref,
+            candidate,
+            port=port,
+            draft_paths=paths,
+            extra_args=extra,
+        )
+        threads = str(s.threads)
+        env = {"SPECOPS_THREADS": threads, "OMP_NUM_THREADS": threads}
+        return ServerSpec(self.engine, command, f"http://{HOST}:{port}", s.bench_engine_start_timeout_s, env)
+
+    def stop(self) -> None:
+        for server in reversed(self.started):
+            server.stop()

@@ -1,0 +1,7 @@
+"""`specops serve engine`: speccore behind an OpenAI-compatible HTTP API, with Prometheus /metrics.
+
+One worker thread owns the continuous batcher (`worker.py`); the FastAPI app (`app.py`) turns
+OpenAI requests into speccore requests (`logic.py`), hands them to the worker and streams its
+updates back as the OpenAI wire (`protocol.py`); `metrics.py` keeps vLLM's serving and
+spec-decode metrics under the `specops:` prefix.
+"""

@@ -1,0 +1,132 @@
+"""The engine server's Prometheus metrics: vLLM's serving and spec-decode metrics under the
+`specops:` prefix, each labelled `model_name` (reference/engines.md, ecosystem.md §4).
+
+Counters (exported with `_total`): `spec_decode_num_drafts`, `spec_decode_num_draft_tokens`,
+`spec_decode_num_accepted_tokens`, `spec_decode_num_accepted_tokens_per_pos{position}`,
+`prompt_tokens`, `generation_tokens`, `request_success{finished_reason}`. Acceptance rate is
+rate(accepted) / rate(draft_tokens); mean acceptance length 1 + accepted / drafts.
+
+Histograms, all from the request's arrival at the HTTP handler (monotonic clock):
+`request_queue_time_seconds` to its admission into the running batch,
+`time_to_first_token_seconds` to its first token handed to the HTTP side,
+`e2e_request_latency_seconds` to its last, and `inter_token_latency_seconds` per gap between
+two deliveries. Speculative decoding delivers several tokens at once: a delivery of m tokens
+g seconds after the previous one counts m observations of g / m, so the histogram stays per
+token (vLLM's TPOT) whatever the acceptance. The tokens of the first delivery count in TTFT
+only.
+
+Gauges `num_requests_running` / `num_requests_waiting`: the batcher's, set every step.
+
+The registry is the server's own (not prometheus_client's global one), so that two servers
+in one process, or a test, never share counts.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from specops_services.engine.logic import SpecCounts
+
+PREFIX = "specops:"
+# vLLM's buckets (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+)  # fmt: skip
+REQUEST_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.model_name = model_name
+        r, label = self.registry, ["model_name"]
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(PREFIX + name, doc, [*label, *extra], registry=r)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(PREFIX + name, doc, label, buckets=buckets, registry=r)
+
+        self.drafts = counter("spec_decode_num_drafts", "Row-steps that drafted at least one token.")
+        self.draft_tokens = counter("spec_decode_num_draft_tokens", "Draft tokens verified.")
+        self.accepted = counter("spec_decode_num_accepted_tokens", "Draft tokens accepted.")
+        self.accepted_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Row-steps whose accepted draft length exceeds the position.",
+            ("position",),
+        )
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of the requests admitted.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated and delivered.")
+        self.request_success = counter(
+            "request_success", "Requests finished, by reason (stop, length, abort).", ("finished_reason",)
+        )
+        self.ttft = histogram("time_to_first_token_seconds", "Arrival to the first token.", TTFT_BUCKETS)
+        self.itl = histogram(
+            "inter_token_latency_seconds", "Time per output token after the first.", ITL_BUCKETS
+        )
+        self.e2e = histogram("e2e_request_latency_seconds", "Arrival to the last token.", REQUEST_BUCKETS)
+        self.queue_time = histogram(
+            "request_queue_time_seconds", "Arrival to admission into the running batch.", REQUEST_BUCKETS
+        )
+        self.running = Gauge(
+            PREFIX + "num_requests_running", "Requests in the running batch.", label, registry=r
+        )
+        self.waiting = Gauge(
+            PREFIX + "num_requests_waiting", "Requests waiting for a row.", label, registry=r
+        )
+        # Every labelled series exists from the start (at 0), as vLLM's do.
+        for metric in (
+            self.drafts,
+            self.draft_tokens,
+            self.accepted,
+            self.prompt_tokens,
+            self.generation_tokens,
+        ):
+            metric.labels(model_name)
+        for m in (self.ttft, self.itl, self.e2e, self.queue_time, self.running, self.waiting):
+            m.labels(model_name)
+        for reason in ("stop", "length", "abort"):
+            self.request_success.labels(model_name, reason)
+
+    def admitted(self, prompt_tokens: int, queued_s: float) -> None:
+        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+        self.queue_time.labels(self.model_name).observe(queued_s)
+
+    def delivered(self, tokens: int, *, since_arrival_s: float, since_last_s: float | None) -> None:
+        """``tokens`` handed out; ``since_last_s`` is None for a request's first delivery."""
+        if tokens <= 0:
+            return
+        self.generation_tokens.labels(self.model_name).inc(tokens)
+        if since_last_s is None:
+            self.ttft.labels(self.model_name).observe(since_arrival_s)
+            return
+        per_token = since_last_s / tokens
+        itl = self.itl.labels(self.model_name)
+        for _ in range(tokens):
+            itl.observe(per_token)
+
+    def spec(self, counts: SpecCounts) -> None:
+        # A counter only grows (prometheus_client refuses a negative increment).
+        self.drafts.labels(self.model_name).inc(max(counts.drafts, 0))
+        self.draft_tokens.labels(self.model_name).inc(max(counts.draft_tokens, 0))
+        self.accepted.labels(self.model_name).inc(max(counts.accepted, 0))
+        for pos, n in enumerate(counts.accepted_per_pos):
+            self.accepted_per_pos.labels(self.model_name, str(pos)).inc(max(n, 0))
+
+    def finished(self, reason: str, since_arrival_s: float | None) -> None:
+        """A request left: ``reason`` stop, length or abort; its e2e latency unless aborted."""
+        self.request_success.labels(self.model_name, reason).inc()
+        if since_arrival_s is not None:
+            self.e2e.labels(self.model_name).observe(since_arrival_s)
+
+    def queues(self, *, running: int, waiting: int) -> None:
+        self.running.labels(self.model_name).set(running)
+        self.waiting.labels(self.model_name).set(waiting)

@@ -1,0 +1,223 @@
+"""The OpenAI-compatible wire: request and response bodies of `/v1/completions`,
+`/v1/chat/completions` and `/v1/models`, as the OpenAI API and vLLM define them.
+
+Fields the server does not implement (log probabilities, echo, penalties, tools, ...) are
+refused with a 400 when set to anything but their neutral value, rather than ignored;
+unknown fields are ignored, as vLLM does, so that newer clients keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Fields the server does not implement -> their neutral values, the only ones accepted.
+_UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "repetition_penalty": (None, 1),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+
+
+def _neutral(value: object, neutral: tuple[object, ...]) -> bool:
+    # bool is an int to ==: True must not pass for 1, nor False for 0.
+    return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> Self:
+        extra = self.model_extra or {}
+        for name, neutral in _UNSUPPORTED.items():
+            if not _neutral(extra.get(name), neutral):
+                raise ValueError(f"'{name}' is not supported by this server")
+        return self
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = Field(False, description="Send a last chunk with the usage and no choices.")
+
+
+class _Sampling(_Body):
+    """What both endpoints take: the model, sampling, stop strings, choices and streaming."""
+
+    model: str = Field(description="Served model name (`GET /v1/models`).")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 decodes greedily.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass kept; 1 disables top-p.")
+    top_k: int = Field(0, ge=-1, description="vLLM extension: keep the k most likely; 0 or -1 disables it.")
+    seed: int | None = Field(None, description="Seed of the sampler; choice i samples with seed + i.")
+    stop: str | list[str] | None = Field(
+        None, description="Up to 4 stop strings; the text ends before the token that completes one."
+    )
+    n: int = Field(1, ge=1, le=16, description="Choices per prompt.")
+    stream: bool = Field(False, description="Send server-sent events, one chunk per update.")
+    stream_options: StreamOptions | None = Field(None, description="Streaming only: include_usage.")
+    user: str | None = Field(None, description="End-user id; accepted and not used.")
+
+    @model_validator(mode="after")
+    def _check_stop(self) -> Self:
+        stops = self.stop_strings
+        if len(stops) > 4:
+            raise ValueError(f"'stop' takes at most 4 strings, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("'stop' strings must not be empty")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("'stream_options' is only allowed when 'stream' is true")
+        return self
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_Sampling):
+    """Body of `POST /v1/completions`."""
+
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="A prompt, a list of prompts, or token ids (one list, or a list of lists)."
+    )
+    max_tokens: int | None = Field(16, ge=1, description="Tokens to generate at most (OpenAI's 16).")
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    """Body of `POST /v1/chat/completions`."""
+
+    messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
+    max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI for max_completion_tokens.")
+    max_completion_tokens: int | None = Field(
+        None, ge=1, description="Tokens to generate at most; default: what the context leaves."
+    )
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: dict[str, str] = Field(description="The role on a choice's first chunk, then content.")
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specops"
+    root: str = Field(description="The model the server loaded (alias, directory or hub id).")
+    max_model_len: int = Field(description="The model's context in tokens.")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error shape, which its clients turn into BadRequestError, NotFoundError, ..."""
+
+    error: ErrorBody
+
+
+def error_response(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:
+    """The JSON of an OpenAI-style error; `type` and `code` as OpenAI names them per status."""
+    kinds = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable"}
+    codes = {404: "model_not_found"}
+    body = ErrorBody(
+        message=message, type=kinds.get(status, "server_error"), param=param, code=codes.get(status)
+    )
+    return ErrorResponse(error=body).model_dump()

@@ -1,0 +1,112 @@
+"""What the commands that decode with speccore share (`specops generate`, `bench`, `serve engine`):
+the model and draft options, and from them the loaded target and the proposer's configuration.
+
+torch and speccore's engine load only inside the builders, so that `specops --help` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from speccatalog import families
+from speccore.errors import SpecError
+
+if TYPE_CHECKING:
+    from speccore.models import LoadedModel
+    from speccore.proposers import ProposerConfig
+
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def shape(value: str) -> tuple[int, ...]:
+    try:
+        parsed = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated counts like 4,2,1, got {value!r}"
+        ) from None
+    if min(parsed) <= 0:
+        raise argparse.ArgumentTypeError(f"every depth needs at least one child, got {value!r}")
+    return parsed
+
+
+def methods() -> list[str]:
+    """speccore's methods: plain decoding, then every family whose spec names a proposer."""
+    return ["none", *families.runnable()]
+
+
+def methods_help() -> str:
+    runnable = [families.family(name) for name in families.runnable()]
+    return "; ".join(["none: plain decoding", *(f"{spec.name}: {spec.summary}" for spec in runnable)])
+
+
+def model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--model", required=required, help="alias, local dir, .gguf file or Hugging Face id")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--threads", type=positive, help="CPU threads for PyTorch")
+
+
+def draft_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--k", type=int, help="draft tokens per step (family default when omitted)")
+    p.add_argument(
+        "--draft", help="draft model for draft_model/hf_assisted, or self:N (target's first N layers)"
+    )
+    p.add_argument("--datastore", help="REST datastore built with `specops datastore build`")
+    p.add_argument(
+        "--head",
+        action="append",
+        default=[],
+        help="trained head for medusa/eagle: a directory (`specops heads train`) or builtin:<name>, "
+        "a head shipped for the model; bench: repeatable, each method takes the head it decodes",
+    )
+    p.add_argument(
+        "--tree-shape",
+        type=shape,
+        help="medusa/eagle static tree, e.g. 4,2,1: 4 children of the pending token, 2 below each, ...",
+    )
+    # Defaults as in speccore.proposers.base.ProposerConfig (not imported here: it loads torch).
+    p.add_argument("--tree-topk", type=positive, help="eagle: children per expanded node (default 2)")
+    p.add_argument("--tree-tokens", type=positive, help="medusa/eagle: draft nodes per step (default 5)")
+
+
+def tree_knobs(args: argparse.Namespace) -> dict[str, object]:
+    """The tree options given on the command line, as ProposerConfig fields."""
+    given = {"tree_shape": args.tree_shape, "tree_topk": args.tree_topk, "tree_tokens": args.tree_tokens}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def single_head(heads: list[str], command: str) -> str | None:
+    if len(heads) > 1:
+        raise SpecError(f"{command} takes one --head")
+    return heads[0] if heads else None
+
+
+def proposer_config(args: argparse.Namespace, method: str, command: str) -> ProposerConfig:
+    """The ProposerConfig of one method from the draft options (`draft_args`)."""
+    from speccore.proposers import ProposerConfig, default_k
+
+    return ProposerConfig(
+        k=args.k if args.k is not None else default_k(method),
+        draft=args.draft,
+        datastore=args.datastore,
+        head=single_head(args.head, command),
+        **tree_knobs(args),  # type: ignore[arg-type]
+    )
+
+
+def load_target(args: argparse.Namespace) -> LoadedModel:
+    """The target of the model options (`model_args`), PyTorch on --threads threads if given."""
+    import torch
+
+    from speccore.models import load_model
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return load_model(args.model, device=args.device, dtype=args.dtype)
