@@ -7,7 +7,10 @@ reports each row's new tokens. Rows at different acceptance share a step: each
 keeps its own accepted path. Not thread-safe: one thread owns the batcher.
 
 Requests with different sampling parameters run in separate lanes (the
-verifier takes one setting per batch), stepped in turn within one step.
+verifier takes one setting per batch), stepped in turn within one step. So do
+requests decoded by different methods: a batcher may hold several engines over
+one target (say, a head and the n-gram fallback a server switches to when the
+head's acceptance drifts), and each request names its method when it is added.
 
 Joining: the new rows are prefilled in a cache of their own and the proposer is
 started on them alone; then their KV cache and proposer state are appended to the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +41,7 @@ class RowUpdate:
     """What one step did for one request."""
 
     handle: int
+    method: str  # the engine that decodes it (ContinuousBatcher.methods)
     tokens: list[int]  # the tokens kept this step (may be empty)
     drafted: int = 0  # draft nodes verified for this row this step
     accepted: int = 0  # draft tokens accepted (the bonus/recovered token not counted)
@@ -52,35 +57,57 @@ class StepReport:
 
 @dataclass(slots=True)
 class _Lane:
-    """The running rows of one sampling setting: their batch, handles and proposer state."""
+    """The running rows of one method and sampling setting: their batch, handles and proposer state."""
 
+    engine: Engine
     batch: Batch
     handles: list[int]
     state: dict[str, Any]
 
+    @property
+    def row_state(self) -> tuple[str, ...]:
+        proposer = self.engine.proposer
+        return proposer.row_state if proposer is not None else ()
+
+
+LaneKey = tuple[str, SamplingParams]
+
 
 class ContinuousBatcher:
-    def __init__(self, engine: Engine, max_rows: int = 32) -> None:
+    def __init__(self, engines: Engine | Mapping[str, Engine], max_rows: int = 32) -> None:
+        """``engines``: one engine, or several over the same target by method name (the
+        first is the default method)."""
         if max_rows <= 0:
             raise SpecError(f"max_rows must be positive, got {max_rows}")
-        self.engine = engine
+        self.engines = {engines.method: engines} if isinstance(engines, Engine) else dict(engines)
+        if not self.engines:
+            raise SpecError("a batcher needs an engine")
+        if len({id(e.target) for e in self.engines.values()}) != 1:
+            raise SpecError("every engine of one batcher must decode the same target")
+        self.engine = next(iter(self.engines.values()))
         self.max_rows = max_rows
         self._handles = itertools.count(1)
-        self._waiting: deque[tuple[int, Request]] = deque()
+        self._waiting: deque[tuple[int, str, Request]] = deque()
         self._cancelled: set[int] = set()
-        self._lanes: dict[SamplingParams, _Lane] = {}
-        proposer = engine.proposer
-        self._row_state: tuple[str, ...] = proposer.row_state if proposer is not None else ()
+        self._lanes: dict[LaneKey, _Lane] = {}
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self.engines)
 
     def check(self, request: Request) -> None:
-        """Raise SpecError if the request can never run (empty prompt, too long for the context)."""
+        """Raise SpecError if the request can never run (empty prompt, too long for the context).
+        Reads only the request and the target: safe from any thread."""
         self.engine.check_request(request)
 
-    def add(self, request: Request) -> int:
-        """Queue a request (checked first); returns its handle."""
+    def add(self, request: Request, method: str | None = None) -> int:
+        """Queue a request (checked first) for ``method`` (default: the first); returns its handle."""
+        method = method or self.engine.method
+        if method not in self.engines:
+            raise SpecError(f"no engine for method {method!r}; this batcher has {self.methods}")
         self.check(request)
         handle = next(self._handles)
-        self._waiting.append((handle, request))
+        self._waiting.append((handle, method, request))
         return handle
 
     def cancel(self, handle: int) -> None:
@@ -105,40 +132,42 @@ class ContinuousBatcher:
         report = StepReport()
         self._drop_cancelled()
         report.admitted = self._admit()
-        for sampling in list(self._lanes):
-            report.updates += self._step_lane(sampling)
+        for key in list(self._lanes):
+            report.updates += self._step_lane(key)
         return report
 
     def _drop_cancelled(self) -> None:
         if not self._cancelled:
             return
-        self._waiting = deque((h, r) for h, r in self._waiting if h not in self._cancelled)
-        for sampling, lane in list(self._lanes.items()):
+        self._waiting = deque(item for item in self._waiting if item[0] not in self._cancelled)
+        for key, lane in list(self._lanes.items()):
             keep = [i for i, h in enumerate(lane.handles) if h not in self._cancelled]
             if len(keep) < len(lane.handles):
-                self._keep(sampling, lane, keep)
-        live = {h for lane in self._lanes.values() for h in lane.handles} | {h for h, _ in self._waiting}
+                self._keep(key, lane, keep)
+        live = {h for lane in self._lanes.values() for h in lane.handles} | {h for h, _, _ in self._waiting}
         self._cancelled &= live
 
     def _admit(self) -> list[int]:
         """Move waiting requests into their lanes, oldest first, while rows are free."""
         free = self.max_rows - self.running
-        joining: dict[SamplingParams, list[tuple[int, Request]]] = {}
+        joining: dict[LaneKey, list[tuple[int, Request]]] = {}
         while self._waiting and free > 0:
-            handle, request = self._waiting.popleft()
-            joining.setdefault(request.sampling, []).append((handle, request))
+            handle, method, request = self._waiting.popleft()
+            joining.setdefault((method, request.sampling), []).append((handle, request))
             free -= 1
-        for sampling, items in joining.items():
-            self._join(sampling, items)
+        for key, items in joining.items():
+            self._join(key, items)
         return [h for items in joining.values() for h, _ in items]
 
-    def _join(self, sampling: SamplingParams, items: list[tuple[int, Request]]) -> None:
-        new = self.engine.open_batch([r for _, r in items])  # starts the proposer on these rows alone
-        fresh = rows.snapshot(self.engine.proposer, self._row_state)
+    def _join(self, key: LaneKey, items: list[tuple[int, Request]]) -> None:
+        engine = self.engines[key[0]]
+        new = engine.open_batch([r for _, r in items])  # starts the proposer on these rows alone
+        names = engine.proposer.row_state if engine.proposer is not None else ()
+        fresh = rows.snapshot(engine.proposer, names)
         handles = [h for h, _ in items]
-        lane = self._lanes.get(sampling)
+        lane = self._lanes.get(key)
         if lane is None:
-            self._lanes[sampling] = _Lane(new, handles, fresh)
+            self._lanes[key] = _Lane(engine, new, handles, fresh)
             return
         old, added = len(lane.handles), len(handles)
         batch = lane.batch
@@ -148,18 +177,19 @@ class ContinuousBatcher:
         batch.starts += new.starts
         batch.cache = batch.cache.concat(new.cache)
         lane.handles += handles
-        lane.state = {n: rows.concat(lane.state[n], fresh[n], old, added) for n in self._row_state}
+        lane.state = {n: rows.concat(lane.state[n], fresh[n], old, added) for n in names}
 
-    def _step_lane(self, sampling: SamplingParams) -> list[RowUpdate]:
-        lane = self._lanes[sampling]
+    def _step_lane(self, key: LaneKey) -> list[RowUpdate]:
+        lane = self._lanes[key]
+        engine = lane.engine
         batch = lane.batch
         before = [
             (len(s.output_ids), m.drafted_tokens, m.accepted_tokens)
             for s, m in zip(batch.seqs, batch.metrics, strict=True)
         ]
-        rows.restore(self.engine.proposer, lane.state)
-        self.engine.step(batch)
-        lane.state = rows.snapshot(self.engine.proposer, self._row_state)
+        rows.restore(engine.proposer, lane.state)
+        engine.step(batch)
+        lane.state = rows.snapshot(engine.proposer, lane.row_state)
         updates = []
         for row, (seq, m, (n, drafted, accepted)) in enumerate(
             zip(batch.seqs, batch.metrics, before, strict=True)
@@ -167,21 +197,22 @@ class ContinuousBatcher:
             updates.append(
                 RowUpdate(
                     handle=lane.handles[row],
+                    method=key[0],
                     tokens=seq.output_ids[n:],
                     drafted=m.drafted_tokens - drafted,
                     accepted=m.accepted_tokens - accepted,
                     finished=seq.finished,
-                    generation=self.engine.result(batch, row) if seq.finished else None,
+                    generation=engine.result(batch, row) if seq.finished else None,
                 )
             )
         if any(s.finished for s in batch.seqs):
-            self._keep(sampling, lane, [i for i, s in enumerate(batch.seqs) if not s.finished])
+            self._keep(key, lane, [i for i, s in enumerate(batch.seqs) if not s.finished])
         return updates
 
-    def _keep(self, sampling: SamplingParams, lane: _Lane, keep: list[int]) -> None:
+    def _keep(self, key: LaneKey, lane: _Lane, keep: list[int]) -> None:
         """Cut the lane down to these rows (all state moves with them); an empty lane goes."""
         if not keep:
-            del self._lanes[sampling]
+            del self._lanes[key]
             return
         batch = lane.batch
         batch.seqs = [batch.seqs[i] for i in keep]

@@ -152,3 +152,24 @@ def test_a_request_that_cannot_fit_is_refused_when_added(smollm, prompts) -> Non
     with pytest.raises(SpecError, match="empty"):
         batcher.add(Request([], max_new_tokens=4))
     assert batcher.idle
+
+
+def test_requests_of_different_methods_share_a_step(smollm, prompts) -> None:
+    engines = {"ngram": Engine(smollm, "ngram", ProposerConfig(k=4)), "none": Engine(smollm, "none")}
+    batcher = ContinuousBatcher(engines, max_rows=8)
+    assert batcher.methods == ["ngram", "none"]
+    methods = ["ngram" if i % 2 else "none" for i in range(len(prompts))]
+    requests = [Request(p, max_new_tokens=10) for p in prompts]
+    index = {batcher.add(r, m): i for i, (r, m) in enumerate(zip(requests, methods, strict=True))}
+    streamed: dict[int, list[int]] = {i: [] for i in index.values()}
+    drafted: dict[int, int] = dict.fromkeys(index.values(), 0)
+    while not batcher.idle:
+        for u in batcher.step().updates:
+            assert u.method == methods[index[u.handle]]
+            streamed[index[u.handle]] += u.tokens
+            drafted[index[u.handle]] += u.drafted
+    for i, (r, m) in enumerate(zip(requests, methods, strict=True)):
+        assert streamed[i] == engines[m].generate([r])[0].token_ids
+        assert (drafted[i] > 0) == (m == "ngram" and bool(streamed[i]))
+    with pytest.raises(SpecError, match="no engine for method 'eagle'"):
+        batcher.add(requests[0], "eagle")
