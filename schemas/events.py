@@ -26,6 +26,7 @@ from specops_schemas.candidates import (
 from specops_schemas.catalog import ErrorStage, Fingerprint, GateMethod, Mode
 from specops_schemas.heads import HEAD_EVENT_TYPES
 from specops_schemas.registry import REGISTRY_EVENT_TYPES
+from specops_schemas.serve import SERVE_EVENT_TYPES
 from specops_schemas.tune import TUNE_EVENT_TYPES
 
 
@@ -258,7 +259,13 @@ RUN_FLOW_TYPES: tuple[type[EventPayload], ...] = (
 # Every event type on `spec.>`, by its `type` string.
 EVENT_TYPES: dict[str, type[EventPayload]] = {
     cls.event_type: cls
-    for cls in (*RUN_FLOW_TYPES, *TUNE_EVENT_TYPES, *REGISTRY_EVENT_TYPES, *HEAD_EVENT_TYPES)
+    for cls in (
+        *RUN_FLOW_TYPES,
+        *TUNE_EVENT_TYPES,
+        *REGISTRY_EVENT_TYPES,
+        *HEAD_EVENT_TYPES,
+        *SERVE_EVENT_TYPES,
+    )
 }
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 from typing import TypeVar
 
@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from speccore.engine import Engine
 from specops_services.engine import responses
+from specops_services.engine.drift import TENANT_HEADER, WORKLOAD_HEADER, DriftKey, key_of
 from specops_services.engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -48,12 +49,16 @@ T = TypeVar("T", bound=BaseModel)
 def create_app(server: EngineServer) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if server.drift is not None:
+            await server.drift.start()
         server.worker.start()
         log.info("serving %s (%s) as %r", server.target.ref, server.method, server.model_name)
         try:
             yield
         finally:
             await asyncio.to_thread(server.worker.stop, JOIN_S)
+            if server.drift is not None:
+                await server.drift.stop()
 
     app = FastAPI(title="specops engine", lifespan=lifespan)
     app.state.server = server
@@ -96,7 +101,7 @@ def create_app(server: EngineServer) -> FastAPI:
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
-        prepared = server.completion(body)
+        prepared = server.completion(body, _drift_key(request))
         stream = server.open(prepared, arrival)
         header = responses.Header.new("cmpl", int(time.time()), server.model_name)
         if body.stream:
@@ -109,7 +114,7 @@ def create_app(server: EngineServer) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         arrival = time.monotonic()
-        prepared = server.chat(body)
+        prepared = server.chat(body, _drift_key(request))
         stream = server.open(prepared, arrival)
         header = responses.Header.new("chatcmpl", int(time.time()), server.model_name)
         if body.stream:
@@ -120,6 +125,13 @@ def create_app(server: EngineServer) -> FastAPI:
         )
 
     return app
+
+
+def _drift_key(request: Request) -> DriftKey:
+    try:
+        return key_of(request.headers.get(TENANT_HEADER), request.headers.get(WORKLOAD_HEADER))
+    except ValueError as exc:
+        raise InvalidRequest(400, str(exc)) from None
 
 
 def _json(body: BaseModel | None) -> Response:
@@ -148,7 +160,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def serve(engine: Engine, options: ServerOptions) -> None:
+def serve(engine: Engine | Mapping[str, Engine], options: ServerOptions) -> None:
     """`specops serve engine`: run the server under uvicorn until SIGTERM / SIGINT."""
     import uvicorn
     from prometheus_client import disable_created_metrics

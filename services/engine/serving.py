@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 
 from speccore.batching import ContinuousBatcher
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from specops_services.engine import logic
 from specops_services.engine.detokenize import Decoder, IncrementalText
+from specops_services.engine.drift import DEFAULT_KEY, DriftKey, DriftMonitor, DriftPolicy
+from specops_services.engine.drift_events import DriftControl, DriftMetrics, DriftReporter
 from specops_services.engine.metrics import EngineMetrics
 from specops_services.engine.protocol import ChatCompletionRequest, CompletionRequest
 from specops_services.engine.worker import EngineWorker, Event, Failed
@@ -43,6 +45,14 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     max_batch: int = 32
+    drift: DriftPolicy | None = None  # None: no drift monitor, every request to the one method
+    server_id: str | None = None  # drift events' subject id (default: host and port)
+    nats_url: str | None = None  # where drift events go; None: logged and counted only
+    nats_credentials: Mapping[str, str] = field(default_factory=dict)  # nats.connect options
+
+    @property
+    def bus_id(self) -> str:
+        return self.server_id or f"{self.host}-{self.port}".replace(".", "-").replace(":", "-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,18 +61,33 @@ class Prepared:
 
     requests: list[Request]
     prompt_tokens: int  # each prompt counted once, whatever n (OpenAI's usage)
+    key: DriftKey = DEFAULT_KEY  # the requests' tenant and workload
 
 
 class EngineServer:
     """What the app's routes share: the target, the worker that owns the batcher, the metrics."""
 
-    def __init__(self, engine: Engine, options: ServerOptions) -> None:
+    def __init__(self, engines: Engine | Mapping[str, Engine], options: ServerOptions) -> None:
+        """``engines``: the method served, or with drift control every method of
+        ``options.drift.methods`` over one target (the primary first)."""
         self.options = options
-        self.target = engine.target
-        self.method = engine.method
-        self.batcher = ContinuousBatcher(engine, max_rows=options.max_batch)
+        self.batcher = ContinuousBatcher(engines, max_rows=options.max_batch)
+        self.target = self.batcher.engine.target
+        self.method = self.batcher.engine.method
         self.metrics = EngineMetrics(options.served_model_name)
-        self.worker = EngineWorker(self.batcher, self.metrics)
+        self.drift: DriftReporter | None = None
+        control = None
+        if options.drift is not None:
+            missing = set(options.drift.methods) - set(self.batcher.methods)
+            if self.method != options.drift.primary or missing:
+                need = list(options.drift.methods)
+                raise SpecError(f"drift control needs the engines {need}, got {self.batcher.methods}")
+            metrics = DriftMetrics(self.metrics.registry, self.model_name, self.batcher.methods)
+            self.drift = DriftReporter(
+                options.drift, metrics, options.bus_id, options.nats_url, options.nats_credentials
+            )
+            control = DriftControl(DriftMonitor(options.drift), self.drift)
+        self.worker = EngineWorker(self.batcher, self.metrics, control)
         self.created = int(time.time())
 
     @property
@@ -73,23 +98,23 @@ class EngineServer:
         if model != self.model_name:
             raise InvalidRequest(404, f"The model `{model}` does not exist.", "model")
 
-    def completion(self, body: CompletionRequest) -> Prepared:
+    def completion(self, body: CompletionRequest, key: DriftKey = DEFAULT_KEY) -> Prepared:
         self.check_model(body.model)
-        return self._prepare(self._completion_prompts(body.prompt), body.max_tokens, body)
+        return self._prepare(self._completion_prompts(body.prompt), body.max_tokens, body, key)
 
-    def chat(self, body: ChatCompletionRequest) -> Prepared:
+    def chat(self, body: ChatCompletionRequest, key: DriftKey = DEFAULT_KEY) -> Prepared:
         self.check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
             ids = self.target.encode_chat(messages)
         except SpecError as exc:
             raise InvalidRequest(400, str(exc), "messages") from None
-        return self._prepare([ids], body.token_limit, body)
+        return self._prepare([ids], body.token_limit, body, key)
 
     def open(self, prepared: Prepared, arrival: float) -> ChoiceStream:
         if not self.worker.alive:
             raise EngineFailure("the engine worker is not running")
-        return ChoiceStream(self.worker, prepared.requests, arrival, self.target.tokenizer)
+        return ChoiceStream(self.worker, prepared.requests, arrival, self.target.tokenizer, prepared.key)
 
     def _completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
         """Token ids of each prompt: text as `specops generate` encodes it (no chat template)."""
@@ -107,6 +132,7 @@ class EngineServer:
         prompts: list[list[int]],
         max_tokens: int | None,
         body: CompletionRequest | ChatCompletionRequest,
+        key: DriftKey,
     ) -> Prepared:
         if not prompts:
             raise InvalidRequest(400, "the prompt is empty", "prompt")
@@ -132,14 +158,19 @@ class EngineServer:
             except SpecError as exc:
                 raise InvalidRequest(400, f"{exc}; shorten the prompt or lower max_tokens") from None
             requests.extend(choices)
-        return Prepared(requests, sum(len(ids) for ids in prompts))
+        return Prepared(requests, sum(len(ids) for ids in prompts), key)
 
 
 class ChoiceStream:
     """The updates of one HTTP request's choices, as (choice index, new text, finish reason)."""
 
     def __init__(
-        self, worker: EngineWorker, requests: list[Request], arrival: float, tokenizer: Decoder
+        self,
+        worker: EngineWorker,
+        requests: list[Request],
+        arrival: float,
+        tokenizer: Decoder,
+        key: DriftKey = DEFAULT_KEY,
     ) -> None:
         loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
@@ -149,7 +180,7 @@ class ChoiceStream:
 
         self.worker = worker
         self.n = len(requests)
-        self.tickets = [worker.submit(i, r, sink, arrival) for i, r in enumerate(requests)]
+        self.tickets = [worker.submit(i, r, sink, arrival, key) for i, r in enumerate(requests)]
         self.texts = [IncrementalText(tokenizer) for _ in requests]
         self.completion_tokens = 0
         self._open = set(range(self.n))

@@ -11,6 +11,10 @@ rows one verify step at a time, or all of them in the finishing update with one 
 a row to its end; the worker and the HTTP side handle both alike. The worker also keeps the
 metrics (metrics.py): it is where admission, delivery and finishing happen.
 
+With drift control (drift_events.DriftControl) the worker also picks each request's method
+as it adds it (the primary, or the fallback of a key whose acceptance drifted) and tells it
+what each finished request measured.
+
 While idle the worker blocks on the inbox; while rows run it drains the inbox between
 steps, so new requests join at the next step.
 """
@@ -27,6 +31,8 @@ from dataclasses import dataclass, field
 from speccore.batching import ContinuousBatcher, RowUpdate
 from speccore.engine import Request
 from speccore.errors import SpecError
+from specops_services.engine.drift import DriftKey
+from specops_services.engine.drift_events import DriftControl
 from specops_services.engine.logic import SpecCounts, update_counts
 from specops_services.engine.metrics import EngineMetrics
 
@@ -66,6 +72,8 @@ class Ticket:
     last_delivery: float | None = None
     delivered: int = 0  # tokens handed to the sink
     counted: SpecCounts = field(default_factory=SpecCounts)
+    key: DriftKey = field(default_factory=DriftKey)  # tenant and workload, for drift
+    method: str | None = None  # the engine that decodes it, once added
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +85,12 @@ _STOP = object()
 
 
 class EngineWorker:
-    def __init__(self, batcher: ContinuousBatcher, metrics: EngineMetrics) -> None:
+    def __init__(
+        self, batcher: ContinuousBatcher, metrics: EngineMetrics, drift: DriftControl | None = None
+    ) -> None:
         self.batcher = batcher
         self.metrics = metrics
+        self.drift = drift  # None: every request goes to the batcher's first method
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._live: dict[int, Ticket] = {}  # batcher handle -> ticket
         self._thread = threading.Thread(target=self._run, name="engine-worker", daemon=True)
@@ -89,8 +100,10 @@ class EngineWorker:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, index: int, request: Request, sink: Sink, arrival: float) -> Ticket:
-        ticket = Ticket(index=index, request=request, sink=sink, arrival=arrival)
+    def submit(
+        self, index: int, request: Request, sink: Sink, arrival: float, key: DriftKey | None = None
+    ) -> Ticket:
+        ticket = Ticket(index=index, request=request, sink=sink, arrival=arrival, key=key or DriftKey())
         self._inbox.put(ticket)
         return ticket
 
@@ -147,8 +160,9 @@ class EngineWorker:
                 return True
 
     def _add(self, ticket: Ticket) -> None:
+        ticket.method = self.drift.route(ticket.key) if self.drift is not None else None
         try:
-            ticket.handle = self.batcher.add(ticket.request)
+            ticket.handle = self.batcher.add(ticket.request, ticket.method)
         except SpecError as exc:
             self._send(ticket, Failed(ticket.index, str(exc)))
             return
@@ -196,6 +210,8 @@ class EngineWorker:
             reason = gen.finish_reason if gen is not None else "length"
             del self._live[update.handle]
             self.metrics.finished(reason, now - ticket.arrival)
+            if self.drift is not None:
+                self.drift.finished(ticket.key, update.method, ticket.counted)
             self._log_finished(ticket, reason)
         if update.tokens or update.finished:
             self._send(ticket, Tokens(ticket.index, list(update.tokens), reason))

@@ -23,12 +23,14 @@ from speccore.errors import SpecError
 from specops.commands import decoding
 from specops_schemas.catalog import Engine as EngineName
 from specops_schemas.catalog import RunStatus
+from specplatform.settings import load_settings
 
 if TYPE_CHECKING:
     from speccore.models import LoadedModel
     from speccore.proposers import ProposerConfig
     from specops.client import Run
     from specops_schemas.candidates import Candidate
+    from specops_services.engine.drift import DriftPolicy
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,11 @@ ENGINE_OPTIONS = (
     "model", "device", "dtype", "threads", "method", "k", "draft", "datastore", "head", "tree_shape",
     "tree_topk", "tree_tokens", "max_batch", "host", "port", "served_model_name", "from_run", "url",
     "token",
+)  # fmt: skip
+# Drift control (services/engine/drift.py): engine-only as well.
+DRIFT_OPTIONS = (
+    "fallback", "drift_window", "drift_threshold", "drift_recover", "drift_baseline_requests",
+    "drift_probe_every", "drift_baseline", "server_id", "nats_url",
 )  # fmt: skip
 
 
@@ -61,11 +68,59 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--from-run", metavar="RUN_ID", help="serve this completed T1/T2 run's measured winner")
     g.add_argument("--url", help="--from-run: gateway URL (default: SPECOPS_URL, else `specops up`'s)")
     g.add_argument("--token", help="--from-run: API token (default: SPECOPS_TOKEN, else the state dir's)")
+    add_drift_options(p)
+
+
+def add_drift_options(p: argparse.ArgumentParser) -> None:
+    """`--fallback` turns drift control on: the primary's acceptance per (tenant, workload)."""
+    from specops_services.engine.drift import FALLBACKS, DriftPolicy
+
+    d = DriftPolicy(primary="-")
+    g = p.add_argument_group("drift control (specops serve engine only; on with --fallback)")
+    g.add_argument(
+        "--fallback",
+        choices=FALLBACKS,
+        help="where a (tenant, workload) goes when the method's acceptance drifts: ngram, none (plain) "
+        f"or auto (ngram while its mean acceptance length is >= {d.auto_min_mal}, else plain)",
+    )
+    g.add_argument(
+        "--drift-window",
+        type=decoding.positive,
+        help=f"N: requests in the rolling window (default {d.window})",
+    )
+    g.add_argument(
+        "--drift-threshold",
+        type=float,
+        help=f"drift below this x baseline acceptance (default {d.threshold})",
+    )
+    g.add_argument(
+        "--drift-recover", type=float, help=f"recover at this x baseline on the probes (default {d.recover})"
+    )
+    g.add_argument(
+        "--drift-baseline-requests",
+        type=decoding.positive,
+        help=f"W: a key's first W requests set its baseline (default {d.baseline_requests})",
+    )
+    g.add_argument(
+        "--drift-probe-every",
+        type=decoding.positive,
+        help=f"M: on the fallback, every M-th request probes the method (default {d.probe_every})",
+    )
+    g.add_argument(
+        "--drift-baseline",
+        type=float,
+        help="baseline acceptance for every key (default: --from-run's measured, else each key's first W)",
+    )
+    g.add_argument(
+        "--server-id", help="id of the drift events' subject spec.serve.<id>.* (default HOST-PORT)"
+    )
+    g.add_argument("--nats-url", help="publish drift events on this NATS server (default: none; logged only)")
 
 
 def given_engine_options(args: argparse.Namespace) -> list[str]:
     """The engine-only options given on the command line, as flags."""
-    return [f"--{d.replace('_', '-')}" for d in ENGINE_OPTIONS if getattr(args, d, None) not in (None, [])]
+    given = (*ENGINE_OPTIONS, *DRIFT_OPTIONS)
+    return [f"--{d.replace('_', '-')}" for d in given if getattr(args, d, None) not in (None, [])]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +131,7 @@ class Served:
     config: ProposerConfig
     model: str
     origin: str  # where the choice came from, for the log
+    acceptance: float | None = None  # the run's measured acceptance (drift's baseline)
 
 
 def choose(args: argparse.Namespace) -> Served:
@@ -86,6 +142,7 @@ def choose(args: argparse.Namespace) -> Served:
 def run(args: argparse.Namespace, served: Served) -> int:
     """Load the target, build the engine and serve until SIGTERM / SIGINT."""
     from speccore.engine import Engine
+    from speccore.proposers import ProposerConfig, default_k
     from specops_services.engine.app import serve
     from specops_services.engine.serving import ServerOptions
 
@@ -95,14 +152,48 @@ def run(args: argparse.Namespace, served: Served) -> int:
     )
     target = decoding.load_target(load)
     engine = Engine(target, served.method, _builtin_datastore(target, served.config))
+    drift = drift_policy(args, served)
+    engines = {engine.method: engine}
+    if drift is not None:
+        for method in drift.methods[1:]:
+            engines[method] = Engine(
+                target, method, ProposerConfig(k=default_k(method)) if method != "none" else None
+            )
     options = ServerOptions(
         served_model_name=args.served_model_name or served.model,
         host=args.host or DEFAULT_HOST,
         port=args.port if args.port is not None else DEFAULT_PORT,
         max_batch=args.max_batch or DEFAULT_MAX_BATCH,
+        drift=drift,
+        server_id=args.server_id,
+        nats_url=args.nats_url,
+        nats_credentials=load_settings().nats_credentials() if args.nats_url else {},
     )
-    serve(engine, options)
+    serve(engines, options)
     return 0
+
+
+def drift_policy(args: argparse.Namespace, served: Served) -> DriftPolicy | None:
+    """The drift policy of the options (None without --fallback); SpecError if it cannot be."""
+    from specops_services.engine.drift import DriftPolicy
+
+    given = [f for f in given_engine_options(args) if f.removeprefix("--").replace("-", "_") in DRIFT_OPTIONS]
+    if not args.fallback:
+        if given:
+            raise SpecError(f"{', '.join(given)} need --fallback (drift control is off without it)")
+        return None
+    knobs = {
+        "window": args.drift_window,
+        "threshold": args.drift_threshold,
+        "recover": args.drift_recover,
+        "baseline_requests": args.drift_baseline_requests,
+        "probe_every": args.drift_probe_every,
+        "baseline": args.drift_baseline if args.drift_baseline is not None else served.acceptance,
+    }
+    try:
+        return DriftPolicy(served.method, args.fallback, **{k: v for k, v in knobs.items() if v is not None})
+    except ValueError as exc:
+        raise SpecError(f"drift control: {exc}") from None
 
 
 def _from_flags(args: argparse.Namespace) -> Served:
@@ -138,7 +229,8 @@ def _from_run(args: argparse.Namespace) -> Served:
         f"run {run.id}'s winner {candidate.candidate_id} on {model} "
         f"({spec.family}, k={config.k}, tree {tree}, knobs {dict(config.knobs)})"
     )
-    return Served(spec.family, config, model, origin)
+    measured = run.winner.measurement if run.winner is not None else None
+    return Served(spec.family, config, model, origin, measured.acceptance_rate if measured else None)
 
 
 # What a run's winner decides, so not given beside --from-run.

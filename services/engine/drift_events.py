@@ -1,0 +1,171 @@
+"""The I/O side of drift (drift.py decides): its Prometheus series, its log lines, and its
+events on NATS when the server has a bus.
+
+Metrics, in the server's registry, labelled ``model_name``, ``tenant``, ``workload``:
+``specops:spec_decode_drift_events_total{kind}`` (kind ``detected`` or ``recovered``),
+``specops:spec_decode_active_method{method}`` (1 for the method a key's requests go to, 0 for
+the server's others) and ``specops:spec_decode_rolling_acceptance`` (the primary's rolling
+acceptance the last decision of the key read).
+
+Events: `spec.serve.<server_id>.drift_detected` / `drift_recovered`
+(specops_schemas.serve), published on JetStream (the SPEC stream captures ``spec.>``) from
+the server's event loop. A server without a bus only logs and counts; a publish that fails is
+logged and the server goes on (the decision is already taken, the metric counts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from specbus import publish
+from specbus.broker import ensure_stream
+from specbus.envelope import Envelope, new_event
+from specops_schemas.serve import DriftDetected, DriftRecovered
+from specops_services.engine.drift import DriftKey, DriftMonitor, DriftPolicy, Measured, Transition
+from specops_services.engine.logic import SpecCounts
+from specops_services.engine.metrics import PREFIX
+
+log = logging.getLogger(__name__)
+
+PRODUCER = "engine"
+
+
+class DriftMetrics:
+    def __init__(self, registry: CollectorRegistry, model_name: str, methods: Sequence[str]) -> None:
+        self.model_name = model_name
+        self.methods = list(methods)
+        labels = ["model_name", "tenant", "workload"]
+        self.events = Counter(
+            PREFIX + "spec_decode_drift_events",
+            "Drift decisions per key: detected (to the fallback) or recovered (back to the primary).",
+            [*labels, "kind"],
+            registry=registry,
+        )
+        self.active = Gauge(
+            PREFIX + "spec_decode_active_method",
+            "1 for the method a key's requests go to (probes aside), 0 for the server's others.",
+            [*labels, "method"],
+            registry=registry,
+        )
+        self.rolling = Gauge(
+            PREFIX + "spec_decode_rolling_acceptance",
+            "The primary's rolling acceptance on the key at its last drift decision.",
+            labels,
+            registry=registry,
+        )
+
+    def method(self, key: DriftKey, active: str) -> None:
+        for m in self.methods:
+            self.active.labels(self.model_name, key.tenant, key.workload, m).set(int(m == active))
+
+    def transition(self, t: Transition) -> None:
+        self.events.labels(self.model_name, t.key.tenant, t.key.workload, t.kind).inc()
+        self.rolling.labels(self.model_name, t.key.tenant, t.key.workload).set(t.current)
+        self.method(t.key, t.method)
+
+
+def drift_event(t: Transition, policy: DriftPolicy, server_id: str) -> Envelope[Any]:
+    cls = DriftDetected if t.kind == "detected" else DriftRecovered
+    payload = cls(
+        server_id=server_id,
+        tenant=t.key.tenant,
+        workload=t.key.workload,
+        primary_method=policy.primary,
+        method=t.method,
+        baseline_acceptance=t.baseline,
+        current_acceptance=t.current,
+        window=t.window,
+        threshold=policy.threshold if t.kind == "detected" else policy.recover,
+        requests=t.requests,
+    )
+    return new_event(payload, tenant_id=t.key.tenant, correlation_id=server_id, producer=PRODUCER)
+
+
+class DriftReporter:
+    """Logs, counts and (with a bus) publishes each transition; called on the worker thread."""
+
+    def __init__(
+        self,
+        policy: DriftPolicy,
+        metrics: DriftMetrics,
+        server_id: str,
+        nats_url: str | None = None,
+        credentials: Mapping[str, str] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.metrics = metrics
+        self.server_id = server_id
+        self.nats_url = nats_url
+        self.credentials = dict(credentials or {})
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._nc: Any = None
+
+    async def start(self) -> None:
+        """Connect to the bus (if any) from the server's event loop."""
+        if self.nats_url is None:
+            return
+        import nats
+
+        self._nc = await nats.connect(self.nats_url, name=f"engine-{self.server_id}", **self.credentials)
+        await ensure_stream(self._nc.jetstream())
+        self._loop = asyncio.get_running_loop()
+        log.info("drift events go to %s as spec.serve.%s.*", self.nats_url, self.server_id)
+
+    async def stop(self) -> None:
+        if self._nc is not None:
+            await self._nc.drain()
+
+    def report(self, t: Transition) -> None:
+        log.warning(
+            "drift %s for tenant %s, workload %s: %s acceptance %.3f over %d requests vs baseline %.3f; "
+            "new requests go to %s",
+            t.kind,
+            t.key.tenant,
+            t.key.workload,
+            self.policy.primary,
+            t.current,
+            t.window,
+            t.baseline,
+            t.method,
+        )
+        self.metrics.transition(t)
+        if self._loop is not None:
+            event = drift_event(t, self.policy, self.server_id)
+            future = asyncio.run_coroutine_threadsafe(self._publish(event), self._loop)
+            future.add_done_callback(_log_failure)
+
+    async def _publish(self, event: Envelope[Any]) -> None:
+        await publish(self._nc.jetstream(), event)
+
+
+def _log_failure(future: Any) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("could not publish a drift event: %s", future.exception())
+
+
+class DriftControl:
+    """The worker's handle on drift: which method a request goes to, and what it measured."""
+
+    def __init__(self, monitor: DriftMonitor, reporter: DriftReporter) -> None:
+        self.monitor = monitor
+        self.reporter = reporter
+
+    def route(self, key: DriftKey) -> str:
+        if key not in self.monitor.keys:
+            self.reporter.metrics.method(key, self.monitor.active(key))
+        return self.monitor.route(key)
+
+    def finished(self, key: DriftKey, method: str, counts: SpecCounts) -> None:
+        measured = Measured(drafted=counts.draft_tokens, accepted=counts.accepted, drafts=counts.drafts)
+        active = self.monitor.active(key)
+        transition = self.monitor.observe(key, method, measured)
+        if transition is not None:
+            self.reporter.report(transition)
+        elif self.monitor.active(key) != active:  # auto moved between n-gram and plain
+            log.info("drift fallback for %s now %s", key, self.monitor.active(key))
+            self.reporter.metrics.method(key, self.monitor.active(key))
