@@ -247,10 +247,13 @@ class EngineWorker:
         rate = c.accepted / c.draft_tokens if c.draft_tokens else 0.0
         mal = 1 + c.accepted / c.drafts if c.drafts else 1.0
         log.info(
-            "request %d finished (%s): %d prompt + %d generated tokens, %d drafts, %d draft tokens, "
-            "%d accepted (acceptance %.2f, mean acceptance length %.2f), %.3f s",
+            "request %d finished (%s) by %s for tenant %s, workload %s: %d prompt + %d generated tokens, "
+            "%d drafts, %d draft tokens, %d accepted (acceptance %.2f, mean acceptance length %.2f), %.3f s",
             ticket.handle,
             reason,
+            ticket.method or self.batcher.engine.method,
+            ticket.key.tenant,
+            ticket.key.workload,
             len(ticket.request.prompt_ids),
             ticket.delivered,
             c.drafts,
