@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from specbus.subjects import ID_PATTERN
 from speccore.errors import SpecError
 from specops.commands import decoding
 from specops_schemas.catalog import Engine as EngineName
@@ -146,13 +148,13 @@ def run(args: argparse.Namespace, served: Served) -> int:
     from specops_services.engine.app import serve
     from specops_services.engine.serving import ServerOptions
 
+    drift = drift_policy(args, served)  # refused before the model loads
     log.info("serving %s", served.origin)
     load = argparse.Namespace(
         model=served.model, device=args.device or "auto", dtype=args.dtype or "auto", threads=args.threads
     )
     target = decoding.load_target(load)
     engine = Engine(target, served.method, _builtin_datastore(target, served.config))
-    drift = drift_policy(args, served)
     engines = {engine.method: engine}
     if drift is not None:
         for method in drift.methods[1:]:
@@ -180,8 +182,10 @@ def drift_policy(args: argparse.Namespace, served: Served) -> DriftPolicy | None
     given = [f for f in given_engine_options(args) if f.removeprefix("--").replace("-", "_") in DRIFT_OPTIONS]
     if not args.fallback:
         if given:
-            raise SpecError(f"{', '.join(given)} need --fallback (drift control is off without it)")
+            raise SpecError(f"{', '.join(given)}: drift control is off without --fallback")
         return None
+    if args.server_id is not None and not re.fullmatch(ID_PATTERN, args.server_id):
+        raise SpecError(f"--server-id must match {ID_PATTERN} (a subject token), got {args.server_id!r}")
     knobs = {
         "window": args.drift_window,
         "threshold": args.drift_threshold,
