@@ -8,7 +8,8 @@ traffic), hex / ngram (the fallback), hex / none (plain decoding), and chat / ng
 chat / none, where n-gram accepts little: the break-even of `--fallback auto`. Each rep runs
 every phase once, in an order rotated per rep (interleaved), after one warm-up pass; the result
 is the median tokens/s over reps, acceptance and mean acceptance length per phase, and the
-ratios the issue asks for (fallback / plain on the drifted traffic).
+ratios the issue asks for (fallback / plain on the drifted traffic), each the median over reps
+of the two phases' ratio within a rep.
 
     .venv/bin/python bench/drift.py --reps 5 --out bench/results/drift-cpu2.json
 """
@@ -124,7 +125,11 @@ def main() -> int:
     }
 
     def ratio(a: str, b: str) -> float:
-        return phases[a]["tokens_per_s_median"] / phases[b]["tokens_per_s_median"]
+        """The median over reps of the rep's ratio: both phases ran in the same rep, so a load
+        that slows one rep slows both."""
+        return statistics.median(
+            x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(runs[a], runs[b], strict=True)
+        )
 
     result: dict[str, Any] = {
         "what": "tokens/s per phase of the drift test's traffic, concurrency 1, greedy (bench/drift.py)",
