@@ -3,5 +3,7 @@
 One worker thread owns the continuous batcher (`worker.py`); the FastAPI app (`app.py`) turns
 OpenAI requests into speccore requests (`logic.py`), hands them to the worker and streams its
 updates back as the OpenAI wire (`protocol.py`); `metrics.py` keeps vLLM's serving and
-spec-decode metrics under the `specops:` prefix.
+spec-decode metrics under the `specops:` prefix. With `--fallback`, `drift.py` watches the
+method's acceptance per (tenant, workload) and switches a key that drifts to n-gram or plain
+decoding and back; `drift_events.py` logs, counts and publishes those switches.
 """
