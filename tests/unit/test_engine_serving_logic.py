@@ -136,3 +136,19 @@ def test_bus_services_refuse_the_engine_options(capsys: pytest.CaptureFixture[st
     assert "--model, --port: only `specops serve engine` takes these" in capsys.readouterr().err
     assert specops(["serve", "engine"]) == 2
     assert "needs --model" in capsys.readouterr().err
+
+
+def test_drift_options_are_checked_before_the_model_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["serve", "engine", "--model", "m", "--method", "eagle", "--head", "builtin:eagle"]
+    refusals = {
+        ("--drift-window", "4"): "--drift-window: drift control is off without --fallback",
+        ("--fallback", "ngram", "--server-id", "a.b"): "--server-id must match",
+        ("--fallback", "ngram", "--drift-threshold", "0.9"): "need 0 < threshold < recover",
+    }
+    for flags, words in refusals.items():
+        assert specops([*base, *flags]) == 2
+        assert words in capsys.readouterr().err
+    assert specops(["serve", "engine", "--model", "m", "--method", "ngram", "--fallback", "none"]) == 2
+    assert "no draft to drift" in capsys.readouterr().err
+    assert specops(["serve", "gateway", "--fallback", "auto"]) == 2
+    assert "--fallback: only `specops serve engine` takes these" in capsys.readouterr().err
