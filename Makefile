@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench lint asyncapi scale-check chaos tune-bench t3-bench
+.PHONY: setup test demo bench report lint asyncapi scale-check chaos tune-bench t3-bench
 
 setup: $(STAMP)
 
@@ -48,6 +48,15 @@ bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(BENCH) --workload chat --methods none,hf --n-prompts 5 --reps 2 \
 		--json $(RESULTS)-chat-passive-greedy-cpu2.json
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
+
+# The serving report (README "Serving report"): `specops serve engine` per method, closed-loop
+# load at concurrency 1, 8 and 32 on four prompt sets, p50/p99 TTFT/TPOT/e2e, goodput,
+# acceptance per distribution, $/1M tokens. About 30-40 min on the 2-core CPU at these sizes;
+# REPORT_ARGS adds or overrides options (e.g. REPORT_ARGS="--n-prompts 16 --max-tokens 128 --reps 2").
+REPORT_ARGS ?=
+report: setup
+	$(VENV)/bin/specops report --model smollm2-135m-instruct --n-prompts 12 --max-tokens 96 \
+		--out bench/results/serving-report-cpu2 $(REPORT_ARGS)
 
 # Two live replicas of every service (the gateway's share its port), six runs at once:
 # each completes once, every replica handles work, measurements never overlap. Part of

@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         dlq,
         heads,
         nats,
+        report,
         run,
         runtime,
         serve,
@@ -96,7 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
         tune,
     )
 
-    for module in (runtime, db, tokens, nats, audit, dlq, serve, run, tune, heads, deploy, datastores):
+    for module in (
+        runtime,
+        db,
+        tokens,
+        nats,
+        audit,
+        dlq,
+        serve,
+        run,
+        tune,
+        heads,
+        deploy,
+        datastores,
+        report,
+    ):
         module.add_parsers(sub)
     return parser
 
