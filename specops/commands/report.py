@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.render:
         report = json.loads(args.render.read_text())
+        report["entries"] = aggregate(report["rows"])
         write(report, args.render.with_name(args.render.name.removesuffix(".json")))
         return 0
     # SIGTERM unwinds like Ctrl-C, so the servers this command started are stopped too.

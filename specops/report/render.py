@@ -82,7 +82,8 @@ def markdown(report: dict[str, Any]) -> str:
                 if e is None:
                     continue
                 lines.append(
-                    f"| {m} | {c} | {_n(e['throughput_tok_s'], '{:.1f}')} | {_n(e.get('speedup'), '{:.2f}')} "
+                    f"| {m} | {c} | {_n(e['throughput_tok_s'], '{:.1f}')}{_failed(e)} "
+                    f"| {_n(e.get('speedup'), '{:.2f}')} "
                     f"| {_n(e['p50_ttft_ms'])} | {_tail(e, 'p99_ttft_ms')} | {_n(e['p50_tpot_ms'])} "
                     f"| {_tail(e, 'p99_tpot_ms')} | {_n(e['p50_e2e_ms'])} | {_tail(e, 'p99_e2e_ms')} "
                     f"| {_n(e['goodput_req_s'], '{:.2f}')} | {_n(e['slo_attainment'], '{:.0%}')} "
@@ -118,6 +119,10 @@ def _summary(entries: list[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
             cells.append("–" if best is None else f"{best['method']} {best['speedup']:.2f}x")
         lines.append(f"| {w} | " + " | ".join(cells) + " |")
     return [*lines, ""]
+
+
+def _failed(e: dict[str, Any]) -> str:
+    return f" ({e['errors']} of {e['requests']} failed)" if e.get("errors") else ""
 
 
 def _load(load: list[float] | tuple[float, ...]) -> str:

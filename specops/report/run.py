@@ -136,6 +136,8 @@ def aggregate(rows: list[dict[str, Any]], baseline: str = "none") -> list[dict[s
             values = [r[name] for r in reps if r[name] is not None]
             entry[name] = stats.median(values)
         entry["errors"] = sum(len(r["errors"]) for r in reps)
+        entry["requests"] = sum(r["requests"] for r in reps)
+        entry["error_messages"] = sorted({m for r in reps for m in r["errors"]})[:3]
         out[key] = entry
     for (workload, c, _), entry in out.items():
         base = out.get((workload, c, baseline))
