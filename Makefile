@@ -50,12 +50,13 @@ bench: setup
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
 
 # The serving report (README "Serving report"): `specops serve engine` per method, closed-loop
-# load at concurrency 1, 8 and 32 on four prompt sets, p50/p99 TTFT/TPOT/e2e, goodput,
-# acceptance per distribution, $/1M tokens. About 30-40 min on the 2-core CPU at these sizes;
-# REPORT_ARGS adds or overrides options (e.g. REPORT_ARGS="--n-prompts 16 --max-tokens 128 --reps 2").
+# load at concurrency 1, 8 and 32 on ShareGPT, MT-Bench and HumanEval, p50/p99 TTFT/TPOT/e2e,
+# goodput, acceptance per distribution, $/1M tokens. About 20 min on the shared 2-core CPU with
+# three methods (35 with the --adaptive-k variants); REPORT_ARGS adds or overrides options
+# (e.g. REPORT_ARGS="--n-prompts 16 --max-tokens 128 --rounds 2 --reps 2").
 REPORT_ARGS ?=
 report: setup
-	$(VENV)/bin/specops report --model smollm2-135m-instruct --n-prompts 12 --max-tokens 96 \
+	$(VENV)/bin/specops report --model smollm2-135m-instruct --n-prompts 8 --max-tokens 64 \
 		--out bench/results/serving-report-cpu2 $(REPORT_ARGS)
 
 # Two live replicas of every service (the gateway's share its port), six runs at once:

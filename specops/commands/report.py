@@ -23,7 +23,7 @@ from speccore.errors import SpecError
 from specops.commands import decoding
 
 DEFAULT_OUT = Path("bench/results/serving-report")
-DEFAULT_WORKLOADS = "sharegpt,mtbench,humaneval,reasoning"
+DEFAULT_WORKLOADS = "sharegpt,mtbench,humaneval"
 DEFAULT_METHODS = "none=--method none;ngram-k4=--method ngram --k 4;eagle=--method eagle --head builtin:eagle"
 ADAPTIVE_METHODS = (
     ";ngram-k4-adaptive=--method ngram --k 4 --adaptive-k"
@@ -58,13 +58,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     positive = decoding.positive
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated levels (default 1,8,32)")
+    p.add_argument("--n-prompts", type=positive, default=8, help="distinct prompts per workload (default 8)")
+    p.add_argument("--max-tokens", type=positive, default=64, help="max_tokens per request (default 64)")
     p.add_argument(
-        "--n-prompts", type=positive, default=12, help="distinct prompts per workload (default 12)"
-    )
-    p.add_argument("--max-tokens", type=positive, default=96, help="max_tokens per request (default 96)")
-    p.add_argument(
-        "--rounds", type=positive, default=2,
-        help="requests per level: at least ROUNDS x the concurrency, prompts cycled (default 2)",
+        "--rounds", type=positive, default=1,
+        help="requests per level: at least ROUNDS x the concurrency, prompts cycled (default 1)",
     )  # fmt: skip
     p.add_argument("--reps", type=positive, default=1, help="repetitions of each level, median (default 1)")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput SLO: TTFT in s (default 2.0)")

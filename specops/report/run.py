@@ -40,7 +40,7 @@ class ReportSpec:
     slo: stats.Slo
     server_args: list[str] = field(default_factory=list)
     seed: int = 0
-    rounds: int = 2
+    rounds: int = 1
 
     def requests_at(self, concurrency: int) -> int:
         """Requests of one level: the prompt set, and at least `rounds` x the concurrency so the
