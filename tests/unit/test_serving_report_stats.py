@@ -56,7 +56,15 @@ def test_aggregate_gives_ratios_against_none_at_the_same_level() -> None:
             "throughput_tok_s": tput, "goodput_req_s": 1.0, "slo_attainment": 1.0, "p50_ttft_ms": 1.0,
             "p99_ttft_ms": 2.0, "p50_tpot_ms": 1.0, "p99_tpot_ms": p99, "p50_e2e_ms": 1.0, "p99_e2e_ms": 2.0,
         }  # fmt: skip
-        return {"method": method, "workload": "chat", "concurrency": 8, "errors": [], **base, **nums}
+        return {
+            "method": method,
+            "workload": "chat",
+            "concurrency": 8,
+            "requests": 4,
+            "errors": [],
+            **base,
+            **nums,
+        }
 
     entries = aggregate([row("none", 10.0, 50.0), row("ngram", 13.0, 60.0), row("ngram", 15.0, 80.0)])
     ngram = next(e for e in entries if e["method"] == "ngram")
