@@ -18,7 +18,7 @@ def test_the_report_runs_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "report"
     argv = [
         "report", "--workloads", "sharegpt,humaneval", "--concurrency", "1,2", "--n-prompts", "2",
-        "--max-tokens", "8", "--methods", "none=--method none;ngram=--method ngram --k 3",
+        "--max-tokens", "8", "--rounds", "2", "--methods", "none=--method none;ngram=--method ngram --k 3",
         "--threads", "1", "--out", str(out),
     ]  # fmt: skip
     assert main(argv) == 0
@@ -42,7 +42,8 @@ def test_the_report_runs_end_to_end(tmp_path: Path) -> None:
         else:
             assert e["mean_acceptance_length"] is not None and e["mean_acceptance_length"] >= 1
     rows = report["rows"]
-    assert {len(r["records"]) for r in rows if r["concurrency"] == 2} == {4}  # max(prompts, 2 x concurrency)
+    # max(prompts, rounds x concurrency) requests per level
+    assert {len(r["records"]) for r in rows if r["concurrency"] == 2} == {4}
     assert all(r["tokens"] > 0 for row in rows for r in row["records"])
 
     md = out.with_suffix(".md").read_text()
