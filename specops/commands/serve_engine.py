@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,8 +41,10 @@ DEFAULT_MAX_BATCH = 32
 ENGINE_OPTIONS = (
     "model", "device", "dtype", "threads", "method", "k", "draft", "datastore", "head", "tree_shape",
     "tree_topk", "tree_tokens", "max_batch", "host", "port", "served_model_name", "from_run", "url",
-    "token",
+    "token", "adaptive_k",
 )  # fmt: skip
+# The environment switch for --adaptive-k (issue 19's feature flag).
+ADAPTIVE_K_ENV = "ENABLE_L4_ADAPTIVE_K"
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -61,6 +64,12 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--from-run", metavar="RUN_ID", help="serve this completed T1/T2 run's measured winner")
     g.add_argument("--url", help="--from-run: gateway URL (default: SPECOPS_URL, else `specops up`'s)")
     g.add_argument("--token", help="--from-run: API token (default: SPECOPS_TOKEN, else the state dir's)")
+    g.add_argument(
+        "--adaptive-k",
+        action="store_const",
+        const=True,
+        help=f"choose each step's draft size from the batch and the measured acceptance ({ADAPTIVE_K_ENV}=1)",
+    )
 
 
 def given_engine_options(args: argparse.Namespace) -> list[str]:
@@ -94,7 +103,9 @@ def run(args: argparse.Namespace, served: Served) -> int:
         model=served.model, device=args.device or "auto", dtype=args.dtype or "auto", threads=args.threads
     )
     target = decoding.load_target(load)
-    engine = Engine(target, served.method, _builtin_datastore(target, served.config))
+    engine = Engine(
+        target, served.method, _builtin_datastore(target, served.config), adaptive=adaptive_k(args)
+    )
     options = ServerOptions(
         served_model_name=args.served_model_name or served.model,
         host=args.host or DEFAULT_HOST,
@@ -103,6 +114,11 @@ def run(args: argparse.Namespace, served: Served) -> int:
     )
     serve(engine, options)
     return 0
+
+
+def adaptive_k(args: argparse.Namespace) -> bool:
+    """--adaptive-k, or ENABLE_L4_ADAPTIVE_K=1 in the environment."""
+    return bool(args.adaptive_k) or os.environ.get(ADAPTIVE_K_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def _from_flags(args: argparse.Namespace) -> Served:
