@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench lint asyncapi scale-check chaos tune-bench t3-bench
+.PHONY: setup test demo bench report lint asyncapi scale-check chaos tune-bench t3-bench
 
 setup: $(STAMP)
 
@@ -48,6 +48,16 @@ bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(BENCH) --workload chat --methods none,hf --n-prompts 5 --reps 2 \
 		--json $(RESULTS)-chat-passive-greedy-cpu2.json
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
+
+# The serving report (README "Serving report"): `specops serve engine` per method, closed-loop
+# load at concurrency 1, 8 and 32 on ShareGPT, MT-Bench and HumanEval, p50/p99 TTFT/TPOT/e2e,
+# goodput, acceptance per distribution, $/1M tokens. About 20 min on the shared 2-core CPU with
+# three methods (35 with the --adaptive-k variants); REPORT_ARGS adds or overrides options
+# (e.g. REPORT_ARGS="--n-prompts 16 --max-tokens 128 --rounds 2 --reps 2").
+REPORT_ARGS ?=
+report: setup
+	$(VENV)/bin/specops report --model smollm2-135m-instruct --n-prompts 8 --max-tokens 64 \
+		--out bench/results/serving-report-cpu2 $(REPORT_ARGS)
 
 # Two live replicas of every service (the gateway's share its port), six runs at once:
 # each completes once, every replica handles work, measurements never overlap. Part of

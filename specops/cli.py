@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, metrics")
+    gen.add_argument(
+        "--adaptive-k",
+        action="store_true",
+        help="choose each step's draft size from the measured acceptance and step cost (speccore.adaptive)",
+    )
 
     bench = sub.add_parser("bench", help="interleaved benchmark of methods on a prompt set")
     model_args(bench)
@@ -89,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         dlq,
         heads,
         nats,
+        report,
         run,
         runtime,
         serve,
@@ -96,7 +102,21 @@ def build_parser() -> argparse.ArgumentParser:
         tune,
     )
 
-    for module in (runtime, db, tokens, nats, audit, dlq, serve, run, tune, heads, deploy, datastores):
+    for module in (
+        runtime,
+        db,
+        tokens,
+        nats,
+        audit,
+        dlq,
+        serve,
+        run,
+        tune,
+        heads,
+        deploy,
+        datastores,
+        report,
+    ):
         module.add_parsers(sub)
     return parser
 
@@ -129,7 +149,7 @@ def _generate(args: argparse.Namespace) -> int:
     sampling = _sampling(args)
     cfg = proposer_config(args, args.method, "generate")
     target = load_target(args)
-    engine = Engine(target, args.method, cfg)
+    engine = Engine(target, args.method, cfg, adaptive=args.adaptive_k)
     request = Request(
         target.encode_prompt(text, args.chat), args.max_new_tokens, sampling, args.seed, tuple(args.stop)
     )

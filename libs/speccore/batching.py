@@ -15,9 +15,12 @@ head's acceptance drifts), and each request names its method when it is added.
 Joining: the new rows are prefilled in a cache of their own and the proposer is
 started on them alone; then their KV cache and proposer state are appended to the
 lane's (``Proposer.row_state``, ``speccore.rows``). Leaving: finished rows are
-cut out of both. The kernels are row-invariant (``cpu_kernels``), so a request's
-tokens do not depend on which other requests share its steps: greedy output equals
-the request decoded alone, and seeded sampling draws the same tokens.
+cut out of both, the last rows moved into their places (swap-remove: a row's index
+in the lane changes, never its state). KV caches do both in place (kv_cache.py), so a
+join or leave copies the rows that move, not the whole cache. The kernels are
+row-invariant (``cpu_kernels``), so a request's tokens do not depend on which other
+requests share its steps: greedy output equals the request decoded alone, and seeded
+sampling draws the same tokens.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class RowUpdate:
 class StepReport:
     admitted: list[int] = field(default_factory=list)  # handles that joined the batch this step
     updates: list[RowUpdate] = field(default_factory=list)
+    # (method, cap) per lane stepped with adaptive k: the draft nodes per row it allowed
+    draft_caps: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -133,7 +138,10 @@ class ContinuousBatcher:
         self._drop_cancelled()
         report.admitted = self._admit()
         for key in list(self._lanes):
+            lane = self._lanes[key]
             report.updates += self._step_lane(key)
+            if lane.batch.draft_cap is not None:
+                report.draft_caps.append((key[0], lane.batch.draft_cap))
         return report
 
     def _drop_cancelled(self) -> None:
@@ -143,7 +151,7 @@ class ContinuousBatcher:
         for key, lane in list(self._lanes.items()):
             keep = [i for i, h in enumerate(lane.handles) if h not in self._cancelled]
             if len(keep) < len(lane.handles):
-                self._keep(key, lane, keep)
+                self._keep(key, lane, swap_remove(keep))
         live = {h for lane in self._lanes.values() for h in lane.handles} | {h for h, _, _ in self._waiting}
         self._cancelled &= live
 
@@ -206,7 +214,7 @@ class ContinuousBatcher:
                 )
             )
         if any(s.finished for s in batch.seqs):
-            self._keep(key, lane, [i for i, s in enumerate(batch.seqs) if not s.finished])
+            self._keep(key, lane, swap_remove([i for i, s in enumerate(batch.seqs) if not s.finished]))
         return updates
 
     def _keep(self, key: LaneKey, lane: _Lane, keep: list[int]) -> None:
@@ -222,3 +230,11 @@ class ContinuousBatcher:
         batch.cache = batch.cache.take(keep)
         lane.handles = [lane.handles[i] for i in keep]
         lane.state = {n: rows.take(v, keep) for n, v in lane.state.items()}
+
+
+def swap_remove(alive: list[int]) -> list[int]:
+    """The order that keeps the rows ``alive`` (ascending) by moving the last ones into the
+    holes: slot j keeps its row when alive, else takes a live row from beyond the new end."""
+    live, n = set(alive), len(alive)
+    tail = [i for i in alive if i >= n]
+    return [j if j in live else tail.pop() for j in range(n)]

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from speccore import proposers
+from speccore.adaptive import AdaptiveK
 from speccore.errors import SpecError
 from speccore.kv_cache import StaticKVCache
 from speccore.metrics import GenerationMetrics
@@ -70,6 +71,7 @@ class Batch:
     starts: list[float]  # per row: when it started (perf_counter); emission times count from it
     on_tokens: TokenCallback | None
     on_logits: LogitsCallback | None = None
+    draft_cap: int | None = None  # the cap adaptive k chose for the last step (None: not adaptive)
 
 
 @dataclass(slots=True)
@@ -111,7 +113,10 @@ class Engine:
         config: ProposerConfig | None = None,
         *,
         lossy_accept_threshold: float | None = None,
+        adaptive: bool = False,
     ) -> None:
+        """``adaptive``: choose each step's draft size from the batch and the measured
+        acceptance (speccore.adaptive) instead of always drafting the configured size."""
         if lossy_accept_threshold is not None and not 0.0 < lossy_accept_threshold <= 1.0:
             raise SpecError(f"lossy_accept_threshold must be in (0, 1], got {lossy_accept_threshold}")
         self.target = target
@@ -125,6 +130,11 @@ class Engine:
         if self.proposer is not None and self.proposer.needs_hidden_states:
             self.taps = self.proposer.feature_layers
             self.runner.check_taps(self.taps)
+        self.adaptive: AdaptiveK | None = None
+        if adaptive and self.proposer is not None:
+            if not self.proposer.adapts_draft:
+                raise SpecError(f"adaptive k does not apply to {method}: its draft size is fixed")
+            self.adaptive = AdaptiveK(k_max=self.proposer.draft_nodes)
 
     @torch.inference_mode()
     def generate(
@@ -244,7 +254,9 @@ class Engine:
         """propose -> verify -> commit, then count, emit and let the proposer observe."""
         active = [not s.finished for s in run.seqs]
         t0 = time.perf_counter()
-        ctx = StepContext(sampling=run.sampling, generators=[s.generator for s in run.seqs])
+        cap = self.adaptive.choose(len(run.seqs), sum(active)) if self.adaptive is not None else None
+        run.draft_cap = cap
+        ctx = StepContext(sampling=run.sampling, generators=[s.generator for s in run.seqs], max_draft=cap)
         tree = self._propose(run.seqs, ctx)
         t1 = time.perf_counter()
         step = self._verify(run.cache, block_of(run.seqs, tree), ctx, active)
@@ -257,7 +269,17 @@ class Engine:
                 self._emit(run, row, new, step)
         if self.proposer is not None:
             self.proposer.observe(run.seqs, outcome_of(step))
-            add_draft_time(run.metrics, active, time.perf_counter() - t2)
+            t3 = time.perf_counter()
+            add_draft_time(run.metrics, active, t3 - t2)
+            if self.adaptive is not None and cap is not None:
+                self.adaptive.record(
+                    rows=len(run.seqs),
+                    width=tree.size,
+                    cap=cap,
+                    draft_s=(t1 - t0) + (t3 - t2),
+                    verify_s=t2 - t1,
+                    outcomes=row_outcomes(step),
+                )
 
     def _propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
         return self.proposer.propose(seqs, ctx) if self.proposer is not None else DraftTree.empty(len(seqs))
@@ -323,10 +345,25 @@ def outcome_of(step: Verified) -> StepOutcome:
     )
 
 
+def draft_depths(block: Block) -> list[int]:
+    """Per row: the depth of its deepest acceptable draft node (0: it drafted nothing)."""
+    return (depths(ancestor_mask(block.parents)) * block.acceptable).max(1).values.tolist()
+
+
+def row_outcomes(step: Verified) -> list[tuple[int, int]]:
+    """Per active row: (draft depth, accepted draft tokens), what adaptive k learns from."""
+    depth = draft_depths(step.block)
+    return [
+        (d, len(path) - 1)
+        for d, path, act in zip(depth, step.verdict.accepted_nodes, step.active, strict=True)
+        if act
+    ]
+
+
 def record_step(metrics: list[GenerationMetrics], step: Verified, *, draft_s: float, verify_s: float) -> None:
     """Count each active row's drafted nodes, draft depth and accepted tokens, and the step's times."""
     block = step.block
-    depth = (depths(ancestor_mask(block.parents)) * block.acceptable).max(1).values.tolist()
+    depth = draft_depths(block)
     drafted = block.acceptable.sum(1).tolist()
     for row, m in enumerate(metrics):
         if step.active[row]:

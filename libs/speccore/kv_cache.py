@@ -7,6 +7,13 @@ tree path is compacted by copying its slots down to consecutive positions.
 
 The object implements the one method Hugging Face attention layers call
 (``update``), so any HF causal LM runs on it unchanged.
+
+Continuous batching moves rows in and out between steps. The buffers hold spare
+row slots beyond ``batch`` (attention sees only the first ``batch``), so rows that
+join are copied into the spare slots and rows that leave are overwritten by the
+rows moved into their places: only the rows that move are copied, and the buffers
+are reallocated (rows and positions grown geometrically) only when they run out.
+At 32 rows of smollm2 a whole-cache copy is ~750 MB, several per joining wave.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ class StaticKVCache:
         self.device = device
         self.dtype = dtype
         self.lengths = torch.zeros(batch, dtype=torch.long)  # committed tokens per row (host tensor)
-        self._keys: list[torch.Tensor] = []  # per layer [batch, kv_heads, capacity, head_dim]
+        self.slots = batch  # rows the buffers hold: batch, then spare ones for rows that join
+        self._keys: list[torch.Tensor] = []  # per layer [slots, kv_heads, capacity, head_dim]
         self._values: list[torch.Tensor] = []
         # one row: its slots; else ([batch, q] row ids, [batch, q] slots)
         self._write: slice | tuple[torch.Tensor, torch.Tensor] | None = None
@@ -59,10 +67,10 @@ class StaticKVCache:
         if self._write is None:
             raise RuntimeError("begin_block() must precede a forward pass")
         if layer_idx == len(self._keys):
-            shape = (self.batch, key.shape[1], self.capacity, key.shape[3])
+            shape = (self.slots, key.shape[1], self.capacity, key.shape[3])
             self._keys.append(torch.zeros(shape, device=self.device, dtype=key.dtype))
             self._values.append(torch.zeros(shape, device=self.device, dtype=value.dtype))
-        k_buf, v_buf = self._keys[layer_idx], self._values[layer_idx]
+        k_buf, v_buf = self._keys[layer_idx][: self.batch], self._values[layer_idx][: self.batch]
         if isinstance(self._write, slice):  # one row: a plain slice copy
             k_buf[:, :, self._write] = key
             v_buf[:, :, self._write] = value
@@ -105,36 +113,44 @@ class StaticKVCache:
         return sum(t.numel() * t.element_size() for t in (*self._keys, *self._values))
 
     def take(self, rows: list[int]) -> StaticKVCache:
-        """A cache of these rows only, in this order (continuous batching drops finished rows)."""
-        out = StaticKVCache(len(rows), self.capacity, self.device, self.dtype)
-        index = torch.tensor(rows, dtype=torch.long)
-        out.lengths = self.lengths[index].clone()
-        on_device = index.to(self.device)
-        out._keys = [k[on_device] for k in self._keys]
-        out._values = [v[on_device] for v in self._values]
-        return out
+        """These rows only, in this order (continuous batching drops finished rows), in place:
+        row ``rows[j]`` moves to slot j where they differ. Returns this cache."""
+        moved = [(j, r) for j, r in enumerate(rows) if j != r]
+        if moved:
+            dst, src = (torch.tensor(col, device=self.device) for col in zip(*moved, strict=True))
+            with torch.inference_mode():
+                for buf in (*self._keys, *self._values):
+                    buf[dst] = buf[src]  # the sources are read (copied) before any is written
+        self.lengths = self.lengths[torch.tensor(rows, dtype=torch.long)].clone()
+        self.batch = len(rows)
+        return self
 
     def concat(self, other: StaticKVCache) -> StaticKVCache:
-        """This cache's rows, then ``other``'s, in one cache as long as the longer of the two
-        (continuous batching adds newly prefilled rows to a running batch)."""
-        out = StaticKVCache(
-            self.batch + other.batch, max(self.capacity, other.capacity), self.device, self.dtype
-        )
-        out.lengths = torch.cat([self.lengths, other.lengths])
-        for mine, theirs, into in (
-            (self._keys, other._keys, out._keys),
-            (self._values, other._values, out._values),
-        ):
-            for layer in range(max(len(mine), len(theirs))):
-                parts = [
-                    mine[layer] if layer < len(mine) else None,
-                    theirs[layer] if layer < len(theirs) else None,
-                ]
-                like = next(p for p in parts if p is not None)
-                buf = like.new_zeros((out.batch, like.shape[1], out.capacity, like.shape[3]))
-                if parts[0] is not None:
-                    buf[: self.batch, :, : self.capacity] = parts[0]
-                if parts[1] is not None:
-                    buf[self.batch :, :, : other.capacity] = parts[1]
-                into.append(buf)
-        return out
+        """This cache's rows, then ``other``'s (continuous batching adds newly prefilled rows
+        to a running batch): copied into the spare slots, the buffers grown first if they
+        have too few rows or positions. Returns this cache."""
+        rows = self.batch + other.batch
+        if rows > self.slots or other.capacity > self.capacity:
+            self._grow(
+                max(rows, 2 * self.slots) if rows > self.slots else self.slots,
+                max(other.capacity, 2 * self.capacity) if other.capacity > self.capacity else self.capacity,
+            )
+        for mine, theirs in ((self._keys, other._keys), (self._values, other._values)):
+            for layer, part in enumerate(theirs):
+                if layer == len(mine):  # this cache never ran a forward pass: no buffer yet
+                    mine.append(part.new_zeros((self.slots, part.shape[1], self.capacity, part.shape[3])))
+                with torch.inference_mode():
+                    mine[layer][self.batch : rows, :, : other.capacity] = part[: other.batch]
+        self.lengths = torch.cat([self.lengths, other.lengths])
+        self.batch = rows
+        return self
+
+    def _grow(self, slots: int, capacity: int) -> None:
+        """Reallocate the buffers with room for ``slots`` rows of ``capacity`` positions."""
+        with torch.inference_mode():
+            for bufs in (self._keys, self._values):
+                for layer, old in enumerate(bufs):
+                    new = old.new_zeros((slots, old.shape[1], capacity, old.shape[3]))
+                    new[: self.batch, :, : self.capacity] = old[: self.batch]
+                    bufs[layer] = new
+        self.slots, self.capacity = slots, capacity

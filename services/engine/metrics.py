@@ -15,6 +15,9 @@ g seconds after the previous one counts m observations of g / m, so the histogra
 token (vLLM's TPOT) whatever the acceptance. The tokens of the first delivery count in TTFT
 only.
 
+Histogram `spec_decode_adaptive_k` (speccore's own, with `--adaptive-k`): the draft nodes per
+row that adaptive k allowed, one observation per batch step (0: the step decoded plainly).
+
 Gauges `num_requests_running` / `num_requests_waiting`: the batcher's, set every step.
 
 The registry is the server's own (not prometheus_client's global one), so that two servers
@@ -37,6 +40,7 @@ ITL_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
     40.0, 80.0,
 )  # fmt: skip
+ADAPTIVE_K_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 12.0, 16.0, 24.0, 32.0, 64.0)
 REQUEST_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
     480.0, 960.0, 1920.0, 7680.0,
@@ -76,6 +80,9 @@ class EngineMetrics:
         self.queue_time = histogram(
             "request_queue_time_seconds", "Arrival to admission into the running batch.", REQUEST_BUCKETS
         )
+        self.adaptive_k = histogram(
+            "spec_decode_adaptive_k", "Draft nodes per row adaptive k allowed, per step.", ADAPTIVE_K_BUCKETS
+        )
         self.running = Gauge(
             PREFIX + "num_requests_running", "Requests in the running batch.", label, registry=r
         )
@@ -91,8 +98,10 @@ class EngineMetrics:
             self.generation_tokens,
         ):
             metric.labels(model_name)
-        for m in (self.ttft, self.itl, self.e2e, self.queue_time, self.running, self.waiting):
+        for m in (self.ttft, self.itl, self.e2e, self.queue_time, self.adaptive_k):
             m.labels(model_name)
+        for g in (self.running, self.waiting):
+            g.labels(model_name)
         for reason in ("stop", "length", "abort"):
             self.request_success.labels(model_name, reason)
 
@@ -120,6 +129,10 @@ class EngineMetrics:
         self.accepted.labels(self.model_name).inc(max(counts.accepted, 0))
         for pos, n in enumerate(counts.accepted_per_pos):
             self.accepted_per_pos.labels(self.model_name, str(pos)).inc(max(n, 0))
+
+    def draft_cap(self, cap: int) -> None:
+        """A batch step under adaptive k allowed ``cap`` draft nodes per row."""
+        self.adaptive_k.labels(self.model_name).observe(cap)
 
     def finished(self, reason: str, since_arrival_s: float | None) -> None:
         """A request left: ``reason`` stop, length or abort; its e2e latency unless aborted."""

@@ -179,6 +179,8 @@ class EngineWorker:
         started = time.monotonic()
         report = self.batcher.step()
         delivered = time.monotonic()
+        for _, cap in report.draft_caps:
+            self.metrics.draft_cap(cap)
         for handle in report.admitted:
             ticket = self._live.get(handle)
             if ticket is not None:

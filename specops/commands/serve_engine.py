@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -44,13 +45,15 @@ DEFAULT_MAX_BATCH = 32
 ENGINE_OPTIONS = (
     "model", "device", "dtype", "threads", "method", "k", "draft", "datastore", "head", "tree_shape",
     "tree_topk", "tree_tokens", "max_batch", "host", "port", "served_model_name", "from_run", "url",
-    "token",
+    "token", "adaptive_k",
 )  # fmt: skip
 # Drift control (services/engine/drift.py): engine-only as well.
 DRIFT_OPTIONS = (
     "fallback", "drift_window", "drift_threshold", "drift_recover", "drift_baseline_requests",
     "drift_probe_every", "drift_baseline", "server_id", "nats_url",
 )  # fmt: skip
+# The environment switch for --adaptive-k (issue 19's feature flag).
+ADAPTIVE_K_ENV = "ENABLE_L4_ADAPTIVE_K"
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -70,6 +73,12 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--from-run", metavar="RUN_ID", help="serve this completed T1/T2 run's measured winner")
     g.add_argument("--url", help="--from-run: gateway URL (default: SPECOPS_URL, else `specops up`'s)")
     g.add_argument("--token", help="--from-run: API token (default: SPECOPS_TOKEN, else the state dir's)")
+    g.add_argument(
+        "--adaptive-k",
+        action="store_const",
+        const=True,
+        help=f"choose each step's draft size from the batch and the measured acceptance ({ADAPTIVE_K_ENV}=1)",
+    )
     add_drift_options(p)
 
 
@@ -154,12 +163,16 @@ def run(args: argparse.Namespace, served: Served) -> int:
         model=served.model, device=args.device or "auto", dtype=args.dtype or "auto", threads=args.threads
     )
     target = decoding.load_target(load)
-    engine = Engine(target, served.method, _builtin_datastore(target, served.config))
+    adaptive = adaptive_k(args)
+    engine = Engine(target, served.method, _builtin_datastore(target, served.config), adaptive=adaptive)
     engines = {engine.method: engine}
     if drift is not None:
         for method in drift.methods[1:]:
             engines[method] = Engine(
-                target, method, ProposerConfig(k=default_k(method)) if method != "none" else None
+                target,
+                method,
+                ProposerConfig(k=default_k(method)) if method != "none" else None,
+                adaptive=adaptive and method != "none",
             )
     options = ServerOptions(
         served_model_name=args.served_model_name or served.model,
@@ -198,6 +211,11 @@ def drift_policy(args: argparse.Namespace, served: Served) -> DriftPolicy | None
         return DriftPolicy(served.method, args.fallback, **{k: v for k, v in knobs.items() if v is not None})
     except ValueError as exc:
         raise SpecError(f"drift control: {exc}") from None
+
+
+def adaptive_k(args: argparse.Namespace) -> bool:
+    """--adaptive-k, or ENABLE_L4_ADAPTIVE_K=1 in the environment."""
+    return bool(args.adaptive_k) or os.environ.get(ADAPTIVE_K_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def _from_flags(args: argparse.Namespace) -> Served:

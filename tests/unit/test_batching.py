@@ -173,3 +173,29 @@ def test_requests_of_different_methods_share_a_step(smollm, prompts) -> None:
         assert (drafted[i] > 0) == (m == "ngram" and bool(streamed[i]))
     with pytest.raises(SpecError, match="no engine for method 'eagle'"):
         batcher.add(requests[0], "eagle")
+
+
+ADAPTIVE = [s for s in SETTINGS if s[0] in ("ngram", "eagle", "draft_model")]
+
+
+@pytest.mark.parametrize(("method", "config"), ADAPTIVE, ids=[m for m, _ in ADAPTIVE])
+def test_adaptive_k_keeps_greedy_output_plain(smollm, prompts, method, config) -> None:
+    """Adaptive k changes how much each step drafts, never what is emitted: greedy output
+    through the batcher and through Engine.generate equals plain decoding's."""
+    requests = [Request(p, max_new_tokens=6 + 3 * i) for i, p in enumerate(prompts)]
+    plain = [g.token_ids for g in Engine(smollm).generate(requests)]
+    adaptive = Engine(smollm, method, config, adaptive=True)
+    assert [g.token_ids for g in adaptive.generate(requests)] == plain
+    assert [adaptive.generate([r])[0].token_ids for r in requests[:2]] == plain[:2]
+    streamed, finished, _ = staggered(
+        ContinuousBatcher(adaptive, max_rows=3), requests, first=4, later_step=3
+    )
+    assert [streamed[i] for i in range(len(requests))] == plain
+    assert [finished[i].token_ids for i in range(len(requests))] == plain
+    ak = adaptive.adaptive
+    assert ak is not None and ak.steps > 0 and ak.acceptance.p  # it chose caps and learnt from them
+
+
+def test_adaptive_k_is_refused_where_the_draft_size_is_fixed(smollm) -> None:
+    with pytest.raises(SpecError, match="adaptive k does not apply to lookahead"):
+        Engine(smollm, "lookahead", ProposerConfig(k=3), adaptive=True)

@@ -11,6 +11,7 @@ import pytest
 from speccore.batching import ContinuousBatcher, StepReport
 from speccore.engine import Engine, Request
 from speccore.models import LoadedModel
+from speccore.proposers.base import ProposerConfig
 from specops_services.engine.metrics import EngineMetrics
 from specops_services.engine.worker import EngineWorker, Event, Failed, Tokens
 
@@ -53,3 +54,31 @@ def test_a_failing_step_fails_its_requests_and_the_worker_goes_on(smollm: Loaded
     finally:
         worker.stop(WAIT_S)
     assert not worker.alive
+
+
+def test_adaptive_k_caps_reach_the_metrics(smollm: LoadedModel) -> None:
+    engine = Engine(smollm, "ngram", ProposerConfig(k=4), adaptive=True)
+    metrics = EngineMetrics("smollm")
+    worker = EngineWorker(ContinuousBatcher(engine, max_rows=4), metrics)
+    events: queue.Queue[Event] = queue.Queue()
+    request = Request(smollm.encode_prompt("1, 2, 3, 4, 5,", chat=False), 12)
+    worker.start()
+    try:
+        worker.submit(0, request, events.put, time.monotonic())
+        tokens: list[int] = []
+        while True:
+            event = events.get(timeout=WAIT_S)
+            assert isinstance(event, Tokens)
+            tokens += event.tokens
+            if event.finish_reason is not None:
+                break
+    finally:
+        worker.stop(WAIT_S)
+    assert tokens == Engine(smollm, "none").generate([request])[0].token_ids
+    labels = {"model_name": "smollm"}
+    steps = metrics.registry.get_sample_value("specops:spec_decode_adaptive_k_count", labels)
+    assert steps == engine.adaptive.steps > 0  # one observation per step, each a cap in 0..k_max
+    assert (
+        metrics.registry.get_sample_value("specops:spec_decode_adaptive_k_bucket", labels | {"le": "4.0"})
+        == steps
+    )

@@ -148,3 +148,42 @@ def test_a_block_past_capacity_is_refused() -> None:
     assert cache.begin_block(8) == 128
     with pytest.raises(RuntimeError, match="capacity"):
         cache.begin_block(9)
+
+
+def _filled(batch: int, capacity: int, length: int, seed: int) -> tuple[StaticKVCache, list[torch.Tensor]]:
+    """A cache of ``batch`` rows whose first ``length`` slots hold random keys/values (2 layers)."""
+    cache = StaticKVCache(batch, capacity, torch.device("cpu"), torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    written = []
+    cache.begin_block(length)
+    for layer in range(2):
+        kv = torch.randn(batch, 2, length, 4, generator=gen)
+        cache.update(kv, -kv, layer)
+        written.append(kv)
+    cache.commit(torch.full((batch,), length))
+    return cache, written
+
+
+def _rows_of(cache: StaticKVCache, layer: int, length: int) -> torch.Tensor:
+    keys = cache._keys[layer][: cache.batch, :, :length]
+    values = cache._values[layer][: cache.batch, :, :length]
+    assert torch.equal(values, -keys)
+    return keys
+
+
+def test_rows_join_into_spare_slots_and_leave_by_moving_only_the_rows_that_move() -> None:
+    a, a_kv = _filled(3, 64, 5, seed=1)
+    b, b_kv = _filled(2, 200, 5, seed=2)
+    joined = a.concat(b)  # grows: more rows and positions than a has
+    assert joined is a and joined.batch == 5 and joined.slots >= 6 and joined.capacity >= b.capacity
+    for layer in range(2):
+        assert torch.equal(_rows_of(joined, layer, 5), torch.cat([a_kv[layer], b_kv[layer]]))
+    buffer = joined._keys[0].data_ptr()
+    kept = joined.take([0, 4, 2])  # rows 1 and 3 leave; row 4 moves into slot 1
+    assert kept is joined and kept.lengths.tolist() == [5, 5, 5]
+    everything = torch.cat([a_kv[0], b_kv[0]])
+    assert torch.equal(_rows_of(kept, 0, 5), everything[[0, 4, 2]])
+    c, c_kv = _filled(2, 64, 5, seed=3)
+    again = kept.concat(c)  # fits the spare slots: no new buffer
+    assert again._keys[0].data_ptr() == buffer and again.batch == 5
+    assert torch.equal(_rows_of(again, 0, 5), torch.cat([everything[[0, 4, 2]], c_kv[0]]))

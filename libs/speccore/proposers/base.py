@@ -42,6 +42,13 @@ class DraftTree:
     def size(self) -> int:
         return int(self.tokens.shape[1])
 
+    def truncate(self, n: int) -> DraftTree:
+        """The first n nodes of every row: still a tree, since parents precede their children."""
+        if n >= self.size:
+            return self
+        probs = self.draft_probs[:, :n] if self.draft_probs is not None else None
+        return DraftTree(self.tokens[:, :n], self.parents[:, :n], self.acceptable[:, :n], probs)
+
     @classmethod
     def empty(cls, batch: int) -> DraftTree:
         none = torch.zeros(batch, 0, dtype=torch.long)
@@ -79,6 +86,9 @@ class StepContext:
 
     sampling: SamplingParams
     generators: list[torch.Generator | None]  # per row: the request's own RNG, None when greedy
+    # At most this many draft nodes per row, and no deeper (adaptive k, speccore.adaptive);
+    # None: the proposer's own size. 0 drafts nothing (a plain decoding step).
+    max_draft: int | None = None
 
 
 @dataclass(slots=True)
@@ -143,6 +153,14 @@ class Proposer(ABC):
     # cache, or None before start): continuous batching (speccore.rows) selects and joins them
     # as rows finish and join, so a family that keeps any across steps must name it here.
     row_state: ClassVar[tuple[str, ...]] = ()
+    # Whether propose honours StepContext.max_draft (adaptive k) and says its draft_nodes; a
+    # family that cannot shrink its block (lookahead's Jacobi window) is refused adaptive k.
+    adapts_draft: ClassVar[bool] = False
+
+    @property
+    def draft_nodes(self) -> int:
+        """The most draft nodes a row gets in one step (adaptive k's k_max; adapts_draft only)."""
+        return 0
 
     def start(  # noqa: B027 - optional hook
         self, seqs: list[Sequence], features: torch.Tensor | None = None
@@ -163,6 +181,11 @@ class Proposer(ABC):
     def extra_memory_bytes(self) -> int:
         """Memory this proposer holds beyond the target (weights, caches, indexes)."""
         return 0
+
+
+def capped(size: int, ctx: StepContext) -> int:
+    """``size`` draft nodes (or depth), or fewer when the step's context caps them."""
+    return size if ctx.max_draft is None else min(size, ctx.max_draft)
 
 
 def knob_values(family: str, config: ProposerConfig) -> dict[str, int]:

@@ -18,7 +18,7 @@ from speccore.errors import SpecError
 from speccore.heads.distilled import DistilledLayers, draft_with, is_distilled, load_distilled
 from speccore.kv_cache import StaticKVCache
 from speccore.models import LoadedModel, load_model
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, capped
 from speccore.runner import ModelRunner, pad_rows
 from speccore.sampling import probs_from_logits, sample
 from speccore.state import Sequence
@@ -59,6 +59,7 @@ def resolve_draft(ref: str | None, target: LoadedModel) -> tuple[PreTrainedModel
 
 class DraftModelProposer(Proposer):
     family = "draft_model"
+    adapts_draft = True
     row_state = ("cache",)
 
     def __init__(self, cfg: ProposerConfig, target: LoadedModel) -> None:
@@ -66,6 +67,10 @@ class DraftModelProposer(Proposer):
         model, self.weight_bytes = resolve_draft(cfg.draft, target)
         self.runner = ModelRunner(model)
         self.cache: StaticKVCache | None = None
+
+    @property
+    def draft_nodes(self) -> int:
+        return self.k
 
     def start(self, seqs: list[Sequence], features: torch.Tensor | None = None) -> None:
         capacity = max(len(s.prompt_ids) + s.max_new_tokens for s in seqs) + 2 * self.k + 8
@@ -75,7 +80,8 @@ class DraftModelProposer(Proposer):
         cache = self.cache
         # Each row drafts its own budget: a row draws from its generator only for its own
         # drafts, so its sampled tokens do not depend on the rows beside it.
-        budgets = [0 if s.finished else max(min(self.k, s.remaining - 1), 0) for s in seqs]
+        k = capped(self.k, ctx)
+        budgets = [0 if s.finished else max(min(k, s.remaining - 1), 0) for s in seqs]
         steps = max(budgets, default=0)
         if cache is None or steps <= 0:
             return DraftTree.empty(len(seqs))

@@ -28,7 +28,7 @@ from speccore.heads.eagle import EagleHead
 from speccore.heads.loading import draft_scorer, load_head, on_target_kernels, open_head, output_weight
 from speccore.kv_cache import StaticKVCache
 from speccore.models import LoadedModel
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome, capped
 from speccore.runner import ModelRunner, pad_rows
 from speccore.state import Sequence
 
@@ -45,6 +45,7 @@ class _Pool:
 
 class EagleProposer(Proposer):
     family = "eagle"
+    adapts_draft = True
     needs_hidden_states = True
     row_state = ("cache", "last", "ready", "queued_tokens", "queued_features")
 
@@ -73,6 +74,10 @@ class EagleProposer(Proposer):
         self.last: torch.Tensor | None = None  # [batch, hidden] output of each row's last entry
         self.ready: list[bool] = []
 
+    @property
+    def draft_nodes(self) -> int:
+        return min(self.size, self.topk + (self.depth - 1) * self.topk * self.topk)
+
     def start(self, seqs: list[Sequence], features: torch.Tensor | None = None) -> None:
         capacity = max(len(s.prompt_ids) + s.max_new_tokens for s in seqs) + self.depth * self.topk + 8
         self.cache = self.runner.new_cache(len(seqs), capacity)
@@ -100,10 +105,10 @@ class EagleProposer(Proposer):
         # A node at depth d is accepted as the (d+1)-th new token: room for it and the bonus token.
         ready = zip(seqs, self.ready, strict=True)
         room = torch.tensor([s.remaining - 1 if ok and not s.finished else 0 for s, ok in ready])
-        depth = min(self.depth, int(room.max()))
+        depth = min(capped(self.depth, ctx), int(room.max()))
         if self.last is None or depth <= 0:
             return DraftTree.empty(len(seqs))
-        tokens, parents, depths = self._grow(self.last, depth)
+        tokens, parents, depths = self._grow(self.last, depth, capped(self.size, ctx))
         return DraftTree(tokens=tokens, parents=parents, acceptable=depths < room[:, None])
 
     def _commit_queued(self) -> None:
@@ -127,10 +132,12 @@ class EagleProposer(Proposer):
         self.queued_tokens = [[] for _ in self.queued_tokens]
         self.queued_features = [[] for _ in self.queued_features]
 
-    def _grow(self, root_out: torch.Tensor, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The EAGLE-2 tree below each row's pending token, from its last entry's output
-        ([batch, hidden]): tokens, draft-relative parents (-1 = the pending token) and
-        depths, each [batch, n], parents first."""
+    def _grow(
+        self, root_out: torch.Tensor, depth: int, size: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The EAGLE-2 tree of ``size`` nodes below each row's pending token, from its last
+        entry's output ([batch, hidden]): tokens, draft-relative parents (-1 = the pending
+        token) and depths, each [batch, n], parents first."""
         cache = self.cache
         if cache is None:
             raise RuntimeError("start() must precede propose()")
@@ -164,13 +171,13 @@ class EagleProposer(Proposer):
             frontier = first + best
             frontier_par = start + (best // k).cpu()
             parent_out = out.gather(1, (best // k)[:, :, None].expand(batch, k, out.shape[-1]))
-        return self._select(pool)
+        return self._select(pool, size)
 
-    def _select(self, pool: _Pool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _select(self, pool: _Pool, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The ``size`` best nodes per row, in pool order. A child scores at most its parent
         and comes later in the pool, so a stable sort keeps the choice ancestor-closed."""
         batch, total = pool.scores.shape
-        n = min(self.size, total)
+        n = min(size, total)
         chosen = pool.scores.sort(dim=1, descending=True, stable=True).indices[:, :n].sort(dim=1).values
         position = torch.full((batch, total), -1, device=chosen.device)
         position.scatter_(1, chosen, torch.arange(n, device=chosen.device).expand(batch, n))

@@ -16,12 +16,13 @@ from speccore.heads.loading import draft_scorer, load_head, on_target_kernels, o
 from speccore.heads.medusa import MedusaHeads
 from speccore.heads.trees import DEFAULT_MEDUSA_CHOICES, medusa_tree, shape_choices, tree_parents
 from speccore.models import LoadedModel
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome, capped
 from speccore.state import Sequence
 
 
 class MedusaProposer(Proposer):
     family = "medusa"
+    adapts_draft = True
     needs_hidden_states = True
     row_state = ("last", "ready")
 
@@ -53,6 +54,10 @@ class MedusaProposer(Proposer):
         self.last: torch.Tensor | None = None  # [batch, hidden] feature before each row's pending token
         self.ready: list[bool] = []
 
+    @property
+    def draft_nodes(self) -> int:
+        return int(self.parents.shape[0])
+
     def start(self, seqs: list[Sequence], features: torch.Tensor | None = None) -> None:
         committed = torch.tensor([len(s.prompt_ids) - 1 for s in seqs])
         self.ready = [int(n) > 0 for n in committed]
@@ -70,11 +75,12 @@ class MedusaProposer(Proposer):
         logits = self.scorer(self.heads(self.last))  # [batch, heads, draft vocab]
         top = logits.topk(self.width, dim=-1).indices  # [batch, heads, width]
         tokens = self.draft_ids[top[:, self.depth, self.rank]].cpu()  # [batch, n]
-        return DraftTree(
+        tree = DraftTree(
             tokens=tokens,
             parents=self.parents.expand_as(tokens).clone(),
             acceptable=self.depth[None, :] < room[:, None],
         )
+        return tree.truncate(capped(tree.size, ctx))
 
     def observe(self, seqs: list[Sequence], outcome: StepOutcome) -> None:
         if outcome.hidden is None:

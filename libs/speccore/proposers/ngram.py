@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, knob_values
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, capped, knob_values
 from speccore.state import Sequence
 
 
@@ -45,6 +45,7 @@ def lookup(tokens: list[int], k: int, ngram_min: int, ngram_max: int) -> list[in
 
 class NgramProposer(Proposer):
     family = "ngram"
+    adapts_draft = True
     row_state = ("indexes",)
 
     def __init__(self, cfg: ProposerConfig) -> None:
@@ -54,13 +55,18 @@ class NgramProposer(Proposer):
         self.ngram_max = knobs["ngram_max"]
         self.indexes: list[NgramIndex] = []
 
+    @property
+    def draft_nodes(self) -> int:
+        return self.k
+
     def start(self, seqs: list[Sequence], features: torch.Tensor | None = None) -> None:
         self.indexes = [NgramIndex(self.ngram_min, self.ngram_max) for _ in seqs]
 
     def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
         chains: list[list[int]] = []
+        k = capped(self.k, ctx)
         for seq, index in zip(seqs, self.indexes, strict=True):
-            budget = min(self.k, seq.remaining - 1)
+            budget = min(k, seq.remaining - 1)
             chains.append(index.lookup(seq.token_ids, budget) if not seq.finished and budget > 0 else [])
         return DraftTree.from_chains(chains)
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from speccatalog.families.rest import tree_nodes
 from speccore.datastore import Datastore, vocab_fingerprint
 from speccore.errors import SpecError
-from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, knob_values
+from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, capped, knob_values
 from speccore.state import Sequence
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ MATCHES_PER_NODE = 2
 
 class RestProposer(Proposer):
     family = "rest"
+    adapts_draft = True
 
     def __init__(
         self,
@@ -57,19 +58,24 @@ class RestProposer(Proposer):
         self.max_suffix = max_suffix
         self.min_suffix = min_suffix
 
-    def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
-        return DraftTree.from_row_trees([self._row_tree(seq) for seq in seqs])
+    @property
+    def draft_nodes(self) -> int:
+        return self.max_nodes
 
-    def _row_tree(self, seq: Sequence) -> tuple[list[int], list[int]]:
+    def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
+        depth, nodes = capped(self.depth, ctx), capped(self.max_nodes, ctx)
+        return DraftTree.from_row_trees([self._row_tree(seq, depth, nodes) for seq in seqs])
+
+    def _row_tree(self, seq: Sequence, max_depth: int, max_nodes: int) -> tuple[list[int], list[int]]:
         # The pending token and up to depth drafts join the output, which must not pass max_new_tokens.
-        depth = min(self.depth, seq.remaining - 1)
+        depth = min(max_depth, seq.remaining - 1)
         if seq.finished or depth <= 0:
             return [], []
         context = seq.token_ids[-self.max_suffix :]
         found = self.store.continuations(
-            context, self.max_suffix, self.min_suffix, MATCHES_PER_NODE * self.max_nodes, depth
+            context, self.max_suffix, self.min_suffix, MATCHES_PER_NODE * max_nodes, depth
         )
-        return best_subtree(found, self.max_nodes)
+        return best_subtree(found, max_nodes)
 
     def extra_memory_bytes(self) -> int:
         return self.store.nbytes
