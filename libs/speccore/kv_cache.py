@@ -45,11 +45,14 @@ class StaticKVCache:
         """Prepare to write a block of q tokens after each row's committed length.
 
         Returns the key/value width the attention will see: max length + q rounded
-        up to whole KV_BLOCKs (the capacity is rounded up alike).
+        up to whole KV_BLOCKs (the capacity is rounded up alike). A block that does not
+        fit grows the cache (geometrically): rows of a padded block write past their own
+        need when a long one shares it, e.g. a joining row's whole prompt in a draft's
+        cache beside rows far into their output (continuous batching).
         """
         needed = int(self.lengths.max()) + q
         if needed > self.capacity:
-            raise RuntimeError(f"KV cache capacity {self.capacity} exceeded ({needed})")
+            self._grow(self.slots, -(-max(needed, 2 * self.capacity) // KV_BLOCK) * KV_BLOCK)
         self._width = -(-needed // KV_BLOCK) * KV_BLOCK
         if self.batch == 1:
             start = int(self.lengths[0])

@@ -199,3 +199,22 @@ def test_adaptive_k_keeps_greedy_output_plain(smollm, prompts, method, config) -
 def test_adaptive_k_is_refused_where_the_draft_size_is_fixed(smollm) -> None:
     with pytest.raises(SpecError, match="adaptive k does not apply to lookahead"):
         Engine(smollm, "lookahead", ProposerConfig(k=3), adaptive=True)
+
+
+@pytest.mark.parametrize(
+    ("method", "config"),
+    [
+        ("eagle", ProposerConfig(k=3, head="builtin:eagle")),
+        ("draft_model", ProposerConfig(k=3, draft="self:8")),
+    ],
+    ids=["eagle", "draft_model"],
+)
+def test_a_long_prompt_joins_rows_that_have_run_long(smollm, prompts, method, config) -> None:
+    """The draft's own cache takes a joining row's whole prompt in one block beside rows far
+    into their output: it grows to hold both, and the drafts stay each row's own."""
+    engine = Engine(smollm, method, config)
+    first, second = (smollm.encode_prompt(" ".join(TEXTS[i:] * 6), chat=True) for i in (0, 1))
+    requests = [Request(first, max_new_tokens=32), Request(second, max_new_tokens=8)]
+    solo = [engine.generate([r])[0].token_ids for r in requests]
+    streamed, _, _ = staggered(ContinuousBatcher(engine, max_rows=4), requests, first=1, later_step=12)
+    assert [streamed[0], streamed[1]] == solo
