@@ -11,7 +11,8 @@ The object implements the one method Hugging Face attention layers call
 Continuous batching moves rows in and out between steps. The buffers hold spare
 row slots beyond ``batch`` (attention sees only the first ``batch``), so rows that
 join are copied into the spare slots and rows that leave are overwritten by the
-rows moved into their places: only the rows that move are copied, and the buffers
+rows moved into their places: only the rows that move are copied (their committed
+slots: what lies beyond a row's length is never read unmasked), and the buffers
 are reallocated (rows and positions grown geometrically) only when they run out.
 At 32 rows of smollm2 a whole-cache copy is ~750 MB, several per joining wave.
 """
@@ -120,10 +121,12 @@ class StaticKVCache:
         row ``rows[j]`` moves to slot j where they differ. Returns this cache."""
         moved = [(j, r) for j, r in enumerate(rows) if j != r]
         if moved:
+            upto = max(int(self.lengths[r]) for _, r in moved)
             dst, src = (torch.tensor(col, device=self.device) for col in zip(*moved, strict=True))
             with torch.inference_mode():
                 for buf in (*self._keys, *self._values):
-                    buf[dst] = buf[src]  # the sources are read (copied) before any is written
+                    # the sources are read (copied) before any is written
+                    buf[dst, :, :upto] = buf[src, :, :upto]
         self.lengths = self.lengths[torch.tensor(rows, dtype=torch.long)].clone()
         self.batch = len(rows)
         return self
@@ -138,22 +141,24 @@ class StaticKVCache:
                 max(rows, 2 * self.slots) if rows > self.slots else self.slots,
                 max(other.capacity, 2 * self.capacity) if other.capacity > self.capacity else self.capacity,
             )
+        upto = int(other.lengths.max()) if other.batch else 0
         for mine, theirs in ((self._keys, other._keys), (self._values, other._values)):
             for layer, part in enumerate(theirs):
                 if layer == len(mine):  # this cache never ran a forward pass: no buffer yet
                     mine.append(part.new_zeros((self.slots, part.shape[1], self.capacity, part.shape[3])))
                 with torch.inference_mode():
-                    mine[layer][self.batch : rows, :, : other.capacity] = part[: other.batch]
+                    mine[layer][self.batch : rows, :, :upto] = part[: other.batch, :, :upto]
         self.lengths = torch.cat([self.lengths, other.lengths])
         self.batch = rows
         return self
 
     def _grow(self, slots: int, capacity: int) -> None:
         """Reallocate the buffers with room for ``slots`` rows of ``capacity`` positions."""
+        upto = int(self.lengths.max()) if self.batch else 0
         with torch.inference_mode():
             for bufs in (self._keys, self._values):
                 for layer, old in enumerate(bufs):
                     new = old.new_zeros((slots, old.shape[1], capacity, old.shape[3]))
-                    new[: self.batch, :, : self.capacity] = old[: self.batch]
+                    new[: self.batch, :, :upto] = old[: self.batch, :, :upto]
                     bufs[layer] = new
         self.slots, self.capacity = slots, capacity

@@ -77,6 +77,7 @@ def test_adaptive_k_caps_reach_the_metrics(smollm: LoadedModel) -> None:
     assert tokens == Engine(smollm, "none").generate([request])[0].token_ids
     labels = {"model_name": "smollm"}
     steps = metrics.registry.get_sample_value("specops:spec_decode_adaptive_k_count", labels)
+    assert engine.adaptive is not None
     assert steps == engine.adaptive.steps > 0  # one observation per step, each a cap in 0..k_max
     assert (
         metrics.registry.get_sample_value("specops:spec_decode_adaptive_k_bucket", labels | {"le": "4.0"})
