@@ -141,13 +141,15 @@ def test_right_padded_rows_of_different_lengths(runner, reference, prompts) -> N
     _assert_close(step3[1, 0], reference(long_ + [x, 21, 23, 7]))
 
 
-def test_a_block_past_capacity_is_refused() -> None:
-    cache = StaticKVCache(2, 100, torch.device("cpu"), torch.float32)
+def test_a_block_past_capacity_grows_the_cache_and_keeps_what_it_holds() -> None:
+    cache, written = _filled(2, 100, 120, seed=3)
     assert cache.capacity == 2 * KV_BLOCK  # rounded up to whole blocks
-    cache.commit(torch.tensor([3, 120]))
-    assert cache.begin_block(8) == 128
-    with pytest.raises(RuntimeError, match="capacity"):
-        cache.begin_block(9)
+    assert cache.begin_block(8) == 128  # fits exactly: no growth
+    assert cache.capacity == 128
+    assert cache.begin_block(9) == 192  # one past: the cache grows (doubling) and the width follows
+    assert cache.capacity == 256
+    for layer in range(2):
+        assert torch.equal(_rows_of(cache, layer, 120), written[layer])
 
 
 def _filled(batch: int, capacity: int, length: int, seed: int) -> tuple[StaticKVCache, list[torch.Tensor]]:
