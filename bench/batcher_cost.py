@@ -6,7 +6,7 @@ it, the time spent moving rows in and out: the KV caches' ``take``/``concat`` (t
 and a proposer's) and the proposer state's ``rows.take``/``rows.concat``. Prints one JSON
 line: wall seconds, step seconds, join/leave seconds and their share, tokens per second.
 
-    .venv/bin/python scripts/batcher_cost.py [--method ngram] [--adaptive-k]
+    .venv/bin/python bench/batcher_cost.py [--method ngram] [--adaptive-k]
 """
 
 from __future__ import annotations
