@@ -28,7 +28,10 @@ def _run(
     method: str, rep: int, tokens: list[list[int]], seconds: float, drafted: int = 0, accepted: int = 0
 ) -> RepRun:
     metrics = [
-        GenerationMetrics(verify_steps=4, drafted_tokens=drafted, accepted_tokens=accepted) for _ in tokens
+        GenerationMetrics(
+            new_tokens=len(row), verify_steps=4, drafted_tokens=drafted, accepted_tokens=accepted
+        )
+        for row in tokens
     ]
     return RepRun(method, rep, tokens, metrics if method == heads.HEAD else [], seconds, None)
 
