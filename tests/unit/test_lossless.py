@@ -190,9 +190,9 @@ def test_accepted_eagle_tree_paths_keep_greedy_identity(smollm, sampling_prompt,
     roots: list[tuple[int, torch.Tensor]] = []  # (entries committed, output the tree grows from)
     grow = EagleProposer._grow
 
-    def recording_grow(self, root_out, depth):
+    def recording_grow(self, root_out, *args):
         roots.append((int(self.cache.lengths[0]), root_out[0].clone()))
-        return grow(self, root_out, depth)
+        return grow(self, root_out, *args)
 
     monkeypatch.setattr(EagleProposer, "_grow", recording_grow)
     engine = Engine(smollm, "eagle", ProposerConfig(head=str(head)))
