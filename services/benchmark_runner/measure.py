@@ -71,6 +71,11 @@ class RepRow:
     metrics: RepMetrics
     speedup: float | None  # tokens/s over the baseline's in the same rep; None for the baseline
 
+    @classmethod
+    def of(cls, run: RepRun) -> RepRow:
+        """The row of one method's measured rep (in-process or over HTTP alike)."""
+        return cls(run.method, run.rep, rep_metrics(run.metrics, run.seconds), run.speedup)
+
 
 # Called once per newly measured row, at the end of its rep, the baseline first.
 RepCallback = Callable[[RepRow], None]
@@ -124,7 +129,7 @@ def measure(
                 failures[cid] = err.failure(cid)
 
         def report(run: RepRun) -> None:
-            row = RepRow(run.method, run.rep, rep_metrics(run.metrics, run.seconds), run.speedup)
+            row = RepRow.of(run)
             on_rep(row)
             rows.append(row)
 

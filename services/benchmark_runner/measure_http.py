@@ -71,7 +71,6 @@ from specops_services.benchmark_runner.measure import (
     check_done,
     outcome,
     registry_head,
-    rep_metrics,
     sampling_params,
 )
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
@@ -274,7 +273,7 @@ def measure_http(
                     )
 
         def report(run: RepRun) -> None:
-            row = RepRow(run.method, run.rep, rep_metrics(run.metrics, run.seconds), run.speedup)
+            row = RepRow.of(run)
             on_rep(row)
             rows.append(row)
 

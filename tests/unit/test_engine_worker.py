@@ -43,17 +43,22 @@ def test_a_failing_step_fails_its_requests_and_the_worker_goes_on(smollm: Loaded
         assert isinstance(failed, Failed) and "RuntimeError: out of memory" in failed.message
 
         worker.submit(0, request, events.put, time.monotonic())
-        tokens: list[int] = []
-        while True:
-            event = events.get(timeout=WAIT_S)
-            assert isinstance(event, Tokens)
-            tokens += event.tokens
-            if event.finish_reason is not None:
-                break
+        tokens = _tokens_until_finished(events)
         assert tokens == Engine(smollm, "none").generate([request])[0].token_ids
     finally:
         worker.stop(WAIT_S)
     assert not worker.alive
+
+
+def _tokens_until_finished(events: queue.Queue[Event]) -> list[int]:
+    """One choice's tokens as the worker delivers them, up to its finishing update."""
+    tokens: list[int] = []
+    while True:
+        event = events.get(timeout=WAIT_S)
+        assert isinstance(event, Tokens)
+        tokens += event.tokens
+        if event.finish_reason is not None:
+            return tokens
 
 
 def test_adaptive_k_caps_reach_the_metrics(smollm: LoadedModel) -> None:
@@ -65,13 +70,7 @@ def test_adaptive_k_caps_reach_the_metrics(smollm: LoadedModel) -> None:
     worker.start()
     try:
         worker.submit(0, request, events.put, time.monotonic())
-        tokens: list[int] = []
-        while True:
-            event = events.get(timeout=WAIT_S)
-            assert isinstance(event, Tokens)
-            tokens += event.tokens
-            if event.finish_reason is not None:
-                break
+        tokens = _tokens_until_finished(events)
     finally:
         worker.stop(WAIT_S)
     assert tokens == Engine(smollm, "none").generate([request])[0].token_ids
