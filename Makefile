@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench report lint asyncapi scale-check chaos tune-bench t3-bench
+.PHONY: setup test demo bench gpu-bench report lint asyncapi scale-check chaos tune-bench t3-bench
 
 setup: $(STAMP)
 
@@ -48,6 +48,12 @@ bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(BENCH) --workload chat --methods none,hf --n-prompts 5 --reps 2 \
 		--json $(RESULTS)-chat-passive-greedy-cpu2.json
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
+
+# On a CUDA host (README "speccore on a GPU"): greedy identity per family, batch-1 speedups
+# and the continuous batcher at 32 rows, bfloat16; GPU_BENCH_ARGS adds options.
+GPU_BENCH_ARGS ?=
+gpu-bench: setup
+	$(PY) bench/gpu.py --out bench/results/gpu-bench.json $(GPU_BENCH_ARGS)
 
 # The serving report (README "Serving report"): `specops serve engine` per method, closed-loop
 # load at concurrency 1, 8 and 32 on ShareGPT, MT-Bench and HumanEval, p50/p99 TTFT/TPOT/e2e,

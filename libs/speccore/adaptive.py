@@ -20,9 +20,11 @@ follows the host's load and the draft's drift):
   buckets linear, outside them a prior shape (1 + n / 8, the CPU kernels' knee) anchored
   at the nearest measurement, and never decreasing in n (noise must not make wider
   blocks look cheaper).
-- the draft's seconds per step by cap (EWMA per m; an unmeasured m scales the nearest
-  measured one linearly; m = 0 is measured too: a head still reads the accepted tokens).
-  Keyed by m only, not by batch: the EWMA follows the batch as it changes.
+- ``DraftCost``: the draft's seconds per step, in two parts: reading the step's outcome
+  (an EWMA over every step: a head reads the accepted tokens whatever the cap) and
+  proposing (an EWMA per m; an unmeasured m scales the nearest measured one linearly,
+  and a smaller m never costs more than a larger one). Keyed by m only, not by batch:
+  the EWMAs follow the batch as it changes.
 - ``Acceptance``: p_i = P(accept position i | positions < i accepted), an EWMA per position
   over the rows that drafted that deep. A row that drafted nothing under a positive cap
   (n-gram without a match) counts as a rejection at position 0: it yields one token, as
@@ -98,23 +100,38 @@ class StepCost:
 
 @dataclass(slots=True)
 class DraftCost:
-    """The proposer's seconds per step by draft cap."""
+    """The proposer's seconds per step: reading the step's outcome, which every step pays
+    whatever its cap (a head still reads the accepted tokens), plus proposing, by cap.
+
+    Reading is one estimate refreshed by every step, so a slow step (a first call's kernel
+    set-up, say) fades whatever cap it ran under; proposing never costs more for a smaller
+    cap than a larger one measured (a stale slow value at cap 0 must not make drafting look
+    free)."""
 
     alpha: float = 0.2
-    seconds: dict[int, float] = field(default_factory=dict)
+    reading: float | None = None
+    proposing: dict[int, float] = field(default_factory=dict)
 
-    def observe(self, cap: int, seconds: float) -> None:
-        old = self.seconds.get(cap)
-        self.seconds[cap] = seconds if old is None else old + self.alpha * (seconds - old)
+    def observe(self, cap: int, *, propose_s: float, observe_s: float) -> None:
+        old = self.reading
+        self.reading = observe_s if old is None else old + self.alpha * (observe_s - old)
+        old = self.proposing.get(cap)
+        self.proposing[cap] = propose_s if old is None else old + self.alpha * (propose_s - old)
 
     def __call__(self, cap: int) -> float:
-        if cap in self.seconds:
-            return self.seconds[cap]
-        known = [m for m in self.seconds if m > 0]
-        if cap == 0 or not known:
-            return self.seconds.get(0, 0.0)
-        near = min(known, key=lambda m: abs(m - cap))
-        return self.seconds[near] * cap / near
+        return (self.reading or 0.0) + self._propose(cap)
+
+    def _propose(self, cap: int) -> float:
+        known = [m for m in self.proposing if m > 0]
+        if cap in self.proposing:
+            seconds = self.proposing[cap]
+        elif cap == 0 or not known:
+            seconds = 0.0
+        else:
+            near = min(known, key=lambda m: abs(m - cap))
+            seconds = self.proposing[near] * cap / near
+        larger = [self.proposing[m] for m in known if m > cap]
+        return min([seconds, *larger])
 
 
 @dataclass(slots=True)
@@ -193,13 +210,14 @@ class AdaptiveK:
         rows: int,
         width: int,
         cap: int,
-        draft_s: float,
+        propose_s: float,
         verify_s: float,
+        observe_s: float,
         outcomes: list[tuple[int, int]],
     ) -> None:
-        """A step run: ``rows`` rows of ``width`` draft nodes under ``cap``, its times, and each
-        active row's (draft depth, accepted length)."""
+        """A step run: ``rows`` rows of ``width`` draft nodes under ``cap``, the seconds of its
+        three phases, and each active row's (draft depth, accepted length)."""
         self.cost.observe(rows * (1 + width), verify_s)
-        self.draft.observe(cap, draft_s)
+        self.draft.observe(cap, propose_s=propose_s, observe_s=observe_s)
         if cap > 0:
             self.acceptance.observe(outcomes)

@@ -12,11 +12,12 @@ requests decoded by different methods: a batcher may hold several engines over
 one target (say, a head and the n-gram fallback a server switches to when the
 head's acceptance drifts), and each request names its method when it is added.
 
-Joining: the new rows are prefilled in a cache of their own and the proposer is
-started on them alone; then their KV cache and proposer state are appended to the
-lane's (``Proposer.row_state``, ``speccore.rows``). Leaving: finished rows are
-cut out of both, the last rows moved into their places (swap-remove: a row's index
-in the lane changes, never its state). KV caches do both in place (kv_cache.py), so a
+Joining: the new rows are prefilled in a cache of their own, in groups of similar
+prompt length (:func:`prefill_groups`), and the proposer is started on them alone;
+then their KV cache and proposer state are appended to the lane's
+(``Proposer.row_state``, ``speccore.rows``). Leaving: finished rows are cut out of
+both, the last rows moved into their places (swap-remove: a row's index in the lane
+changes, never its state). KV caches do both in place (kv_cache.py), so a
 join or leave copies the rows that move, not the whole cache. The kernels are
 row-invariant (``cpu_kernels``), so a request's tokens do not depend on which other
 requests share its steps: greedy output equals the request decoded alone, and seeded
@@ -37,6 +38,9 @@ from speccore import rows
 from speccore.engine import Batch, Engine, Generation, Request
 from speccore.errors import SpecError
 from speccore.sampling import SamplingParams
+
+PREFILL_SLACK = 1.25
+PREFILL_PAD = 16  # tokens
 
 
 @dataclass(slots=True)
@@ -168,6 +172,10 @@ class ContinuousBatcher:
         return [h for items in joining.values() for h, _ in items]
 
     def _join(self, key: LaneKey, items: list[tuple[int, Request]]) -> None:
+        for group in prefill_groups([len(r.prompt_ids) for _, r in items]):
+            self._join_group(key, [items[i] for i in group])
+
+    def _join_group(self, key: LaneKey, items: list[tuple[int, Request]]) -> None:
         engine = self.engines[key[0]]
         new = engine.open_batch([r for _, r in items])  # starts the proposer on these rows alone
         names = engine.proposer.row_state if engine.proposer is not None else ()
@@ -230,6 +238,20 @@ class ContinuousBatcher:
         batch.cache = batch.cache.take(keep)
         lane.handles = [lane.handles[i] for i in keep]
         lane.state = {n: rows.take(v, keep) for n, v in lane.state.items()}
+
+
+def prefill_groups(lengths: list[int]) -> list[list[int]]:
+    """The joining rows (by prompt length) in groups prefilled together, shortest first: a
+    group's longest prompt is at most PREFILL_SLACK times its shortest plus PREFILL_PAD, so
+    padding wastes little (one padded prefill of a 270-token prompt with 30 of 50 tokens
+    computes 8,100 positions for 1,800 real ones)."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if groups and lengths[i] <= lengths[groups[-1][0]] * PREFILL_SLACK + PREFILL_PAD:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 def swap_remove(alive: list[int]) -> list[int]:

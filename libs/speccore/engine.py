@@ -276,8 +276,9 @@ class Engine:
                     rows=len(run.seqs),
                     width=tree.size,
                     cap=cap,
-                    draft_s=(t1 - t0) + (t3 - t2),
+                    propose_s=t1 - t0,
                     verify_s=t2 - t1,
+                    observe_s=t3 - t2,
                     outcomes=row_outcomes(step),
                 )
 

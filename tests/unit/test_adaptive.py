@@ -24,7 +24,7 @@ def trained(k_max: int, accept: float, *, draft_per_node: float = 0.0) -> Adapti
         for cap in range(k_max + 1):
             ak.cost.observe(rows * (1 + cap), cpu_like(rows * (1 + cap)))
     for cap in range(k_max + 1):
-        ak.draft.observe(cap, draft_per_node * cap)
+        ak.draft.observe(cap, propose_s=draft_per_node * cap, observe_s=0.0)
     for _ in range(200):
         ak.acceptance.p = [accept] * k_max
     return ak
@@ -83,10 +83,24 @@ def test_step_cost_interpolates_and_never_falls_with_more_tokens() -> None:
 
 def test_draft_cost_scales_from_the_nearest_measured_cap() -> None:
     draft = DraftCost()
-    draft.observe(0, 0.001)
-    draft.observe(2, 0.010)
-    assert draft(4) == pytest.approx(0.020)
-    assert draft(0) == pytest.approx(0.001)
+    draft.observe(0, propose_s=0.001, observe_s=0.002)
+    draft.observe(2, propose_s=0.010, observe_s=0.002)
+    assert draft(4) == pytest.approx(0.022)
+    assert draft(0) == pytest.approx(0.003)
+
+
+def test_a_slow_first_step_at_cap_0_does_not_keep_the_chooser_drafting() -> None:
+    # The first step after a join ran at cap 0 and took 0.16 s (kernel set-up); every later
+    # step ran at cap 1 and read its outcome in 1 ms.
+    ak = trained(4, 0.1)
+    ak.draft = DraftCost()
+    ak.draft.observe(0, propose_s=0.0, observe_s=0.16)
+    for _ in range(30):
+        ak.draft.observe(1, propose_s=0.006, observe_s=0.001)
+    assert ak.draft(0) < ak.draft(1) < 0.01
+    assert ak.best(rows=32, active=32) == 0
+    ak.draft.observe(0, propose_s=0.05, observe_s=0.001)  # a stale slow propose at cap 0
+    assert ak.draft(0) <= ak.draft(1)
 
 
 def test_exploration_returns_to_k_max_now_and_then_and_a_recovered_draft_is_picked_again() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from speccore.batching import ContinuousBatcher
+from speccore.batching import PREFILL_PAD, PREFILL_SLACK, ContinuousBatcher, prefill_groups
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.proposers.base import ProposerConfig
@@ -218,3 +218,16 @@ def test_a_long_prompt_joins_rows_that_have_run_long(smollm, prompts, method, co
     solo = [engine.generate([r])[0].token_ids for r in requests]
     streamed, _, _ = staggered(ContinuousBatcher(engine, max_rows=4), requests, first=1, later_step=12)
     assert [streamed[0], streamed[1]] == solo
+
+
+def test_joining_prompts_are_prefilled_in_groups_of_similar_length() -> None:
+    lengths = [69, 47, 35, 46, 47, 57, 51, 269, 35, 270]
+    groups = prefill_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        short, long = min(lengths[i] for i in group), max(lengths[i] for i in group)
+        assert long <= short * PREFILL_SLACK + PREFILL_PAD
+    # the two long prompts share a group, apart from the short ones
+    assert sorted(next(g for g in groups if 7 in g)) == [7, 9]
+    padded = sum(len(g) * max(lengths[i] for i in g) for g in groups)
+    assert padded < 1.2 * sum(lengths) < len(lengths) * max(lengths)
