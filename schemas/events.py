@@ -26,6 +26,7 @@ from specops_schemas.candidates import (
 from specops_schemas.catalog import ErrorStage, Fingerprint, GateMethod, Mode
 from specops_schemas.heads import HEAD_EVENT_TYPES
 from specops_schemas.registry import REGISTRY_EVENT_TYPES
+from specops_schemas.security import SECURITY_EVENT_TYPES
 from specops_schemas.serve import SERVE_EVENT_TYPES
 from specops_schemas.tune import TUNE_EVENT_TYPES
 
@@ -265,6 +266,7 @@ EVENT_TYPES: dict[str, type[EventPayload]] = {
         *REGISTRY_EVENT_TYPES,
         *HEAD_EVENT_TYPES,
         *SERVE_EVENT_TYPES,
+        *SECURITY_EVENT_TYPES,
     )
 }
 
