@@ -57,9 +57,9 @@ gpu-bench: setup
 
 # The serving report (README "Serving report"): `specops serve engine` per method, closed-loop
 # load at concurrency 1, 8 and 32 on ShareGPT, MT-Bench and HumanEval, p50/p99 TTFT/TPOT/e2e,
-# goodput, acceptance per distribution, $/1M tokens. About 20 min on the shared 2-core CPU with
-# three methods (35 with the --adaptive-k variants); REPORT_ARGS adds or overrides options
-# (e.g. REPORT_ARGS="--n-prompts 16 --max-tokens 128 --rounds 2 --reps 2").
+# goodput, acceptance per distribution, $/1M tokens. About 13 min on the shared 2-core CPU with
+# the five default methods (none, n-gram, EAGLE, both with --adaptive-k) and one repetition;
+# the README's run is REPORT_ARGS="--reps 2" (26 min). REPORT_ARGS adds or overrides options.
 REPORT_ARGS ?=
 report: setup
 	$(VENV)/bin/specops report --model smollm2-135m-instruct --n-prompts 8 --max-tokens 64 \
