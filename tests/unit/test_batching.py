@@ -9,8 +9,11 @@ sampling draws the same tokens whoever shares the batch.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
+from speccore.adaptive import AdaptiveK
 from speccore.batching import PREFILL_PAD, PREFILL_SLACK, ContinuousBatcher, prefill_groups
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
@@ -194,6 +197,29 @@ def test_adaptive_k_keeps_greedy_output_plain(smollm, prompts, method, config) -
     assert [finished[i].token_ids for i in range(len(requests))] == plain
     ak = adaptive.adaptive
     assert ak is not None and ak.steps > 0 and ak.acceptance.p  # it chose caps and learnt from them
+
+
+class CapSchedule(AdaptiveK):
+    """Adaptive k whose caps follow a fixed cycle instead of the goodput model."""
+
+    def __init__(self, k_max: int, caps: list[int]) -> None:
+        super().__init__(k_max=k_max)
+        self.cycle = itertools.cycle(caps)
+
+    def choose(self, rows: int, active: int) -> int:
+        return next(self.cycle)
+
+
+def test_eagle_drafts_again_after_steps_that_drafted_nothing(smollm, prompts) -> None:
+    # Steps capped at 0 leave the head's queued entries to the next step that drafts, which
+    # runs them through the head as one block: the drafts then are the head's usual ones.
+    engine = Engine(smollm, "eagle", ProposerConfig(k=3, head="builtin:eagle"), adaptive=True)
+    engine.adaptive = CapSchedule(k_max=3, caps=[0, 0, 0, 3])
+    requests = [Request(p, max_new_tokens=40) for p in prompts[:3]]
+    plain = [g.token_ids for g in Engine(smollm).generate(requests)]
+    generations = engine.generate(requests)
+    assert [g.token_ids for g in generations] == plain
+    assert sum(g.metrics.accepted_tokens for g in generations) > 0
 
 
 def test_adaptive_k_is_refused_where_the_draft_size_is_fixed(smollm) -> None:

@@ -101,6 +101,10 @@ class EagleProposer(Proposer):
             self.queued_features[row].append(outcome.hidden[row, path])
 
     def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
+        if capped(self.depth, ctx) <= 0:
+            # Adaptive k drafts nothing this step: the queued entries wait for the next step
+            # that drafts and go through the layer then, as one block per row.
+            return DraftTree.empty(len(seqs))
         self._commit_queued()
         # A node at depth d is accepted as the (d+1)-th new token: room for it and the bonus token.
         ready = zip(seqs, self.ready, strict=True)
