@@ -222,9 +222,16 @@ class RunCompleted(RunEvent):
     )
     candidates: list[CandidateResult] = Field(description="Every candidate considered, by predicted rank.")
     pareto_front: list[str] = Field(description="candidate_ids on the speedup / extra-memory pareto front.")
+    speculation_disabled: str | None = Field(
+        default=None,
+        description="Why the run ended without speculation (the tenant's policy opts out, F-S3): "
+        "nothing was measured, no candidate is offered. None for an ordinary answer.",
+    )
 
     @model_validator(mode="after")
     def _winner_is_consistent(self) -> Self:
+        if self.speculation_disabled is not None and (self.winner is not None or self.candidates):
+            raise ValueError("a run ended as speculation_disabled offers no candidate")
         ids = {c.candidate.candidate_id for c in self.candidates}
         _check_ids_listed(self.pareto_front, ids)
         if self.winner is not None:

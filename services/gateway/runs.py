@@ -27,8 +27,9 @@ from specops_schemas.api import (
 from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunRequested
 from specops_schemas.heads import HeadFailed, HeadRequested, HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
+from specops_schemas.security import PolicyChangeRequested, SecurityRefused
 from specops_schemas.tune import TuneRequested
-from specops_services.gateway import cache, db, heads_db, logic, projection, results, sse
+from specops_services.gateway import cache, db, heads_db, logic, projection, results, security, sse
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.problems import ProblemError, problem
 from specplatform.db import Connection, Pool, tenant_transaction
@@ -39,7 +40,8 @@ PRODUCER = results.PRODUCER
 # What the gateway publishes on SPEC (its NATS user may publish these subjects, and the
 # tenants' result subjects, only); run.failed is the reaper's, tune.requested POST tune-sessions',
 # registry.datastore_registered the datastores upload's, head.failed the heads projector's for a
-# head whose event a service parked.
+# head whose event a service parked, security.policy_requested PUT security/policy's and
+# security.refused a refused policy change's or a measuring POST's over the GPU budget.
 PUBLISHES = (
     RunRequested,
     RunQueued,
@@ -50,6 +52,8 @@ PUBLISHES = (
     HeadRequested,
     HeadTransitioned,
     HeadFailed,
+    PolicyChangeRequested,
+    SecurityRefused,
 )
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 # The problem of a request whose Idempotency-Key another request holds right now.
@@ -169,8 +173,13 @@ async def create_run(
     max_active_runs: int,
     key_ttl: timedelta = logic.IDEMPOTENCY_TTL,
 ) -> logic.Reply:
-    """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too."""
+    """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too.
+
+    Refused (429) while the tenant's GPU budget is spent; a tenant whose policy opts out of
+    speculation is never answered from the winner cache: its run completes as
+    `speculation_disabled` (the predictor's answer)."""
     check_target(request)
+    await security.require_budget(pool, principal, "run.create")
 
     async def work(conn: Connection) -> logic.Reply:
         run_id = logic.new_run_id()
@@ -224,7 +233,7 @@ async def _check_quota(conn: Connection, tenant_id: str, max_active_runs: int) -
 async def _cached_completion(
     conn: Connection, principal: Principal, request: RunCreateRequest, run_id: str
 ) -> RunCompleted | None:
-    if not cache.cacheable(request):
+    if not cache.cacheable(request) or await security.speculation_disabled(conn, principal.tenant_id):
         return None
     row = await db.cached_winner(conn, cache.key_columns(request, tenant_id=principal.tenant_id))
     if row is None:

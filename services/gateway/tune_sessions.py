@@ -21,6 +21,7 @@ from specops_services.gateway import (
     heads_db,
     logic,
     results,
+    security,
     sse,
     tune_db,
     tune_logic,
@@ -47,7 +48,9 @@ def response(row: tune_db.SessionRow) -> TuneSessionResponse:
 async def create_session(
     pool: Pool, principal: Principal, request: TuneSessionCreateRequest, key: str | None, fingerprint: str
 ) -> logic.Reply:
-    """A new session on a completed, measured run of the caller's tenant; tune.requested queued."""
+    """A new session on a completed, measured run of the caller's tenant; tune.requested queued.
+    Refused (429) while the tenant's GPU budget is spent."""
+    await security.require_budget(pool, principal, "tune.create")
 
     async def work(conn: Connection) -> logic.Reply:
         run = await db.get_run(conn, principal.tenant_id, request.run_id)
