@@ -152,6 +152,11 @@ class TuneSessionResponse(Model):
     curve_png: str | None = Field(None, description="URL of the curve drawn as a PNG.")
     auto_terminated: bool = Field(False, description="True when the 80 % rule ended the session early.")
     termination_reason: str | None = Field(None, description="Why the session ended.")
+    speculation_disabled: str | None = Field(
+        None,
+        description="Set (the reason) when the session completed without a trial because the tenant's "
+        "security policy opts out of speculation (F-S3).",
+    )
     winner: CandidateResult | None = Field(None, description="The tuned winner once completed.")
     downtime_s: float = Field(0.0, ge=0.0, description="Wall-clock seconds no tuner was working on it.")
     error: TuneError | None = Field(None, description="Set when status is `failed`.")
@@ -253,6 +258,11 @@ class TuneCompleted(TuneEvent):
     )
     elapsed_s: float = Field(ge=0.0, description="Wall-clock seconds from start to end.")
     downtime_s: float = Field(ge=0.0, description="Of which no tuner was working on it.")
+    speculation_disabled: str | None = Field(
+        default=None,
+        description="Why the session ended without a trial: the tenant's policy opts out of "
+        "speculation (F-S3). None for an ordinary answer.",
+    )
 
 
 class TuneFailed(TuneEvent):
