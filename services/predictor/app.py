@@ -7,7 +7,7 @@ gate.evaluated, `<service>-dead_letter` on every service's dead letters
 service gave up on, which would otherwise wait forever; `<service>-run_failed` on
 run.failed, so that it knows which runs other services ended (it reads no other
 service's table); `<service>-datastore_registered` on registry.datastore_registered:
-the corpora tenants upload, which it offers as `rest` drafts in their own runs only; and
+the corpora tenants upload, which it offers as `rest` drafts in their own runs only;
 `<service>-head_transitioned` on head.transitioned: the tenants' T3 heads, offered in
 their own runs of the head's target once in production (uat too when a run asks); and
 `<service>-policy_changed` on security.policy_changed: the tenants' security policies, so
