@@ -110,13 +110,15 @@ async def train(
     pool: Pool, principal: Principal, request: HeadTrainRequest, key: str | None, fingerprint: str
 ) -> logic.Reply:
     """A new head of the caller's tenant, `training`; head.requested queued for the head-trainer.
-    Refused (429) while the tenant's GPU budget is spent."""
+    Refused (429) while the tenant's GPU budget is spent, and (403) when its policy opts out of
+    speculation: a head exists only to speculate with."""
     refusal = heads_logic.train_refusal(request, eagle3=heads_logic.eagle3_enabled())
     if refusal is not None:
         raise problem(422, refusal, type="urn:specops:problem:invalid-head-request")
     nul = logic.nul_pointer(request.model_dump(mode="json"))
     if nul is not None:
         raise problem(422, f"text must not contain the NUL character (U+0000): {nul}")
+    await security.require_speculation(pool, principal, "head.train")
     await security.require_budget(pool, principal, "head.train")
 
     async def work(conn: Connection) -> logic.Reply:

@@ -6,7 +6,8 @@ The security service owns the policies; the gateway asks it for a change with a
 model, which the security projector folds from `security.policy_changed`. A PUT waits for
 that fold (`gateway_policy_wait_s`): 200 with the new policy, or 202 if it has not landed
 yet. A caller below admin who tries a change gets a 403 and leaves a `security.refused`
-(audited, F-S4), as does a measuring POST over the tenant's GPU budget (429).
+(audited, F-S4), as does a measuring POST over the tenant's GPU budget (429) and a head to
+train for a tenant that opts out of speculation (403).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from specbus.envelope import new_event
 from specops_schemas.base import utc_now
 from specops_schemas.catalog import Role
 from specops_schemas.security import (
+    OPT_OUT_REASON,
     PolicyChangeRequested,
     PolicySettings,
     SecurityPolicy,
@@ -110,6 +112,16 @@ async def require_budget(pool: Pool, principal: Principal, action: str) -> None:
     )
     error.headers["Retry-After"] = str(over.retry_after_s(now))
     raise error
+
+
+async def require_speculation(pool: Pool, principal: Principal, action: str) -> None:
+    """403 (and an audited refusal) when the tenant's policy opts out of speculation (F-S3): a
+    request that exists only to speculate (training a head) is not taken."""
+    async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
+        disabled = await speculation_disabled(conn, principal.tenant_id)
+    if disabled:
+        await refuse(pool, principal, action, OPT_OUT_REASON)
+        raise problem(403, OPT_OUT_REASON, type=security_logic.SPECULATION_DISABLED)
 
 
 async def speculation_disabled(conn: Connection, tenant_id: str) -> bool:

@@ -20,6 +20,7 @@ POLICY_PATH = f"{API_PREFIX}/security/policy"
 PROJECTED = (PolicyChanged, BudgetExhausted)
 OVER_BUDGET = "urn:specops:problem:gpu-budget-exhausted"
 POLICY_REFUSED = "urn:specops:problem:policy-change-refused"
+SPECULATION_DISABLED = "urn:specops:problem:speculation-disabled"
 
 
 def current_policy(stored: SecurityPolicy | None, tenant_id: str) -> SecurityPolicy:
