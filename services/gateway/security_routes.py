@@ -45,7 +45,7 @@ async def get_policy(request: Request, principal: Admin) -> SecurityPolicy:
     ),
     responses={
         202: {"model": SecurityPolicy, "description": "Asked for; not applied yet (the policy in force)."},
-        **responses(401, 403, 422, 500, 503),
+        **responses(400, 401, 403, 422, 500, 503),
     },
 )
 async def put_policy(body: PolicySettings, request: Request, principal: Viewer) -> JSONResponse:
