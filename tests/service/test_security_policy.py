@@ -192,6 +192,13 @@ async def test_an_opted_out_tenants_run_completes_as_speculation_disabled(
         applied = await gw.client.post(f"{RUNS}/{run['id']}/apply", headers=gw.auth("dev"))
         assert applied.status_code == 409 and "speculation" in applied.json()["detail"]
 
+        # A head exists only to speculate with: training one is refused, and the refusal audited.
+        head = {"target": "smollm2-135m-instruct", "family": "medusa", "train_data": "d" * 64, "num_heads": 2}
+        train = await gw.client.post(f"{API_PREFIX}/heads/train", json=head, headers=gw.auth("dev"))
+        assert train.status_code == 403 and train.json()["detail"] == OPT_OUT_REASON
+        [refused] = await bus.events(js, f"spec.security.{TENANT}.refused")
+        assert refused.payload.action == "head.train"
+
 
 async def test_an_over_budget_tenant_gets_429_and_no_run_starts(
     db: str, nats_url: str, js: JetStreamContext
