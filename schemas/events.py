@@ -57,6 +57,11 @@ class RunRequested(RunEvent):
     event_type = "run.requested"
     request: RunCreateRequest = Field(description="The validated request body.")
     requested_by: str = Field(min_length=1, max_length=128, description="Id of the API token that asked.")
+    speculation_disabled: bool = Field(
+        default=False,
+        description="The tenant's security policy opted out of speculation when the run was asked "
+        "for (F-S3, as the gateway's read model had it): the run is answered without speculating.",
+    )
 
 
 class RunQueued(RunEvent):

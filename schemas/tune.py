@@ -185,6 +185,11 @@ class TuneRequested(TuneEvent):
     run_pareto_front: list[str] = Field(description="candidate_ids of the T1 run's pareto front.")
     run_winner: CandidateResult | None = Field(description="The T1 run's winner.")
     requested_by: str = Field(min_length=1, max_length=128, description="Id of the API token that asked.")
+    speculation_disabled: bool = Field(
+        default=False,
+        description="The tenant's security policy opted out of speculation when the session was asked "
+        "for (F-S3, as the gateway's read model had it): it ends without a trial.",
+    )
 
 
 class TuneStarted(TuneEvent):

@@ -176,8 +176,8 @@ async def create_run(
     """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too.
 
     Refused (429) while the tenant's GPU budget is spent; a tenant whose policy opts out of
-    speculation is never answered from the winner cache: its run completes as
-    `speculation_disabled` (the predictor's answer)."""
+    speculation is never answered from the winner cache: its `run.requested` says so, and the
+    predictor answers it as `speculation_disabled`."""
     check_target(request)
     await security.require_budget(pool, principal, "run.create")
 
@@ -189,14 +189,21 @@ async def create_run(
             correlation_id=run_id,
             producer=PRODUCER,
         )
-        completed = await _cached_completion(conn, principal, request, run_id)
+        # An opted-out tenant (F-S3) is never answered from the cache: its request says so instead.
+        opted_out = await security.speculation_disabled(conn, principal.tenant_id)
+        completed = None if opted_out else await _cached_completion(conn, principal, request, run_id)
         if completed is not None:
             recorded: list[Envelope[Any]] = [queued, queued.follow(completed, producer=PRODUCER)]
             published = recorded
         else:
             await _check_quota(conn, principal.tenant_id, max_active_runs)
             requested = new_event(
-                RunRequested(run_id=run_id, request=request, requested_by=principal.token_id),
+                RunRequested(
+                    run_id=run_id,
+                    request=request,
+                    requested_by=principal.token_id,
+                    speculation_disabled=opted_out,
+                ),
                 tenant_id=principal.tenant_id,
                 correlation_id=run_id,
                 producer=PRODUCER,
@@ -233,7 +240,7 @@ async def _check_quota(conn: Connection, tenant_id: str, max_active_runs: int) -
 async def _cached_completion(
     conn: Connection, principal: Principal, request: RunCreateRequest, run_id: str
 ) -> RunCompleted | None:
-    if not cache.cacheable(request) or await security.speculation_disabled(conn, principal.tenant_id):
+    if not cache.cacheable(request):
         return None
     row = await db.cached_winner(conn, cache.key_columns(request, tenant_id=principal.tenant_id))
     if row is None:

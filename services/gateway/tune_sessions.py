@@ -70,6 +70,7 @@ async def create_session(
                 run_pareto_front=list(state.pareto_front),
                 run_winner=CandidateResult.model_validate(state.winner) if state.winner else None,
                 requested_by=principal.token_id,
+                speculation_disabled=await security.speculation_disabled(conn, principal.tenant_id),
             ),
             tenant_id=principal.tenant_id,
             correlation_id=session_id,

@@ -8,9 +8,10 @@ Per run (all events carry correlation_id = run id):
   planning fails.
 - `bench.completed` and `gate.evaluated`, in any order -> `run.completed(measured=True)`
   once the bench is completed and every measured candidate has a final verdict.
-- `run.requested` of a tenant whose policy opts out of speculation (F-S3, folded from
-  `security.policy_changed`) -> `run.completed` with `speculation_disabled` and nothing
-  else: no candidate is ranked, no bench requested.
+- `run.requested` of a tenant whose policy opts out of speculation (F-S3: the request says
+  so, as the gateway's read model had it, or this service's own fold of
+  `security.policy_changed` does) -> `run.completed` with `speculation_disabled` and
+  nothing else: no candidate is ranked, no bench requested.
 - a dead letter (`spec.dlq.<service>`) holding one of the run's events ->
   `run.failed(dead_letter)`, unless the run has ended: nothing would carry it on.
   Whether it has is the predictor's own record (`RequestedRun`): its own answers, and

@@ -86,7 +86,7 @@ async def plan(
     if await db.is_planned(conn, run_id):
         log.warning("run %s is planned already; %s ignored", run_id, event.event_id)
         return []
-    if await db.speculation_disabled(conn, event.tenant_id):
+    if event.payload.speculation_disabled or await db.speculation_disabled(conn, event.tenant_id):
         await db.mark_ended(conn, run_id, event.tenant_id)
         return [logic.speculation_disabled(event)]
     if isinstance(target, logic.PlanFailure):

@@ -94,7 +94,7 @@ async def requested(conn: db.Connection, event: Envelope[TuneRequested], tuner: 
         stop_reason=None,
         ended=False,
     )
-    if await db.speculation_disabled(conn, event.tenant_id):
+    if req.speculation_disabled or await db.speculation_disabled(conn, event.tenant_id):
         await db.insert_session(conn, session)
         await db.save_session(conn, replace(session, stop_reason=OPT_OUT), ended_at=now)
         return [logic.emit(session, logic.speculation_disabled(session, now), event)]

@@ -19,8 +19,8 @@ from nats.js import JetStreamContext
 
 from specbus import RetryPolicy, SpecBroker
 from specbus.envelope import new_event
-from specops_schemas.api import API_PREFIX
-from specops_schemas.events import BenchRepMeasured, RepMetrics
+from specops_schemas.api import API_PREFIX, RunCreateRequest
+from specops_schemas.events import BenchRepMeasured, RepMetrics, RunRequested
 from specops_schemas.security import OPT_OUT_REASON, SECURITY_ADR
 from specops_services.audit.app import subscribe as subscribe_audit
 from specops_services.predictor.app import subscribe as subscribe_predictor
@@ -175,16 +175,14 @@ async def test_an_opted_out_tenants_run_completes_as_speculation_disabled(
 ) -> None:
     async with _stack(db, nats_url, ("sec", _security), ("pred", _predictor)) as gw:
         assert (await _put(gw, ISOLATED_OPT_OUT)).status_code == 200
-        await _until(
-            "the predictor's read model of the policy",
-            lambda: bus.sql(db, "SELECT 1 FROM predictor_policies WHERE speculation_disabled"),
-        )
-        # A run this host would measure (smollm on cpu) were speculation allowed.
-        created = await gw.create(
-            body=run_body(model_ref="smollm2-135m-instruct", gpu="cpu", engine="speccore")
-        )
+        # A run this host would measure (smollm on cpu) were speculation allowed, asked for at
+        # once: its request carries the opt-out the gateway's read model has.
+        body = run_body(model_ref="smollm2-135m-instruct", gpu="cpu", engine="speccore")
+        created = await gw.create(body=body)
         assert created.status_code == 202, created.text
         run = await gw.wait_status(created.json()["id"], "completed")
+        [requested] = await bus.events(js, f"spec.run.{run['id']}.requested")
+        assert requested.payload.speculation_disabled is True
         assert run["speculation_disabled"] == OPT_OUT_REASON
         assert run["winner"] is None and run["candidates"] == [] and run["measured"] is False
         assert await bus.count(js, "spec.bench.>") == 0, "nothing speculative is measured"
@@ -198,6 +196,23 @@ async def test_an_opted_out_tenants_run_completes_as_speculation_disabled(
         assert train.status_code == 403 and train.json()["detail"] == OPT_OUT_REASON
         [refused] = await bus.events(js, f"spec.security.{TENANT}.refused")
         assert refused.payload.action == "head.train"
+
+        # A request that does not carry the opt-out (an older gateway's) is answered the same
+        # by the predictor's own read model of the policy.
+        await _until(
+            "the predictor's read model of the policy",
+            lambda: bus.sql(db, "SELECT 1 FROM predictor_policies WHERE speculation_disabled"),
+        )
+        run_id = f"r-{uuid.uuid4().hex[:8]}"
+        unstamped = RunRequested(
+            run_id=run_id, request=RunCreateRequest.model_validate(body), requested_by="t"
+        )
+        await bus.publish_all(
+            nats_url, [new_event(unstamped, tenant_id=TENANT, correlation_id=run_id, producer="gateway")]
+        )
+        [answer] = await bus.events(js, f"spec.run.{run_id}.completed")
+        assert answer.payload.speculation_disabled == OPT_OUT_REASON and answer.payload.candidates == []
+        assert await bus.count(js, "spec.bench.>") == 0
 
 
 async def test_an_over_budget_tenant_gets_429_and_no_run_starts(
