@@ -119,9 +119,9 @@ async def train(
     if nul is not None:
         raise problem(422, f"text must not contain the NUL character (U+0000): {nul}")
     await security.require_speculation(pool, principal, "head.train")
-    await security.require_budget(pool, principal, "head.train")
 
     async def work(conn: Connection) -> logic.Reply:
+        await security.require_budget(conn, pool, principal, "head.train")
         tenant = principal.tenant_id
         for field, sha in (("train_data", request.train_data), ("heldout_data", request.heldout_data)):
             if sha is not None and await heads_db.find_data(conn, tenant, sha) is None:

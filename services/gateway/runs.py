@@ -175,11 +175,11 @@ async def create_run(
 ) -> logic.Reply:
     """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too.
 
-    Refused (429) while the tenant's GPU budget is spent; a tenant whose policy opts out of
+    Refused (429) while the tenant's GPU budget is spent (a winner-cache hit, which measures
+    nothing, is still answered); a tenant whose policy opts out of
     speculation is never answered from the winner cache: its `run.requested` says so, and the
     predictor answers it as `speculation_disabled`."""
     check_target(request)
-    await security.require_budget(pool, principal, "run.create")
 
     async def work(conn: Connection) -> logic.Reply:
         run_id = logic.new_run_id()
@@ -196,6 +196,7 @@ async def create_run(
             recorded: list[Envelope[Any]] = [queued, queued.follow(completed, producer=PRODUCER)]
             published = recorded
         else:
+            await security.require_budget(conn, pool, principal, "run.create")
             await _check_quota(conn, principal.tenant_id, max_active_runs)
             requested = new_event(
                 RunRequested(

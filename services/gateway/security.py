@@ -90,14 +90,17 @@ async def refuse(pool: Pool, principal: Principal, action: str, reason: str) -> 
         await outbox.add(conn, refused)
 
 
-async def require_budget(pool: Pool, principal: Principal, action: str) -> None:
+async def require_budget(conn: Connection, pool: Pool, principal: Principal, action: str) -> None:
     """429 (with the budget, the month's use and `Retry-After` until it resets) when the tenant's
-    GPU budget is spent: nothing of the request starts. A run already started finishes."""
+    GPU budget is spent: nothing of the request starts. A run already started finishes.
+
+    Read in the caller's tenant transaction (`conn`), after its idempotent replay and winner
+    cache, which cost no GPU time; the refusal is recorded on a connection of its own (`pool`),
+    since the caller's transaction rolls back with the 429."""
     now = utc_now()
     tenant = principal.tenant_id
-    async with pool.connection() as conn, tenant_transaction(conn, tenant):
-        policy = await tenant_policy(conn, tenant)
-        exhausted = await security_db.exhaustion(conn, tenant, month_of(now))
+    policy = await tenant_policy(conn, tenant)
+    exhausted = await security_db.exhaustion(conn, tenant, month_of(now))
     over = security_logic.over_budget(policy, exhausted)
     if over is None:
         return

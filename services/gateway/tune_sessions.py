@@ -50,9 +50,9 @@ async def create_session(
 ) -> logic.Reply:
     """A new session on a completed, measured run of the caller's tenant; tune.requested queued.
     Refused (429) while the tenant's GPU budget is spent."""
-    await security.require_budget(pool, principal, "tune.create")
 
     async def work(conn: Connection) -> logic.Reply:
+        await security.require_budget(conn, pool, principal, "tune.create")
         run = await db.get_run(conn, principal.tenant_id, request.run_id)
         if run is None:
             raise problem(404, f"no run '{request.run_id}' in this tenant")
