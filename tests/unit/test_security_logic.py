@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from specbus.envelope import Envelope, new_event
 from specops_schemas.events import RunCompleted
+from specops_schemas.heads import HeadArtifact, HeadTrained, HeadTrainRequest
 from specops_schemas.security import (
     OPT_OUT_REASON,
     BudgetExhausted,
@@ -25,6 +26,7 @@ from specops_services.gateway import security_logic
 from specops_services.security import logic
 
 TENANT = "acme"
+HEAD_ID = "hd-" + "0" * 24
 
 
 def _requested(settings: PolicySettings) -> Envelope[PolicyChangeRequested]:
@@ -117,3 +119,28 @@ def test_a_speculation_disabled_answer_offers_no_candidate() -> None:
         speculation_disabled=OPT_OUT_REASON,
     )
     assert answer.speculation_disabled == OPT_OUT_REASON
+
+
+def test_the_seconds_counted_are_a_reps_wall_time_and_a_heads_training_time() -> None:
+    request = HeadTrainRequest(target="smollm2-135m-instruct", family="medusa", train_data="a" * 64)
+    artifact = HeadArtifact(
+        sha256="b" * 64,
+        path=f"heads/{TENANT}/{'b' * 64}",
+        weights_sha256="c" * 64,
+        target_weights="d" * 64,
+        num_heads=4,
+        params=1000,
+    )
+    trained = HeadTrained(
+        head_id=HEAD_ID,
+        request=request,
+        heldout_path=None,
+        train_path="heads-data/acme/a.jsonl",
+        artifact=artifact,
+        stopped_by="epochs",
+        steps=10,
+        tokens_seen=4096,
+        train_seconds=42.5,
+    )
+    event = new_event(trained, tenant_id=TENANT, correlation_id=HEAD_ID, producer="head-trainer")
+    assert logic.measured_seconds(event) == 42.5
