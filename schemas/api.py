@@ -116,6 +116,11 @@ class RunStatusResponse(Model):
     candidates: list[CandidateResult] = Field(default_factory=list, description="The candidates table.")
     pareto_front: list[str] = Field(default_factory=list, description="candidate_ids on the pareto front.")
     error: RunError | None = Field(None, description="Set when status is `failed`.")
+    speculation_disabled: str | None = Field(
+        None,
+        description="Set (the reason) when the run completed without speculation because the tenant's "
+        "security policy opts out (F-S3): nothing was measured and no candidate is offered.",
+    )
 
 
 class ApplyRequest(Model):

@@ -57,6 +57,11 @@ class RunRequested(RunEvent):
     event_type = "run.requested"
     request: RunCreateRequest = Field(description="The validated request body.")
     requested_by: str = Field(min_length=1, max_length=128, description="Id of the API token that asked.")
+    speculation_disabled: bool = Field(
+        default=False,
+        description="The tenant's security policy opted out of speculation when the run was asked "
+        "for (F-S3, as the gateway's read model had it): the run is answered without speculating.",
+    )
 
 
 class RunQueued(RunEvent):
@@ -222,9 +227,16 @@ class RunCompleted(RunEvent):
     )
     candidates: list[CandidateResult] = Field(description="Every candidate considered, by predicted rank.")
     pareto_front: list[str] = Field(description="candidate_ids on the speedup / extra-memory pareto front.")
+    speculation_disabled: str | None = Field(
+        default=None,
+        description="Why the run ended without speculation (the tenant's policy opts out, F-S3): "
+        "nothing was measured, no candidate is offered. None for an ordinary answer.",
+    )
 
     @model_validator(mode="after")
     def _winner_is_consistent(self) -> Self:
+        if self.speculation_disabled is not None and (self.winner is not None or self.candidates):
+            raise ValueError("a run ended as speculation_disabled offers no candidate")
         ids = {c.candidate.candidate_id for c in self.candidates}
         _check_ids_listed(self.pareto_front, ids)
         if self.winner is not None:

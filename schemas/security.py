@@ -18,8 +18,9 @@ The tiers, weakest isolation first:
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, date, datetime
 from enum import StrEnum
+from uuid import UUID
 
 from pydantic import Field, model_validator
 
@@ -27,6 +28,11 @@ from specbus.envelope import EventPayload
 from specops_schemas.base import Id, Model
 
 SECURITY_ADR = "docs/security-adr.md"
+# Why a run or tune session of an opted-out tenant ends without speculation (F-S3).
+OPT_OUT_REASON = (
+    "speculation is disabled by the tenant's security policy "
+    "(multi_tenant_isolated tier, speculation_opt_out; F-S3)"
+)
 
 
 class SecurityTier(StrEnum):
@@ -104,12 +110,23 @@ class SecurityEvent(EventPayload):
         return self.tenant_id
 
 
+class PolicyChangeRequested(SecurityEvent):
+    """An admin asked for a new policy (published by the gateway, applied by the security service)."""
+
+    event_type = "security.policy_requested"
+    settings: PolicySettings = Field(description="The policy asked for (the PUT body).")
+    requested_by: str = Field(min_length=1, max_length=128, description="Id of the admin token that asked.")
+
+
 class PolicyChanged(SecurityEvent):
     """An admin changed the tenant's policy; carries the whole new policy."""
 
     event_type = "security.policy_changed"
     policy: SecurityPolicy = Field(description="The whole new policy.")
     previous_tier: SecurityTier | None = Field(default=None, description="The tier before the change.")
+    requested_event_id: UUID | None = Field(
+        default=None, description="The `security.policy_requested` it applies (the PUT waits for it)."
+    )
 
 
 class SecurityRefused(SecurityEvent):
@@ -131,4 +148,21 @@ class BudgetExhausted(SecurityEvent):
     resets_at: datetime = Field(description="When the month's count starts again (UTC).")
 
 
-SECURITY_EVENT_TYPES: tuple[type[SecurityEvent], ...] = (PolicyChanged, SecurityRefused, BudgetExhausted)
+def month_of(at: datetime) -> date:
+    """The first day of the calendar month (UTC) `at` falls in: what a GPU budget counts per."""
+    utc = at.astimezone(UTC)
+    return date(utc.year, utc.month, 1)
+
+
+def budget_resets_at(month: date) -> datetime:
+    """When the count of `month` (its first day) starts again: the next month's first instant, UTC."""
+    year, next_month = (month.year + 1, 1) if month.month == 12 else (month.year, month.month + 1)
+    return datetime(year, next_month, 1, tzinfo=UTC)
+
+
+SECURITY_EVENT_TYPES: tuple[type[SecurityEvent], ...] = (
+    PolicyChangeRequested,
+    PolicyChanged,
+    SecurityRefused,
+    BudgetExhausted,
+)

@@ -152,6 +152,11 @@ class TuneSessionResponse(Model):
     curve_png: str | None = Field(None, description="URL of the curve drawn as a PNG.")
     auto_terminated: bool = Field(False, description="True when the 80 % rule ended the session early.")
     termination_reason: str | None = Field(None, description="Why the session ended.")
+    speculation_disabled: str | None = Field(
+        None,
+        description="Set (the reason) when the session completed without a trial because the tenant's "
+        "security policy opts out of speculation (F-S3).",
+    )
     winner: CandidateResult | None = Field(None, description="The tuned winner once completed.")
     downtime_s: float = Field(0.0, ge=0.0, description="Wall-clock seconds no tuner was working on it.")
     error: TuneError | None = Field(None, description="Set when status is `failed`.")
@@ -180,6 +185,11 @@ class TuneRequested(TuneEvent):
     run_pareto_front: list[str] = Field(description="candidate_ids of the T1 run's pareto front.")
     run_winner: CandidateResult | None = Field(description="The T1 run's winner.")
     requested_by: str = Field(min_length=1, max_length=128, description="Id of the API token that asked.")
+    speculation_disabled: bool = Field(
+        default=False,
+        description="The tenant's security policy opted out of speculation when the session was asked "
+        "for (F-S3, as the gateway's read model had it): it ends without a trial.",
+    )
 
 
 class TuneStarted(TuneEvent):
@@ -253,6 +263,11 @@ class TuneCompleted(TuneEvent):
     )
     elapsed_s: float = Field(ge=0.0, description="Wall-clock seconds from start to end.")
     downtime_s: float = Field(ge=0.0, description="Of which no tuner was working on it.")
+    speculation_disabled: str | None = Field(
+        default=None,
+        description="Why the session ended without a trial: the tenant's policy opts out of "
+        "speculation (F-S3). None for an ordinary answer.",
+    )
 
 
 class TuneFailed(TuneEvent):

@@ -27,6 +27,8 @@ from specops_services.gateway import (
     reaper,
     results,
     routes,
+    security_projector,
+    security_routes,
     tune_projector,
     tune_routes,
 )
@@ -75,6 +77,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(tune_routes.router)
     app.include_router(datastores.router)
     app.include_router(heads_routes.router)
+    app.include_router(security_routes.router)
     app.add_api_route("/healthz", _healthz, methods=["GET"], tags=["probes"], summary="Process is alive")
     app.add_api_route(
         "/readyz",
@@ -113,6 +116,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         projector.register(broker, pool)
         tune_projector.register(broker, pool)
         heads_projector.register(broker, pool)
+        security_projector.register(broker, pool)
     if settings.gateway_intake:
         intake.register(broker, pool, max_active_runs=settings.gateway_max_active_runs)
     tasks: list[asyncio.Task[None]] = []

@@ -61,3 +61,4 @@ def require(role: Role) -> Callable[[Principal], Awaitable[Principal]]:
 
 Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
 Developer = Annotated[Principal, Depends(require(Role.DEVELOPER))]
+Admin = Annotated[Principal, Depends(require(Role.ADMIN))]

@@ -92,6 +92,10 @@ async def upload_datastore(
         str | None, Query(description="Comma-separated workloads it serves, e.g. `code,rag`; default any.")
     ] = None,
 ) -> JSONResponse:
+    if "\x00" in name:
+        raise problem(
+            422, "name must not contain the NUL character (U+0000)", type="urn:specops:problem:invalid-text"
+        )
     fmt = _format(request.headers.get("content-type"))
     workloads = _fingerprints(fingerprints)
     settings = request.app.state.settings

@@ -238,6 +238,7 @@ def _run_row(row: dict[str, Any]) -> RunRow:
             candidates=result.get("candidates", []),
             pareto_front=result.get("pareto_front", []),
             error=row["error"],
+            speculation_disabled=result.get("speculation_disabled"),
         ),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -247,7 +248,14 @@ def _run_row(row: dict[str, Any]) -> RunRow:
 def _result(state: RunState) -> Jsonb | None:
     if state.winner is None and not state.candidates and state.status != RunStatus.COMPLETED:
         return None
-    return Jsonb({"winner": state.winner, "candidates": state.candidates, "pareto_front": state.pareto_front})
+    result: dict[str, Any] = {
+        "winner": state.winner,
+        "candidates": state.candidates,
+        "pareto_front": state.pareto_front,
+    }
+    if state.speculation_disabled is not None:
+        result["speculation_disabled"] = state.speculation_disabled
+    return Jsonb(result)
 
 
 async def insert_run(

@@ -22,7 +22,16 @@ from specops_schemas.heads import (
     HeadTrainRequest,
     HeadTransitionRequest,
 )
-from specops_services.gateway import db, heads_db, heads_logic, heads_projection, logic, results, sse
+from specops_services.gateway import (
+    db,
+    heads_db,
+    heads_logic,
+    heads_projection,
+    logic,
+    results,
+    security,
+    sse,
+)
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.problems import ProblemError, problem
 from specops_services.gateway.runs import PRODUCER, keyed, not_found
@@ -100,15 +109,19 @@ async def record_data(
 async def train(
     pool: Pool, principal: Principal, request: HeadTrainRequest, key: str | None, fingerprint: str
 ) -> logic.Reply:
-    """A new head of the caller's tenant, `training`; head.requested queued for the head-trainer."""
+    """A new head of the caller's tenant, `training`; head.requested queued for the head-trainer.
+    Refused (429) while the tenant's GPU budget is spent, and (403) when its policy opts out of
+    speculation: a head exists only to speculate with."""
     refusal = heads_logic.train_refusal(request, eagle3=heads_logic.eagle3_enabled())
     if refusal is not None:
         raise problem(422, refusal, type="urn:specops:problem:invalid-head-request")
     nul = logic.nul_pointer(request.model_dump(mode="json"))
     if nul is not None:
         raise problem(422, f"text must not contain the NUL character (U+0000): {nul}")
+    await security.require_speculation(pool, principal, "head.train")
 
     async def work(conn: Connection) -> logic.Reply:
+        await security.require_budget(conn, pool, principal, "head.train")
         tenant = principal.tenant_id
         for field, sha in (("train_data", request.train_data), ("heldout_data", request.heldout_data)):
             if sha is not None and await heads_db.find_data(conn, tenant, sha) is None:

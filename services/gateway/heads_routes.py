@@ -100,14 +100,15 @@ async def upload_data(request: Request, principal: Developer) -> JSONResponse:
         "gate then measures it on the held-out prompts and the head becomes `validated` or `rejected`. "
         "`train_data` / `heldout_data` are sha256s of `POST heads/data` uploads of this tenant (422 "
         "otherwise); `eagle3` needs ENABLE_L4_EAGLE3_TRAINING on the gateway (422 otherwise). Follow "
-        "`Location` or the head's event stream."
+        "`Location` or the head's event stream. 429 (with `Retry-After`) while the tenant's monthly GPU "
+        "budget is spent; 403 when its security policy opts out of speculation."
     ),
     responses={
         202: {
             "description": "Accepted; the head trains.",
             "headers": {"Location": {"description": "URL of the head.", "schema": {"type": "string"}}},
         },
-        **responses(400, 401, 403, 409, 422, 500, 503),
+        **responses(400, 401, 403, 409, 422, 429, 500, 503),
     },
 )
 async def train_head(

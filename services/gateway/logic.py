@@ -211,6 +211,7 @@ class RunState:
     candidates: list[dict[str, Any]] = field(default_factory=list)
     pareto_front: list[str] = field(default_factory=list)
     error: dict[str, Any] | None = None
+    speculation_disabled: str | None = None
 
 
 def fold(state: RunState, envelope: Envelope[Any]) -> RunState:
@@ -255,6 +256,7 @@ def _completed(state: RunState, payload: RunCompleted) -> RunState:
         winner=payload.winner.model_dump(mode="json") if payload.winner else None,
         candidates=[c.model_dump(mode="json") for c in payload.candidates],
         pareto_front=list(payload.pareto_front),
+        speculation_disabled=payload.speculation_disabled,
     )
 
 
@@ -265,7 +267,7 @@ def answer_to_cache(before: RunState, after: RunState, envelope: Envelope[Any]) 
     and was not itself answered from the cache: its row is the one it came from.
     """
     payload = envelope.payload
-    if not isinstance(payload, RunCompleted) or payload.cache_hit:
+    if not isinstance(payload, RunCompleted) or payload.cache_hit or payload.speculation_disabled:
         return None
     if before.status == RunStatus.COMPLETED or after.status != RunStatus.COMPLETED:
         return None
@@ -293,6 +295,7 @@ def run_response(
             "candidates": state.candidates,
             "pareto_front": state.pareto_front,
             "error": state.error,
+            "speculation_disabled": state.speculation_disabled,
         }
     )
 
@@ -301,6 +304,8 @@ def apply_conflict(state: RunState) -> str | None:
     """Why a run's winner cannot be applied yet, or None when it can."""
     if state.status != RunStatus.COMPLETED:
         return f"run is {state.status.value}; only a completed run can be applied"
+    if state.speculation_disabled is not None:
+        return f"run completed without speculation: {state.speculation_disabled}"
     if state.winner is None:
         return "run completed without a winner (no candidate beat the baseline)"
     return None

@@ -27,8 +27,9 @@ from specops_schemas.api import (
 from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunRequested
 from specops_schemas.heads import HeadFailed, HeadRequested, HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
+from specops_schemas.security import PolicyChangeRequested, SecurityRefused
 from specops_schemas.tune import TuneRequested
-from specops_services.gateway import cache, db, heads_db, logic, projection, results, sse
+from specops_services.gateway import cache, db, heads_db, logic, projection, results, security, sse
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.problems import ProblemError, problem
 from specplatform.db import Connection, Pool, tenant_transaction
@@ -39,7 +40,8 @@ PRODUCER = results.PRODUCER
 # What the gateway publishes on SPEC (its NATS user may publish these subjects, and the
 # tenants' result subjects, only); run.failed is the reaper's, tune.requested POST tune-sessions',
 # registry.datastore_registered the datastores upload's, head.failed the heads projector's for a
-# head whose event a service parked.
+# head whose event a service parked, security.policy_requested PUT security/policy's and
+# security.refused a refused policy change's or a measuring POST's over the GPU budget.
 PUBLISHES = (
     RunRequested,
     RunQueued,
@@ -50,6 +52,8 @@ PUBLISHES = (
     HeadRequested,
     HeadTransitioned,
     HeadFailed,
+    PolicyChangeRequested,
+    SecurityRefused,
 )
 Work = Callable[[Connection], Awaitable[logic.Reply]]
 # The problem of a request whose Idempotency-Key another request holds right now.
@@ -169,7 +173,12 @@ async def create_run(
     max_active_runs: int,
     key_ttl: timedelta = logic.IDEMPOTENCY_TTL,
 ) -> logic.Reply:
-    """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too."""
+    """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too.
+
+    Refused (429) while the tenant's GPU budget is spent (a winner-cache hit, which measures
+    nothing, is still answered); a tenant whose policy opts out of
+    speculation is never answered from the winner cache: its `run.requested` says so, and the
+    predictor answers it as `speculation_disabled`."""
     check_target(request)
 
     async def work(conn: Connection) -> logic.Reply:
@@ -180,14 +189,22 @@ async def create_run(
             correlation_id=run_id,
             producer=PRODUCER,
         )
-        completed = await _cached_completion(conn, principal, request, run_id)
+        # An opted-out tenant (F-S3) is never answered from the cache: its request says so instead.
+        opted_out = await security.speculation_disabled(conn, principal.tenant_id)
+        completed = None if opted_out else await _cached_completion(conn, principal, request, run_id)
         if completed is not None:
             recorded: list[Envelope[Any]] = [queued, queued.follow(completed, producer=PRODUCER)]
             published = recorded
         else:
+            await security.require_budget(conn, pool, principal, "run.create")
             await _check_quota(conn, principal.tenant_id, max_active_runs)
             requested = new_event(
-                RunRequested(run_id=run_id, request=request, requested_by=principal.token_id),
+                RunRequested(
+                    run_id=run_id,
+                    request=request,
+                    requested_by=principal.token_id,
+                    speculation_disabled=opted_out,
+                ),
                 tenant_id=principal.tenant_id,
                 correlation_id=run_id,
                 producer=PRODUCER,

@@ -59,6 +59,13 @@ class GatewaySettings(Settings):
         description="Runs a tenant may have queued or running at once; more are refused (429 or rejected).",
     )
 
+    gateway_policy_wait_s: float = Field(
+        10.0,
+        ge=0.0,
+        le=120.0,
+        description="How long PUT security/policy waits for the security service to apply the change "
+        "(200 with the new policy); past it, 202 and the change lands shortly after.",
+    )
     gateway_reaper: bool = Field(
         True, description="Fail the runs that made no progress within their stage's deadline (reaper.py)."
     )

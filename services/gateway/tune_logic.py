@@ -181,6 +181,7 @@ def fold(session: TuneSessionResponse, envelope: Envelope[Any]) -> TuneSessionRe
             "auto_terminated": p.auto_terminated or session.auto_terminated,
             "termination_reason": p.reason,
             "downtime_s": p.downtime_s,
+            "speculation_disabled": p.speculation_disabled,
         }
     elif isinstance(p, TuneFailed):
         update = {"status": "failed", "error": TuneError(error_stage=p.error_stage, message=p.message)}

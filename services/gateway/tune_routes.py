@@ -37,14 +37,15 @@ SessionId = Annotated[str, Path(description="Tune session id, as returned by `PO
         "A budgeted Bayesian search (Optuna TPE, seeded with the run's pareto points) over family, "
         "draft, k, tree shape and each family's knobs, each trial measured (N reps, mean and sigma) "
         "and gated. The run must be the tenant's, completed, and measured on this host (404, 409 "
-        "otherwise). Follow `Location` or the session's event stream."
+        "otherwise). Follow `Location` or the session's event stream. 429 (with `Retry-After`) while "
+        "the tenant's monthly GPU budget is spent."
     ),
     responses={
         202: {
             "description": "Accepted; the session is queued for the tuner.",
             "headers": {"Location": {"description": "URL of the session.", "schema": {"type": "string"}}},
         },
-        **responses(400, 401, 403, 404, 409, 422, 500, 503),
+        **responses(400, 401, 403, 404, 409, 422, 429, 500, 503),
     },
 )
 async def create_session(

@@ -21,6 +21,7 @@ from specops_services.gateway import (
     heads_db,
     logic,
     results,
+    security,
     sse,
     tune_db,
     tune_logic,
@@ -47,9 +48,11 @@ def response(row: tune_db.SessionRow) -> TuneSessionResponse:
 async def create_session(
     pool: Pool, principal: Principal, request: TuneSessionCreateRequest, key: str | None, fingerprint: str
 ) -> logic.Reply:
-    """A new session on a completed, measured run of the caller's tenant; tune.requested queued."""
+    """A new session on a completed, measured run of the caller's tenant; tune.requested queued.
+    Refused (429) while the tenant's GPU budget is spent."""
 
     async def work(conn: Connection) -> logic.Reply:
+        await security.require_budget(conn, pool, principal, "tune.create")
         run = await db.get_run(conn, principal.tenant_id, request.run_id)
         if run is None:
             raise problem(404, f"no run '{request.run_id}' in this tenant")
@@ -67,6 +70,7 @@ async def create_session(
                 run_pareto_front=list(state.pareto_front),
                 run_winner=CandidateResult.model_validate(state.winner) if state.winner else None,
                 requested_by=principal.token_id,
+                speculation_disabled=await security.speculation_disabled(conn, principal.tenant_id),
             ),
             tenant_id=principal.tenant_id,
             correlation_id=session_id,

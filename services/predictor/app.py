@@ -1,15 +1,17 @@
 """The predictor service: plans T1 runs and answers them once measured and gated.
 
-Seven durable consumers (replicas share each): `<service>-plan` on run.requested,
+Eight durable consumers (replicas share each): `<service>-plan` on run.requested,
 `<service>-bench_completed` on bench.completed, `<service>-gate_evaluated` on
 gate.evaluated, `<service>-dead_letter` on every service's dead letters
 (`spec.dlq.>`): as the runs' orchestrator, the predictor fails a run whose event a
 service gave up on, which would otherwise wait forever; `<service>-run_failed` on
 run.failed, so that it knows which runs other services ended (it reads no other
 service's table); `<service>-datastore_registered` on registry.datastore_registered:
-the corpora tenants upload, which it offers as `rest` drafts in their own runs only; and
+the corpora tenants upload, which it offers as `rest` drafts in their own runs only;
 `<service>-head_transitioned` on head.transitioned: the tenants' T3 heads, offered in
-their own runs of the head's target once in production (uat too when a run asks).
+their own runs of the head's target once in production (uat too when a run asks); and
+`<service>-policy_changed` on security.policy_changed: the tenants' security policies, so
+that a tenant who opts out of speculation (F-S3) gets `run.completed(speculation_disabled)`.
 Every handler writes Postgres and queues its events in one inbox transaction
 (steps.py); the outbox relay publishes them.
 """
@@ -39,6 +41,7 @@ from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
 from specops_schemas.heads import HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
+from specops_schemas.security import PolicyChanged
 from specops_services.predictor import logic, steps
 from specops_services.predictor.host import host_info
 from specops_services.predictor.settings import predictor_settings
@@ -61,7 +64,7 @@ def subscribe(
     retry: RetryPolicy = RETRY,
     fetch_timeout_s: float = 5.0,
 ) -> None:
-    """Register the predictor's seven handlers on `broker` (before it starts)."""
+    """Register the predictor's eight handlers on `broker` (before it starts)."""
 
     on = partial(subscriber, broker, service=service, retry=retry, fetch_timeout_s=fetch_timeout_s)
 
@@ -106,6 +109,13 @@ def subscribe(
             consumer_name(service, "head_transitioned"),
             event,
             lambda c: steps.head_transitioned(c, event),
+        )
+
+    @on(events=PolicyChanged)
+    async def policy_changed(event: Envelope[PolicyChanged]) -> None:
+        """Fold a tenant's security policy: an opted-out tenant's runs are not speculated (F-S3)."""
+        await _once(
+            pool, consumer_name(service, "policy_changed"), event, lambda c: steps.policy_changed(c, event)
         )
 
     @on(events=RunFailed)

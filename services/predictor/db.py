@@ -26,6 +26,7 @@ from specops_schemas.catalog import Family, Fingerprint
 from specops_schemas.events import BenchPlan, CandidateFailure
 from specops_schemas.heads import HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
+from specops_schemas.security import SecurityPolicy
 from specops_services.predictor.logic import Bench, RequestedRun, offered_states, registry_head
 from specops_services.predictor.model import HistoryRow, temperature_bucket
 from specops_services.predictor.plan import UploadedDatastore
@@ -226,6 +227,29 @@ async def tenant_heads(conn: Connection, tenant_id: str, *, include_uat: bool) -
         (tenant_id, sorted(offered_states(include_uat))),
     )
     return [head for head in (registry_head(**r) for r in rows) if head is not None]
+
+
+# --- security policies (F-S3) -----------------------------------------------------------------
+
+
+async def record_policy(conn: Connection, policy: SecurityPolicy) -> None:
+    """Fold a tenant's policy (from `security.policy_changed`); an older version changes nothing."""
+    await conn.execute(
+        """INSERT INTO predictor_policies (tenant_id, version, speculation_disabled) VALUES (%s, %s, %s)
+           ON CONFLICT (tenant_id) DO UPDATE
+               SET version = EXCLUDED.version, speculation_disabled = EXCLUDED.speculation_disabled
+               WHERE predictor_policies.version < EXCLUDED.version""",
+        (policy.tenant_id, policy.version, policy.speculation_disabled),
+    )
+
+
+async def speculation_disabled(conn: Connection, tenant_id: str) -> bool:
+    """Whether the tenant's policy opts out of speculation (a tenant without one does not)."""
+    cur = await conn.execute(
+        "SELECT speculation_disabled FROM predictor_policies WHERE tenant_id = %s", (tenant_id,)
+    )
+    row = await cur.fetchone()
+    return row is not None and bool(row["speculation_disabled"])
 
 
 # --- measuring --------------------------------------------------------------------------------

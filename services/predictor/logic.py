@@ -8,6 +8,10 @@ Per run (all events carry correlation_id = run id):
   planning fails.
 - `bench.completed` and `gate.evaluated`, in any order -> `run.completed(measured=True)`
   once the bench is completed and every measured candidate has a final verdict.
+- `run.requested` of a tenant whose policy opts out of speculation (F-S3: the request says
+  so, as the gateway's read model had it, or this service's own fold of
+  `security.policy_changed` does) -> `run.completed` with `speculation_disabled` and
+  nothing else: no candidate is ranked, no bench requested.
 - a dead letter (`spec.dlq.<service>`) holding one of the run's events ->
   `run.failed(dead_letter)`, unless the run has ended: nothing would carry it on.
   Whether it has is the predictor's own record (`RequestedRun`): its own answers, and
@@ -44,6 +48,7 @@ from specops_schemas.events import (
     parse_event,
 )
 from specops_schemas.heads import OFFERED_STATES
+from specops_schemas.security import OPT_OUT_REASON
 from specops_services.predictor.model import HistoryRow
 from specops_services.predictor.plan import HostInfo, Plan, UploadedDatastore, error_stage, plan_run
 from specops_services.predictor.scoring import Decision, assemble_results, choose_winner
@@ -197,6 +202,20 @@ def predicted_answer(plan: Plan, request: RunCreateRequest) -> RunCompleted:
     rows = assemble_results(plan.ranked, gate_method=request.goal.quality_gate)
     decision = choose_winner(rows, priorities=request.goal.priorities, baseline=None)
     return _completed(plan.run_id, decision)
+
+
+def speculation_disabled(trigger: Envelope[RunRequested]) -> Envelope[RunCompleted]:
+    """The answer of a run whose tenant opts out of speculation (F-S3): nothing planned or measured."""
+    answer = RunCompleted(
+        run_id=trigger.payload.run_id,
+        cache_hit=False,
+        measured=False,
+        winner=None,
+        candidates=[],
+        pareto_front=[],
+        speculation_disabled=OPT_OUT_REASON,
+    )
+    return trigger.follow(answer, producer=PRODUCER)
 
 
 def answered_events(trigger: Envelope[RunRequested], plan: Plan, answer: RunCompleted) -> list[Envelope[Any]]:

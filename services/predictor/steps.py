@@ -23,6 +23,7 @@ from specops_schemas.candidates import GateOutcome
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
 from specops_schemas.heads import HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
+from specops_schemas.security import PolicyChanged
 from specops_services.predictor import db, logic, projection
 from specops_services.predictor.host import local_target
 from specops_services.predictor.plan import HostInfo
@@ -85,6 +86,9 @@ async def plan(
     if await db.is_planned(conn, run_id):
         log.warning("run %s is planned already; %s ignored", run_id, event.event_id)
         return []
+    if event.payload.speculation_disabled or await db.speculation_disabled(conn, event.tenant_id):
+        await db.mark_ended(conn, run_id, event.tenant_id)
+        return [logic.speculation_disabled(event)]
     if isinstance(target, logic.PlanFailure):
         _log_failure(run_id, target)
         await db.mark_ended(conn, run_id, event.tenant_id)
@@ -123,6 +127,12 @@ async def plan(
 async def datastore_registered(conn: db.Connection, event: Envelope[DatastoreRegistered]) -> Events:
     """Remember a tenant's uploaded corpus, for the plans of that tenant's later runs."""
     await db.record_datastore(conn, event.tenant_id, event.payload)
+    return []
+
+
+async def policy_changed(conn: db.Connection, event: Envelope[PolicyChanged]) -> Events:
+    """Fold a tenant's new security policy: whether its later runs may speculate (F-S3)."""
+    await db.record_policy(conn, event.payload.policy)
     return []
 
 

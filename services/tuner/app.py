@@ -1,12 +1,15 @@
 """The tuner service: T2 sessions, a budgeted Bayesian search (Optuna) measured over the bus.
 
-Five durable consumers (replicas share each): `<service>-requested` on tune.requested,
+Six durable consumers (replicas share each): `<service>-requested` on tune.requested,
 `<service>-bench_completed` on bench.completed and `<service>-gate_evaluated` on
 gate.evaluated (of the benches it requested for its trials; others are skipped),
 `<service>-run_failed` on run.failed (a session's bench that could not run), and
 `<service>-dead_letter` on every service's dead letters (a trial's parked bench event
-fails that trial). Every handler locks the session and queues its events in one inbox
-transaction (steps.py); the outbox relay publishes them. A ticker task keeps the budget
+fails that trial), and `<service>-policy_changed` on security.policy_changed: the tenants'
+security policies, so that a session of a tenant who opts out of speculation (F-S3) ends at
+once with `tune.completed(speculation_disabled)` and no trial. Every handler locks the
+session and queues its events in one inbox transaction (steps.py); the outbox relay
+publishes them. A ticker task keeps the budget
 clock: it heartbeats the running sessions (a gap is downtime) and ends those whose
 deadline has passed with a trial still in flight.
 """
@@ -35,6 +38,7 @@ from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, parse_event
+from specops_schemas.security import PolicyChanged
 from specops_schemas.tune import TuneRequested
 from specops_services.tuner import logic, steps
 from specops_services.tuner.settings import TunerSettings, tuner_settings
@@ -57,7 +61,7 @@ def subscribe(
     retry: RetryPolicy = RETRY,
     fetch_timeout_s: float = 5.0,
 ) -> None:
-    """Register the tuner's five handlers on `broker` (before it starts)."""
+    """Register the tuner's six handlers on `broker` (before it starts)."""
 
     on = partial(subscriber, broker, service=service, retry=retry, fetch_timeout_s=fetch_timeout_s)
 
@@ -86,6 +90,13 @@ def subscribe(
             consumer_name(service, "gate_evaluated"),
             event,
             lambda c: steps.gate_evaluated(c, event, tuner),
+        )
+
+    @on(events=PolicyChanged)
+    async def policy_changed(event: Envelope[PolicyChanged]) -> None:
+        """Fold a tenant's security policy: an opted-out tenant's sessions run no trial (F-S3)."""
+        await _once(
+            pool, consumer_name(service, "policy_changed"), event, lambda c: steps.policy_changed(c, event)
         )
 
     @on(events=RunFailed)

@@ -35,6 +35,7 @@ from specops_schemas.candidates import (
 )
 from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.events import BenchCompleted, BenchPlan, BenchRequested
+from specops_schemas.security import OPT_OUT_REASON
 from specops_schemas.tune import (
     CurvePoint,
     Dimension,
@@ -329,6 +330,12 @@ def completed(
         elapsed_s=session.elapsed_s(now),
         downtime_s=session.downtime_s,
     )
+
+
+def speculation_disabled(session: Session, now: datetime) -> TuneCompleted:
+    """The answer of a session whose tenant opts out of speculation (F-S3): no trial was run."""
+    done = completed(session, [], now, OPT_OUT_REASON, auto_terminated=False)
+    return done.model_copy(update={"speculation_disabled": OPT_OUT_REASON})
 
 
 def failed(session: Session, stage: ErrorStage, message: str) -> TuneFailed:

@@ -22,6 +22,7 @@ from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope
 from specops_schemas.catalog import ErrorStage
 from specops_schemas.events import BenchCompleted, BenchRequested, GateEvaluated, RunFailed
+from specops_schemas.security import PolicyChanged
 from specops_schemas.tune import (
     TrialResult,
     TuneImproved,
@@ -39,6 +40,8 @@ from specplatform.db import Pool
 log = logging.getLogger(__name__)
 
 Events = list[Envelope[Any]]
+# The stop_reason of a session ended at once because its tenant opts out of speculation (F-S3).
+OPT_OUT = "speculation_disabled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,10 @@ async def requested(conn: db.Connection, event: Envelope[TuneRequested], tuner: 
         stop_reason=None,
         ended=False,
     )
+    if req.speculation_disabled or await db.speculation_disabled(conn, event.tenant_id):
+        await db.insert_session(conn, session)
+        await db.save_session(conn, replace(session, stop_reason=OPT_OUT), ended_at=now)
+        return [logic.emit(session, logic.speculation_disabled(session, now), event)]
     if not space.dimensions:
         await db.insert_session(conn, session)
         await db.save_session(conn, replace(session, stop_reason="failed"), ended_at=now, failed=True)
@@ -111,6 +118,12 @@ async def requested(conn: db.Connection, event: Envelope[TuneRequested], tuner: 
     events: Events = [logic.emit(session, started, event)]
     events += await _advance(conn, tuner, session, [], event, now)
     return events
+
+
+async def policy_changed(conn: db.Connection, event: Envelope[PolicyChanged]) -> Events:
+    """Fold a tenant's new security policy: whether its later sessions may speculate (F-S3)."""
+    await db.record_policy(conn, event.payload.policy)
+    return []
 
 
 # --- a trial's bench and verdict ------------------------------------------------------------------

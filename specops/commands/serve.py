@@ -34,6 +34,7 @@ SERVICES = {
     "quality-gate": "quality_gate",
     "head-trainer": "head_trainer",
     "audit": "audit",
+    "security": "security",
 }
 ENGINE = "engine"
 REPLICA_ENV = "SPECOPS_REPLICA"

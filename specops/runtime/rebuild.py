@@ -9,7 +9,9 @@ publishes the event (nothing is measured or predicted again):
   id only: live, a tenant's first token creates it); (`gateway.tune_projection`) every
   event of a tune session (`tune.requested` opens it) -> `tune_sessions`,
   `tune_session_events`, and a completed session's winner -> `winner_cache`;
-  `registry.datastore_registered` -> `datastores`;
+  `registry.datastore_registered` -> `datastores`; (`gateway.security_projection`)
+  `security.policy_changed` / `security.budget_exhausted` -> `gateway_security_policies`,
+  `gateway_budget_exhaustions`;
 - predictor (`predictor.projection`): `run.predicted` -> `candidates`;
 - benchmark-runner (`benchmark_runner.projection`): `bench.rep_measured` -> `bench_results`;
 - quality gate (`quality_gate.projection`): `gate.evaluated` -> `gate_results`.
@@ -41,6 +43,7 @@ from specops_services.audit.replay import ReplayStart, messages
 from specops_services.benchmark_runner import projection as bench_projection
 from specops_services.gateway import heads_projection as gateway_heads_projection
 from specops_services.gateway import projection as gateway_projection
+from specops_services.gateway import security_projection as gateway_security_projection
 from specops_services.gateway import tune_projection as gateway_tune_projection
 from specops_services.predictor import projection as predictor_projection
 from specops_services.quality_gate import projection as gate_projection
@@ -85,6 +88,7 @@ async def _project_owned(conn: Connection, event: Envelope[Any]) -> None:
         await gateway_projection.rebuild(conn, event)
         await gateway_tune_projection.rebuild(conn, event)
         await gateway_heads_projection.rebuild(conn, event)
+        await gateway_security_projection.project(conn, event)
     async with conn.transaction():
         await predictor_projection.project(conn, event)
         await bench_projection.project(conn, event)

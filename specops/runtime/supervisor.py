@@ -30,7 +30,16 @@ from specplatform.settings import RUNTIME_ENV_FILE, Settings, render_env_file
 
 # The services of DESIGN.md §5, in start order (the gateway last, so that everything
 # that answers its requests is already subscribed); `down` stops them in reverse.
-SERVICES = ("audit", "quality-gate", "head-trainer", "benchmark-runner", "tuner", "predictor", "gateway")
+SERVICES = (
+    "audit",
+    "security",
+    "quality-gate",
+    "head-trainer",
+    "benchmark-runner",
+    "tuner",
+    "predictor",
+    "gateway",
+)
 # How long a freshly started service must stay alive to count as started.
 START_GRACE_S = 2.0
 # The restarts `specops status` shows.

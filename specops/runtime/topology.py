@@ -25,7 +25,7 @@ from specops.runtime.nats_auth import BoundConsumer, ServiceUser
 from specops_services.audit import app as audit
 from specops_services.benchmark_runner import app as benchmark_runner
 from specops_services.benchmark_runner import logic as benchmark_runner_logic
-from specops_services.gateway import heads_projector, intake, projector, tune_projector
+from specops_services.gateway import heads_projector, intake, projector, security_projector, tune_projector
 from specops_services.gateway import runs as gateway_runs
 from specops_services.head_trainer import app as head_trainer
 from specops_services.head_trainer import logic as head_trainer_logic
@@ -33,6 +33,8 @@ from specops_services.predictor import app as predictor
 from specops_services.predictor import logic as predictor_logic
 from specops_services.quality_gate import app as quality_gate
 from specops_services.quality_gate import logic as quality_gate_logic
+from specops_services.security import app as security
+from specops_services.security import logic as security_logic
 from specops_services.tuner import app as tuner
 from specops_services.tuner import logic as tuner_logic
 
@@ -68,6 +70,7 @@ _REGISTRATIONS: dict[str, Callable[[SpecBroker], None]] = {
     "quality-gate": lambda broker: quality_gate.subscribe(broker, _UNUSED, _UNUSED),
     "head-trainer": lambda broker: head_trainer.subscribe(broker, _UNUSED, _UNUSED, retry=RetryPolicy()),
     "audit": lambda broker: audit.subscribe(broker, _UNUSED),
+    "security": lambda broker: security.subscribe(broker, _UNUSED),
 }
 
 
@@ -75,6 +78,7 @@ def _gateway(broker: SpecBroker) -> None:
     projector.register(broker, _UNUSED)
     tune_projector.register(broker, _UNUSED)
     heads_projector.register(broker, _UNUSED)
+    security_projector.register(broker, _UNUSED)
     intake.register(broker, _UNUSED, max_active_runs=1)
 
 
@@ -109,6 +113,7 @@ _BUS: dict[str, tuple[str, tuple[type[EventPayload], ...], tuple[str, ...]]] = {
     "quality-gate": (quality_gate.SERVICE, quality_gate_logic.PUBLISHES, (STREAM,)),
     "head-trainer": (head_trainer.SERVICE, head_trainer_logic.PUBLISHES, (STREAM,)),
     "audit": (audit.SERVICE, (), (STREAM,)),
+    "security": (security.SERVICE, security_logic.PUBLISHES, (STREAM,)),
 }
 # The gateway also repeats each run's events to the run's tenant (services/gateway/results.py).
 _EXTRA_PUBLISHES = {"gateway": (results_pattern(),)}

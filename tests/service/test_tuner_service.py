@@ -28,6 +28,7 @@ from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import BASELINE_ID, CandidateResult, Measurement
 from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.events import BenchCompleted, BenchRequested, GateEvaluated, RunFailed, parse_event
+from specops_schemas.security import OPT_OUT_REASON, PolicyChanged, SecurityPolicy
 from specops_schemas.tune import TuneRequested, TuneSessionCreateRequest
 from specops_services.predictor.plan import HostInfo, plan_run
 from specops_services.tuner import app, logic, steps, study
@@ -445,3 +446,44 @@ async def test_the_session_says_which_dimensions_it_found_insensitive(
     best = next(t.best for t in reversed(_of(events, "improved")) if t.best.trial < 3)
     for name, value in first.dropped.items():
         assert first.importances[name] < 0.05 and best.params[name] == value
+
+
+async def test_an_opted_out_tenants_session_completes_as_speculation_disabled(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    """F-S3: the tuner learns the opt-out from `security.policy_changed` (as the security service
+    publishes it) and ends the tenant's session at once: no trial, no bench requested."""
+    policy = SecurityPolicy(
+        tenant_id=TENANT, version=1, tier="multi_tenant_isolated", speculation_opt_out=True
+    )
+    changed = new_event(
+        PolicyChanged(tenant_id=TENANT, policy=policy),
+        tenant_id=TENANT,
+        correlation_id=TENANT,
+        producer="security",
+    )
+    requested = _requested(budget_minutes=0.5, max_trials=4)
+    session_id = requested.payload.session_id
+
+    async with Lab(nats_url, lambda trial, cid: (1.5, 0.02, True)).running() as lab, _tuner(db, nats_url):
+        await publish(js, changed)
+        await _until_folded(db)
+        await publish(js, requested)
+        events = await _session_events(js, session_id)
+
+    [done] = _of(events, "completed")
+    assert done.speculation_disabled == OPT_OUT_REASON and done.reason == OPT_OUT_REASON
+    assert done.winner is None and done.trials == 0
+    assert _of(events, "started") == [] and _of(events, "trial_completed") == []
+    assert lab.requested == [] and await bus.count(js, "spec.bench.*.requested") == 0
+
+
+async def _until_folded(db: str) -> None:
+    """Wait until the tuner's read model holds the tenant's opt-out."""
+    for _ in range(int(bus.WAIT_S / 0.1)):
+        if bus.sql(
+            db, "SELECT 1 FROM tuner_policies WHERE tenant_id = %s AND speculation_disabled", (TENANT,)
+        ):
+            return
+        await asyncio.sleep(0.1)
+    raise TimeoutError("the tuner did not fold the policy")

@@ -16,6 +16,7 @@ from specops.commands.tune import Progress, candidate_text, clock
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Measurement, Prediction
 from specops_schemas.catalog import Family, GateMethod, RunStatus
+from specops_schemas.security import OPT_OUT_REASON
 from specops_schemas.tune import (
     CurvePoint,
     Dimension,
@@ -190,6 +191,14 @@ def test_a_failed_session_carries_its_error() -> None:
         session, envelope(TuneFailed(session_id=SESSION, error_stage="benchmark", message="x"))
     )
     assert failed.status == "failed" and failed.error is not None and failed.error.message == "x"
+
+
+def test_a_session_ended_by_the_opt_out_says_so() -> None:
+    session = tune_logic.open_session(requested())
+    payload = completed(None).payload.model_copy(update={"speculation_disabled": OPT_OUT_REASON})
+    done = tune_logic.fold(session, envelope(payload))
+    assert done.status == "completed" and done.winner is None and done.speculation_disabled == OPT_OUT_REASON
+    assert tune_logic.fold(session, completed(None)).speculation_disabled is None
 
 
 # --- POST checks, the cached answer, apply -------------------------------------------------------------

@@ -1,0 +1,59 @@
+"""All of the security service's SQL (017_security): the tenants' policies and their monthly usage.
+
+Callers hold a tenant transaction (`specplatform.db.tenant_transaction`): the tables are bound
+by row-level security for their owner too, so these functions see that tenant's rows only.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+
+from psycopg.types.json import Jsonb
+
+from specops_schemas.security import SecurityPolicy
+from specplatform.db import Connection
+
+
+async def policy(conn: Connection, tenant_id: str) -> SecurityPolicy | None:
+    """The tenant's policy as last set; None if it never set one (the default applies)."""
+    cursor = await conn.execute("SELECT policy FROM security_policies WHERE tenant_id = %s", (tenant_id,))
+    row = await cursor.fetchone()
+    return None if row is None else SecurityPolicy.model_validate(row["policy"])
+
+
+async def save_policy(conn: Connection, new: SecurityPolicy) -> None:
+    await conn.execute(
+        """
+        INSERT INTO security_policies (tenant_id, version, policy, updated_at)
+        VALUES (%s, %s, %s, coalesce(%s, now()))
+        ON CONFLICT (tenant_id) DO UPDATE
+            SET version = EXCLUDED.version, policy = EXCLUDED.policy, updated_at = EXCLUDED.updated_at
+        """,
+        (new.tenant_id, new.version, Jsonb(new.model_dump(mode="json")), new.updated_at),
+    )
+
+
+async def add_usage(
+    conn: Connection, tenant_id: str, month: date, seconds: float
+) -> tuple[float, float | None]:
+    """Add `seconds` to the tenant's month; its total now and the budget already announced exhausted."""
+    cursor = await conn.execute(
+        """
+        INSERT INTO security_usage (tenant_id, month, used_s) VALUES (%s, %s, %s)
+        ON CONFLICT (tenant_id, month) DO UPDATE SET used_s = security_usage.used_s + EXCLUDED.used_s
+        RETURNING used_s, exhausted_budget_s
+        """,
+        (tenant_id, month, seconds),
+    )
+    row = await cursor.fetchone()
+    if row is None:
+        raise RuntimeError(f"the usage of tenant {tenant_id} in {month} was not written")
+    return float(row["used_s"]), row["exhausted_budget_s"]
+
+
+async def mark_announced(conn: Connection, tenant_id: str, month: date, budget_s: float) -> None:
+    """Note that the month's exhaustion of `budget_s` was published (once per month and budget)."""
+    await conn.execute(
+        "UPDATE security_usage SET exhausted_budget_s = %s WHERE tenant_id = %s AND month = %s",
+        (budget_s, tenant_id, month),
+    )

@@ -1,0 +1,56 @@
+"""What each security handler does inside its inbox transaction: read (db), decide (logic),
+write (db), and return the events to queue in the outbox with it.
+
+Each step runs under `specbus.process_once` (a redelivered event changes nothing) and
+inside a tenant transaction of the event's tenant: the service's tables are bound by
+row-level security for their owner too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specbus.envelope import Envelope
+from specops_schemas.events import BenchRepMeasured
+from specops_schemas.heads import HeadTrained
+from specops_schemas.security import PolicyChangeRequested, month_of
+from specops_services.security import db, logic
+from specplatform.db import Connection, tenant_transaction
+
+Events = list[Envelope[Any]]
+
+
+async def policy_requested(conn: Connection, event: Envelope[PolicyChangeRequested]) -> Events:
+    """Apply an admin's policy: store it one version on and announce it (`security.policy_changed`);
+    a budget lowered below this month's count is announced exhausted at once."""
+    tenant = event.tenant_id
+    async with tenant_transaction(conn, tenant):
+        current = await db.policy(conn, tenant) or logic.default_policy(tenant)
+        changed = logic.policy_changed(event, current)
+        await db.save_policy(conn, changed.payload.policy)
+        return [changed, *await _count(conn, event, 0.0)]
+
+
+async def measured(conn: Connection, event: Envelope[BenchRepMeasured] | Envelope[HeadTrained]) -> Events:
+    """Count the device seconds an event reports against its tenant's month; announce the budget
+    exhausted when this count reaches it."""
+    seconds = logic.measured_seconds(event)
+    if seconds <= 0.0:
+        return []
+    async with tenant_transaction(conn, event.tenant_id):
+        return await _count(conn, event, seconds)
+
+
+async def _count(conn: Connection, trigger: Envelope[Any], seconds: float) -> Events:
+    """Add `seconds` to the month of `trigger`; its `security.budget_exhausted` if due, once."""
+    tenant = trigger.tenant_id
+    month = month_of(trigger.occurred_at)
+    used_s, announced = await db.add_usage(conn, tenant, month, seconds)
+    policy = await db.policy(conn, tenant) or logic.default_policy(tenant)
+    exhausted = logic.exhaustion(
+        trigger, budget_s=policy.gpu_budget_s, used_s=used_s, month=month, announced_budget_s=announced
+    )
+    if exhausted is None:
+        return []
+    await db.mark_announced(conn, tenant, month, exhausted.payload.budget_s)
+    return [exhausted]
