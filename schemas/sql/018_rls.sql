@@ -34,11 +34,13 @@
 --                            service's check against the stream read the whole chain.
 --    The audit chain trigger (SECURITY DEFINER, 008) reads audit_log as its owner, the
 --    migrating role: audit_chain gives that role SELECT on audit_log for it.
+--  * winner_cache is keyed by cache_scope, which the gateway sets to the run's tenant
+--    (specops_services.gateway.cache.key_columns): it is bound the same way on
+--    cache_scope. Rows of the old 'shared' scope become invisible, i.e. a cache miss.
 --  * Not tenant-scoped, and so without RLS: tenants, the bus's inbox and outbox (event
 --    ids are global; the outbox relay publishes every tenant's rows), bench_results,
 --    gate_results, tuner_trials (keyed by bench or session, written inside the event's
---    tenant transaction), hardware_profiles, and winner_cache, whose cache_scope is the
---    tenant where per-tenant caches are on (specops_services.gateway.cache).
+--    tenant transaction) and hardware_profiles.
 --  * Operators' tools (migrations, `specops tokens create`, `specops rebuild`) run as the
 --    migrating login. In the shipped deployments it is a superuser, which no policy
 --    binds; were it a plain owner, FORCE binds it, and those tools use
@@ -127,6 +129,11 @@ ALTER TABLE run_events FORCE ROW LEVEL SECURITY;
 ALTER TABLE candidates FORCE ROW LEVEL SECURITY;
 ALTER TABLE tune_session_events FORCE ROW LEVEL SECURITY;
 ALTER TABLE head_events FORCE ROW LEVEL SECURITY;
+
+ALTER TABLE winner_cache ENABLE ROW LEVEL SECURITY;
+ALTER TABLE winner_cache FORCE ROW LEVEL SECURITY;
+CREATE POLICY tenant_isolation ON winner_cache TO specops_app
+    USING (cache_scope = current_tenant()) WITH CHECK (cache_scope = current_tenant());
 
 
 -- What the narrow roles may see ------------------------------------------------------------

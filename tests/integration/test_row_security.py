@@ -64,7 +64,8 @@ def _seed(conn: psycopg.Connection[tuple[object, ...]]) -> None:
 
 def test_every_tenant_table_is_forced_and_not_the_services_own(database_url: str) -> None:
     with psycopg.connect(database_url) as conn:
-        tables = _tenant_tables(conn)
+        # The winner cache is scoped by its cache_scope, the tenant.
+        tables = [*_tenant_tables(conn), "winner_cache"]
         # The tables of every service, predictor's caches included.
         assert {"runs", "api_tokens", "audit_log", "measured_history", "predictor_heads"} <= set(tables)
         state = {
