@@ -8,14 +8,15 @@
 - `dead_letter_subscriber`: the same for a handler of the parked messages (`spec.dlq.>`).
 - `raw_subscriber`: the same for a handler of undecoded messages (`RawMessage`), which
   with `RetryPolicy(max_deliver=None)` is retried forever and never parks.
-- `process_once` / `inbox.claim`: side effects once per consumer and event;
+- `process_once` / `inbox.claim`: side effects once per consumer and event, in a
+  transaction acting for the event's tenant (`tenancy.act_for`);
   `process_once_queued` also answers the types of the events it queued.
 - `outbox.add` / `OutboxRelay`: events committed with the state that caused them.
 - `tracing`: every publish a `send <subject template>` span, every handler a `process
   <subject template>` span, the trace context carried in the NATS headers.
 """
 
-from specbus import inbox, outbox
+from specbus import inbox, outbox, tenancy
 from specbus.broker import SpecBroker, ensure_stream, jetstream, make_broker, stream_config
 from specbus.consumer import (
     RawMessage,
@@ -52,4 +53,5 @@ __all__ = [
     "raw_subscriber",
     "stream_config",
     "subscriber",
+    "tenancy",
 ]

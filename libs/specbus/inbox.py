@@ -15,7 +15,7 @@ from typing import Any, TypeAlias
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
-from specbus import outbox
+from specbus import outbox, tenancy
 from specbus.envelope import Envelope
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,11 @@ async def process_once(
 
     Claim, side effects and the events `work` returns (queued in the outbox) commit in
     one transaction; if `work` raises, all of it rolls back and the event can be retried.
+    The transaction acts for the event's tenant (`tenancy.act_for`): `work` sees and
+    writes that tenant's rows of the tenant-scoped tables only.
     """
     async with pool.connection() as conn, conn.transaction():
+        await tenancy.act_for(conn, event.tenant_id)
         if not await claim(conn, consumer, event.event_id):
             log.info("%s already processed %s (%s); skipped", consumer, event.event_id, event.type)
             return False

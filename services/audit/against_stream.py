@@ -32,8 +32,7 @@ async def verify_against_stream(conn: AsyncConnection[Any], nc: Client) -> Strea
     # more", which the row names, rather than one silently skipped.
     kept = await nc.jetstream().stream_info(STREAM)
     checker = StreamChecker(first_kept_seq=kept.state.first_seq)
-    async with conn.transaction():
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    async with db.snapshot(conn):
         async for row in db.iter_rows(conn):
             message = None if row.stream_seq is None else await message_at(nc, row.stream_seq)
             if not checker.feed(row, None if message is None else (message.subject, message.data)):

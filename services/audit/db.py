@@ -4,24 +4,30 @@ The chaining itself (lock, prev_hash, seq, hash, duplicate skip) happens in the
 table's insert trigger (schemas/sql/004_audit.sql, 008_audit_role.sql), so every
 writer, this service's replicas included, extends one chain and none can write a row
 that does not link. Appends run as `WRITER_ROLE`, which may insert and nothing else:
-a compromised audit process cannot rewrite or delete what it recorded.
+a compromised audit process cannot rewrite or delete what it recorded. Reads of the
+chain run as `READER_ROLE` (`snapshot`): the log holds every tenant's events, which row-
+level security hides from the services' own role (schemas/sql/018_rls.sql).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg.rows import tuple_row
 
 from specops_services.audit.logic import AuditEntry, AuditRow, ChainHead, ChainVerifier, VerifyReport
+from specplatform.db import role_transaction
 
 # Rows fetched per round trip while verifying: memory stays flat for any table size.
 ITERSIZE = 2000
 # May INSERT into audit_log (and read it), nothing else (schemas/sql/008_audit_role.sql).
 WRITER_ROLE = "specops_audit_writer"
+# May read audit_log and its chain head, every tenant's rows and tenant-less ones (018_rls.sql).
+READER_ROLE = "specops_audit_reader"
 
 _APPEND = """
     INSERT INTO audit_log (event_id, subject, type, tenant_id, payload, stream_seq)
@@ -83,10 +89,18 @@ async def verify(conn: AsyncConnection[Any]) -> VerifyReport:
     `conn` must not be inside a transaction already: this one sets its isolation level.
     """
     verifier = ChainVerifier()
-    async with conn.transaction():
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    async with snapshot(conn):
         head = await read_head(conn)
         async for row in iter_rows(conn):
             if not verifier.feed(row):
                 break
     return verifier.report(head, head_missing=head is None)
+
+
+@asynccontextmanager
+async def snapshot(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    """A read-only transaction of one snapshot, as READER_ROLE: the whole chain, appends
+    committed meanwhile left out. `conn` must not be inside a transaction already."""
+    async with role_transaction(conn, READER_ROLE):
+        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        yield

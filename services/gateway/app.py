@@ -38,7 +38,7 @@ from specops_services.gateway.listener import RunEventsListener
 from specops_services.gateway.metrics import HttpMetrics, count_runs
 from specops_services.gateway.problems import install, problem_response, responses
 from specops_services.gateway.settings import GatewaySettings, gateway_settings
-from specplatform.db import create_pool, migrate, wait_for_database
+from specplatform.db import create_pool, migrate, role_transaction, wait_for_database
 from specplatform.ops import process_ops
 from specplatform.settings import Settings
 
@@ -161,7 +161,7 @@ async def _purge_keys(app: FastAPI) -> None:
     """Expired idempotency keys are invisible already; this only reclaims their rows."""
     while True:
         try:
-            async with app.state.pool.connection() as conn:
+            async with app.state.pool.connection() as conn, role_transaction(conn, db.KEY_PURGER):
                 await db.purge_expired_keys(conn)
         except Exception as exc:
             log.warning("could not purge expired idempotency keys: %r", exc)

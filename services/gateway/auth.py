@@ -12,7 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from specops_schemas.catalog import Role
 from specops_services.gateway import db, logic
 from specops_services.gateway.problems import problem, unauthorized
-from specplatform.db import Pool
+from specplatform.db import Pool, role_transaction
 
 # auto_error=False: a missing header must become our 401 problem (with its challenge),
 # not FastAPI's plain 403. The scheme still documents bearer auth in the OpenAPI.
@@ -39,7 +39,7 @@ async def authenticate(
     token = logic.bearer_token(request.headers.get("authorization"))
     if credentials is None or token is None:
         raise unauthorized("send `Authorization: Bearer <token>`", invalid=False)
-    async with pool_of(request).connection() as conn:
+    async with pool_of(request).connection() as conn, role_transaction(conn, db.TOKEN_READER):
         row = await db.find_token(conn, logic.hash_token(token))
     if row is None:
         raise unauthorized("the bearer token is unknown or revoked", invalid=True)

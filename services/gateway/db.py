@@ -4,7 +4,10 @@ datastores, which it alone writes.
 
 Functions take an open connection and run inside the caller's transaction; tenant-facing
 ones expect `specplatform.db.tenant_transaction`, whose row-level security is the second wall
-behind the explicit `tenant_id` filters here.
+behind the explicit `tenant_id` filters here. The few that span tenants expect a
+`specplatform.db.role_transaction` of the narrow role named in their docstring
+(schemas/sql/018_rls.sql); the pool's own role sees no tenant's rows outside a tenant's
+transaction.
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ from specops_services.gateway.cache import CACHE_TTL, KEY_COLUMNS
 from specops_services.gateway.logic import RunProgress, RunState, StoredResponse
 from specplatform.db import Connection, connect
 
+# The narrow cross-tenant roles the gateway takes (schemas/sql/018_rls.sql).
+TOKEN_READER = "specops_token_reader"  # live api_tokens, looked up before the tenant is known
+RUN_MONITOR = "specops_run_monitor"  # every tenant's runs and run_events, read only
+KEY_PURGER = "specops_key_purger"  # every tenant's expired idempotency keys, to delete
+
 # --- tokens ------------------------------------------------------------------------------
 
 
@@ -37,7 +45,7 @@ class TokenRow:
 
 
 async def find_token(conn: Connection, secret_sha256: str) -> TokenRow | None:
-    """The live token with this hash (api_tokens has no RLS: the tenant is not known yet)."""
+    """The live token with this hash, as TOKEN_READER (the tenant is not known yet)."""
     cur = await conn.execute(
         "SELECT id, tenant_id, role FROM api_tokens WHERE secret_sha256 = %s AND revoked_at IS NULL",
         (secret_sha256,),
@@ -47,13 +55,15 @@ async def find_token(conn: Connection, secret_sha256: str) -> TokenRow | None:
 
 
 async def token_live(conn: Connection, token_id: str) -> bool:
-    """Whether the token is still there and not revoked (an open event stream re-checks its caller's)."""
+    """Whether the token is still there and not revoked (an open event stream re-checks its
+    caller's), as TOKEN_READER."""
     cur = await conn.execute("SELECT 1 FROM api_tokens WHERE id = %s AND revoked_at IS NULL", (token_id,))
     return await cur.fetchone() is not None
 
 
 async def count_runs_by_status(conn: Connection) -> dict[RunStatus, int]:
-    """Every tenant's runs per status (none of a status: absent), for the runs-by-state gauge."""
+    """Every tenant's runs per status (none of a status: absent), for the runs-by-state gauge;
+    as RUN_MONITOR."""
     cur = await conn.execute("SELECT status, count(*) AS n FROM runs GROUP BY status")
     return {RunStatus(row["status"]): int(row["n"]) for row in await cur.fetchall()}
 
@@ -204,6 +214,7 @@ async def store_response(
 
 
 async def purge_expired_keys(conn: Connection) -> int:
+    """Delete every tenant's expired idempotency keys, as KEY_PURGER (which sees no live one)."""
     cur = await conn.execute("DELETE FROM idempotency_keys WHERE expires_at <= now()")
     return cur.rowcount
 
@@ -439,7 +450,7 @@ def _progress(row: dict[str, Any]) -> RunProgress:
 
 
 async def unanswered_runs(conn: Connection) -> list[RunProgress]:
-    """Every tenant's runs not yet completed or failed (the owning role: no row-level filter)."""
+    """Every tenant's runs not yet completed or failed, as RUN_MONITOR."""
     cur = await conn.execute(_PROGRESS)
     return [_progress(row) for row in await cur.fetchall()]
 

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specops_schemas.catalog import RunStatus
 from specops_services.gateway import db
-from specplatform.db import Pool
+from specplatform.db import Pool, role_transaction
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ async def count_runs(pool: Pool, *, every_s: float) -> None:
     is unreachable the gauge keeps its last count (the outage is logged by the requests)."""
     while True:
         try:
-            async with pool.connection() as conn:
+            async with pool.connection() as conn, role_transaction(conn, db.RUN_MONITOR):
                 record_runs(await db.count_runs_by_status(conn))
         except psycopg.OperationalError:
             pass

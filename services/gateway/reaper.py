@@ -25,7 +25,7 @@ from prometheus_client import Counter
 from specbus import outbox
 from specbus.envelope import new_event
 from specops_services.gateway import db, logic, projection, results
-from specplatform.db import Pool, tenant_transaction
+from specplatform.db import Pool, role_transaction, tenant_transaction
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ REAPED = Counter("specops_runs_reaped_total", "Runs failed for want of progress 
 
 async def sweep(pool: Pool, deadlines: Mapping[str, timedelta]) -> list[str]:
     """Fail every stalled run; the ids of those this call failed."""
-    async with pool.connection() as conn:
+    async with pool.connection() as conn, role_transaction(conn, db.RUN_MONITOR):
         candidates = await db.unanswered_runs(conn)
     now = datetime.now(UTC)
     reaped = []

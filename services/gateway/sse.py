@@ -21,7 +21,7 @@ from specops_schemas.api import Problem
 from specops_services.gateway import db
 from specops_services.gateway.auth import Principal
 from specops_services.gateway.listener import RunEventsListener
-from specplatform.db import Connection, Pool, tenant_transaction
+from specplatform.db import Connection, Pool, role_transaction, tenant_transaction
 
 # An event stream's last event when it cannot go on (its data: a problem), and the problem
 # of a token revoked while its stream was open.
@@ -63,7 +63,7 @@ async def follow(
     last_sent = token_checked = time.monotonic()
     while True:
         if time.monotonic() - token_checked >= token_check_s:
-            async with pool.connection() as conn:
+            async with pool.connection() as conn, role_transaction(conn, db.TOKEN_READER):
                 live = await db.token_live(conn, principal.token_id)
             if not live:
                 yield token_revoked(feed.location)

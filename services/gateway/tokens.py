@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from specops_schemas.catalog import Role
 from specops_services.gateway import db, logic
-from specplatform.db import connect
+from specplatform.db import connect, tenant_transaction
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +23,7 @@ async def issue_token(dsn: str, *, tenant_id: str, role: Role, name: str | None 
     _require_tenant_id(tenant_id)
     secret = logic.new_token()
     token_id = "tok_" + secrets.token_hex(8)
-    async with await connect(dsn) as conn, conn.transaction():
+    async with await connect(dsn) as conn, tenant_transaction(conn, tenant_id):
         await db.create_token(
             conn,
             token_id=token_id,

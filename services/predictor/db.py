@@ -3,9 +3,12 @@
 016_predictor_heads: predictor_heads).
 It reads no other service's table.
 
-Functions take an open connection and run inside the caller's transaction (the
-inbox transaction of `specbus.process_once`). The predictor works across tenants, as
-the owning role, so row-level security does not apply to it.
+Functions take an open connection and run inside the caller's transaction: the inbox
+transaction of `specbus.process_once` or a `specplatform.db.tenant_transaction`, both of
+one event's tenant. The predictor serves every tenant, one tenant per transaction: row-
+level security (schemas/sql/018_rls.sql) shows it that tenant's rows only, behind the
+explicit tenant filters here. Nothing a tenant measured (measured_history), uploaded
+(predictor_datastores) or trained (predictor_heads) reaches another tenant's plan (F-S1).
 """
 
 from __future__ import annotations
@@ -85,15 +88,18 @@ async def is_planned(conn: Connection, run_id: str) -> bool:
     return bool(rows)
 
 
-async def recent_history(conn: Connection, fingerprint: Fingerprint, limit: int) -> list[HistoryRow]:
-    """The newest measured_history rows of a fingerprint (other fingerprints never match)."""
+async def recent_history(
+    conn: Connection, tenant_id: str, fingerprint: Fingerprint, limit: int
+) -> list[HistoryRow]:
+    """The tenant's newest measured_history rows of a fingerprint (other fingerprints never
+    match; another tenant's rows never count, F-S1)."""
     rows = await _rows(
         conn,
         """SELECT family, draft, fingerprint, temperature, k, acceptance_rate, mean_acceptance_length,
                   speedup, model_ref, gpu, tree, weight
-           FROM measured_history WHERE fingerprint = %s AND speedup IS NOT NULL
+           FROM measured_history WHERE tenant_id = %s AND fingerprint = %s AND speedup IS NOT NULL
            ORDER BY created_at DESC, id DESC LIMIT %s""",
-        (fingerprint.value, limit),
+        (tenant_id, fingerprint.value, limit),
     )
     return [
         HistoryRow(
@@ -329,15 +335,19 @@ async def mark_failed(conn: Connection, bench_id: str) -> None:
 # --- what an answer teaches ---------------------------------------------------------------------
 
 
-async def append_history(conn: Connection, rows: Sequence[HistoryRow], *, run_id: str, bench_id: str) -> None:
+async def append_history(
+    conn: Connection, rows: Sequence[HistoryRow], *, tenant_id: str, run_id: str, bench_id: str
+) -> None:
+    """Keep what the tenant's run measured, for that tenant's later plans only."""
     async with conn.cursor() as cur:
         await cur.executemany(
-            """INSERT INTO measured_history (family, draft, fingerprint, temperature_bucket, temperature, k,
-                   acceptance_rate, mean_acceptance_length, speedup, model_ref, gpu, tree, weight,
-                   run_id, bench_id)
-               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
+            """INSERT INTO measured_history (tenant_id, family, draft, fingerprint, temperature_bucket,
+                   temperature, k, acceptance_rate, mean_acceptance_length, speedup, model_ref, gpu, tree,
+                   weight, run_id, bench_id)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)""",
             [
                 (
+                    tenant_id,
                     r.family.value,
                     r.draft,
                     r.fingerprint.value,

@@ -27,7 +27,7 @@ from specops_schemas.security import PolicyChanged
 from specops_services.predictor import db, logic, projection
 from specops_services.predictor.host import local_target
 from specops_services.predictor.plan import HostInfo
-from specplatform.db import Pool
+from specplatform.db import Pool, tenant_transaction
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ async def received(pool: Pool, event: Envelope[RunRequested]) -> None:
     request is parked) is still a run this predictor knows, and fails on that dead letter.
     The event's id is derived, so a redelivery queues nothing new.
     """
-    async with pool.connection() as conn, conn.transaction():
+    async with pool.connection() as conn, tenant_transaction(conn, event.tenant_id):
         await db.record_run(conn, event.payload.run_id, event.tenant_id)
         await outbox.add(conn, logic.predicting(event))
 
@@ -68,7 +68,7 @@ async def run_failed(pool: Pool, event: Envelope[RunFailed]) -> None:
     gateway's reaper's, ours), and its bench failed, so that a bench completed late answers
     nothing; unless it failed as `dead_letter`, which a redrive of the parked message undoes."""
     run_id = event.payload.run_id
-    async with pool.connection() as conn, conn.transaction():
+    async with pool.connection() as conn, tenant_transaction(conn, event.tenant_id):
         bench = await db.lock_bench(conn, logic.bench_id_for(run_id))
         if bench is not None and not bench.finalized and logic.is_final(event.payload):
             await db.mark_failed(conn, bench.bench_id)
@@ -93,7 +93,9 @@ async def plan(
         _log_failure(run_id, target)
         await db.mark_ended(conn, run_id, event.tenant_id)
         return [logic.failed(event, target)]
-    history = await db.recent_history(conn, request.workload.fingerprint, planner.history_rows)
+    history = await db.recent_history(
+        conn, event.tenant_id, request.workload.fingerprint, planner.history_rows
+    )
     planned = logic.make_plan(
         request,
         run_id=run_id,
@@ -224,7 +226,9 @@ async def _answer_if_ready(
         _log_failure(bench.run_id, problem)
         failed = RunFailed(run_id=bench.run_id, error_stage=problem.stage, message=problem.message)
         return [logic.answer_event(bench, trigger, failed)]
-    await db.append_history(conn, learned, run_id=bench.run_id, bench_id=bench.bench_id)
+    await db.append_history(
+        conn, learned, tenant_id=bench.tenant_id, run_id=bench.run_id, bench_id=bench.bench_id
+    )
     return [logic.answer_event(bench, trigger, answer)]
 
 

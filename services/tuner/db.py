@@ -1,7 +1,10 @@
 """All of the tuner's SQL: the tables it owns (012_tuner: tuner_sessions, tuner_trials; Optuna
 writes its own schema `optuna` through study.py). It reads no other service's table.
 
-Functions take an open connection and run inside the caller's transaction.
+Functions take an open connection and run inside the caller's transaction: a tenant's
+(`specbus.process_once`, `specplatform.db.tenant_transaction`), whose row-level security
+shows that tenant's sessions only, except `running_sessions`, which spans tenants as
+TICKER (schemas/sql/018_rls.sql).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from specops_schemas.tune import CurvePoint, Dimension, TrialResult, TuneRequest
 from specops_services.tuner.logic import Session, Trial
 
 Connection = AsyncConnection[Any]
+
+# The narrow role that sees every tenant's open sessions (ids and tenants), for the budget ticker.
+TICKER = "specops_tuner_ticker"
 
 _DIMENSIONS = TypeAdapter(list[Dimension])
 _CURVE = TypeAdapter(list[CurvePoint])
@@ -118,11 +124,12 @@ async def save_session(
     )
 
 
-async def running_sessions(conn: Connection) -> list[str]:
+async def running_sessions(conn: Connection) -> list[tuple[str, str]]:
+    """Every tenant's sessions not yet ended, as (session_id, tenant_id); as TICKER."""
     rows = await _rows(
-        conn, "SELECT session_id FROM tuner_sessions WHERE ended_at IS NULL ORDER BY session_id"
+        conn, "SELECT session_id, tenant_id FROM tuner_sessions WHERE ended_at IS NULL ORDER BY session_id"
     )
-    return [r["session_id"] for r in rows]
+    return [(r["session_id"], r["tenant_id"]) for r in rows]
 
 
 async def session_of_bench(conn: Connection, bench_id: str) -> str | None:

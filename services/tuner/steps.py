@@ -35,7 +35,7 @@ from specops_schemas.tune import (
 from specops_services.tuner import db, logic, rule, study
 from specops_services.tuner import space as search
 from specops_services.tuner.logic import Session, Trial
-from specplatform.db import Pool
+from specplatform.db import Pool, role_transaction, tenant_transaction
 
 log = logging.getLogger(__name__)
 
@@ -446,12 +446,13 @@ async def _start_trial(
 async def tick(pool: Pool, tuner: Tuner) -> int:
     """Heartbeat every running session (a gap over 3 ticks is downtime), and end those whose
     deadline passed by more than the grace while a trial is still in flight (that trial is
-    failed as `timeout`). Each session in a transaction of its own; the number of events queued."""
-    async with pool.connection() as conn:
-        ids = await db.running_sessions(conn)
+    failed as `timeout`). Each session in a transaction of its own, its tenant's; the number of
+    events queued."""
+    async with pool.connection() as conn, role_transaction(conn, db.TICKER):
+        running = await db.running_sessions(conn)
     queued = 0
-    for session_id in ids:
-        async with pool.connection() as conn, conn.transaction():
+    for session_id, tenant_id in running:
+        async with pool.connection() as conn, tenant_transaction(conn, tenant_id):
             session = await db.lock_session(conn, session_id, skip_locked=True)
             if session is None or session.ended:
                 continue

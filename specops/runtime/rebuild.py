@@ -82,14 +82,14 @@ class RebuildReport:
 
 
 async def _project_owned(conn: Connection, event: Envelope[Any]) -> None:
-    # Each owner writes in a transaction of its own, as it does live; the gateway's is
-    # tenant-scoped (row-level security), the others' are not.
+    # Each owner writes in a transaction of its own, as it does live, acting for the
+    # event's tenant (row-level security binds every service, schemas/sql/018_rls.sql).
     async with tenant_transaction(conn, event.tenant_id):
         await gateway_projection.rebuild(conn, event)
         await gateway_tune_projection.rebuild(conn, event)
         await gateway_heads_projection.rebuild(conn, event)
         await gateway_security_projection.project(conn, event)
-    async with conn.transaction():
+    async with tenant_transaction(conn, event.tenant_id):
         await predictor_projection.project(conn, event)
         await bench_projection.project(conn, event)
         await gate_projection.project(conn, event)

@@ -131,9 +131,9 @@ async def test_a_tenant_transaction_sees_only_its_tenant(db: str) -> None:
                 await conn.execute(
                     "INSERT INTO runs (id, tenant_id, request) VALUES ('sneaky', 'globex', '{}')"
                 )
-        # The scope ended with its transaction: the pooled connection is back to the owner role.
+        # The scope ended with its transaction: the pooled connection sees no tenant's runs.
         cursor = await conn.execute("SELECT count(*) AS n FROM runs")
-        assert await cursor.fetchone() == {"n": 2}
+        assert await cursor.fetchone() == {"n": 0}
 
 
 def test_hardware_profiles_are_seeded(database_url: str) -> None:

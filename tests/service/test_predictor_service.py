@@ -51,6 +51,7 @@ from specops_services.predictor.steps import Planner
 from specplatform.db import Pool
 
 TENANT = "acme"
+OTHER_TENANT = "globex"
 SMOLLM = "smollm2-135m-instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 FAST = RetryPolicy(max_deliver=3, backoff_s=(0.2, 0.5), ack_wait_s=5.0)
@@ -64,17 +65,17 @@ def _request(model: str = SMOLLM, gpu: str = "cpu", engine: str = "speccore") ->
     )
 
 
-def _requested(dsn: str, request: RunCreateRequest) -> Envelope[RunRequested]:
+def _requested(dsn: str, request: RunCreateRequest, tenant: str = TENANT) -> Envelope[RunRequested]:
     """A run as the gateway creates it: its row (queued), then its `run.requested`."""
     run_id = str(uuid.uuid4())
-    bus.sql(dsn, "INSERT INTO tenants (id, name) VALUES (%s, %s) ON CONFLICT DO NOTHING", (TENANT, TENANT))
+    bus.sql(dsn, "INSERT INTO tenants (id, name) VALUES (%s, %s) ON CONFLICT DO NOTHING", (tenant, tenant))
     bus.sql(
         dsn,
         "INSERT INTO runs (id, tenant_id, request) VALUES (%s, %s, %s)",
-        (run_id, TENANT, Jsonb(request.model_dump(mode="json"))),
+        (run_id, tenant, Jsonb(request.model_dump(mode="json"))),
     )
     payload = RunRequested(run_id=run_id, request=request, requested_by="token-1")
-    return new_event(payload, tenant_id=TENANT, correlation_id=run_id, producer="gateway")
+    return new_event(payload, tenant_id=tenant, correlation_id=run_id, producer="gateway")
 
 
 def _measurement(candidate_id: str, speedup: float, acceptance: float = 0.5) -> Measurement:
@@ -199,27 +200,60 @@ async def test_measured_run_completes_once_every_verdict_is_in(
     assert len(history) == 3 and {row[3] for row in history} == {"cpu"}
 
 
+async def _measured(js: JetStreamContext, requested: Envelope[RunRequested]) -> str:
+    """Measure a run to its answer, its first candidate far better than predicted; that candidate's id."""
+    await publish(js, requested)
+    bench = await _planned(js, requested.correlation_id)
+    cid = bench.payload.plan.candidates[0].candidate_id
+    done = _bench_completed(bench, {cid: 2.5}, acceptance=0.95)
+    await publish(js, done)
+    await publish(js, _verdict(done, cid, passed=True))
+    await bus.events(js, f"spec.run.{requested.correlation_id}.completed")
+    return cid
+
+
+async def _predictions(js: JetStreamContext, requested: Envelope[RunRequested]) -> dict[str, Any]:
+    """The prediction of each candidate of a run's `run.predicted`, by candidate id."""
+    [predicted] = await bus.events(js, f"spec.run.{requested.correlation_id}.predicted")
+    return {c.candidate.candidate_id: c.prediction for c in predicted.payload.candidates}
+
+
 async def test_history_refines_the_next_prediction(db: str, nats_url: str, js: JetStreamContext) -> None:
     async with _predictor(db, nats_url):
         before = _requested(db, _request())
-        await publish(js, before)
-        bench = await _planned(js, before.correlation_id)
-        cid = bench.payload.plan.candidates[0].candidate_id
-        done = _bench_completed(bench, {cid: 2.5}, acceptance=0.95)
-        await publish(js, done)
-        await publish(js, _verdict(done, cid, passed=True))
-        await bus.events(js, f"spec.run.{before.correlation_id}.completed")
-
+        cid = await _measured(js, before)
         after = _requested(db, _request())
         await publish(js, after)
-        [first] = await bus.events(js, f"spec.run.{before.correlation_id}.predicted")
-        [second] = await bus.events(js, f"spec.run.{after.correlation_id}.predicted")
+        first = (await _predictions(js, before))[cid]
+        second = (await _predictions(js, after))[cid]
 
-    def prediction(event: Envelope[Any]) -> Any:
-        return next(c.prediction for c in event.payload.candidates if c.candidate.candidate_id == cid)
+    assert second.acceptance_rate > first.acceptance_rate
+    assert second.speedup > first.speedup
 
-    assert prediction(second).acceptance_rate > prediction(first).acceptance_rate
-    assert prediction(second).speedup > prediction(first).speedup
+
+async def test_another_tenants_history_changes_no_prediction(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    """F-S1 (issue 20): what tenant A measured reaches no plan of tenant B's, in any tier (the
+    predictor scopes its history per tenant always; a single-tenant deployment has one)."""
+    async with _predictor(db, nats_url):
+        # B's prediction with no history anywhere.
+        alone = _requested(db, _request(), tenant=OTHER_TENANT)
+        await publish(js, alone)
+        without_history = await _predictions(js, alone)
+        # A measures the same workload, far better than predicted; A's next plan learns from it.
+        cid = await _measured(js, _requested(db, _request()))
+        again = _requested(db, _request())
+        after = _requested(db, _request(), tenant=OTHER_TENANT)
+        await publish(js, again)
+        await publish(js, after)
+        learned = await _predictions(js, again)
+        with_a_history = await _predictions(js, after)
+
+    assert learned[cid] != without_history[cid]
+    assert with_a_history == without_history
+    rows = bus.sql(db, "SELECT DISTINCT tenant_id FROM measured_history")
+    assert rows == [(TENANT,)]
 
 
 async def test_a_failed_gate_disqualifies_the_fastest(db: str, nats_url: str, js: JetStreamContext) -> None:

@@ -3,7 +3,15 @@
 from specplatform.db.dsn import with_database
 from specplatform.db.migrate import migrate
 from specplatform.db.migrations import MigrationError
-from specplatform.db.pool import APP_ROLE, Connection, Pool, connect, create_pool, tenant_transaction
+from specplatform.db.pool import (
+    APP_ROLE,
+    Connection,
+    Pool,
+    connect,
+    create_pool,
+    role_transaction,
+    tenant_transaction,
+)
 from specplatform.db.reachable import unreachable, wait_for_database
 
 __all__ = [
@@ -14,6 +22,7 @@ __all__ = [
     "connect",
     "create_pool",
     "migrate",
+    "role_transaction",
     "tenant_transaction",
     "unreachable",
     "wait_for_database",

@@ -7,11 +7,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
-# The role RLS policies apply to (schemas/sql/001_core.sql); tables belong to the
-# migrating role, which bypasses RLS as their owner.
+from specbus import tenancy
+
+# The role every service connection runs as (schemas/sql/018_rls.sql): it owns no table and
+# has no BYPASSRLS, so row-level security binds it; tables belong to the migrating role.
 APP_ROLE = "specops_app"
 
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[DictRow]]
@@ -23,6 +26,9 @@ def create_pool(
 ) -> Pool:
     """An unopened pool of dict-row connections; use `async with create_pool(dsn) as pool:`.
 
+    Every connection runs as APP_ROLE from the moment it is opened, whichever login the
+    DSN names (the tables' owner, a superuser): a service sees a tenant's rows only in a
+    `tenant_transaction` (or `specbus.process_once`), and another tenant's never.
     Unopened because AsyncConnectionPool must be opened inside a running event loop.
     `timeout_s`: how long `pool.connection()` waits for a connection before PoolTimeout.
     """
@@ -35,8 +41,14 @@ def create_pool(
         timeout=timeout_s,
         kwargs=kwargs,
         connection_class=psycopg.AsyncConnection[DictRow],
+        configure=_as_app_role,
         open=False,
     )
+
+
+async def _as_app_role(conn: Connection) -> None:
+    await conn.execute(f"SET ROLE {APP_ROLE}")
+    await conn.commit()
 
 
 async def connect(dsn: str, *, autocommit: bool = False) -> Connection:
@@ -49,9 +61,20 @@ async def tenant_transaction(conn: Connection, tenant_id: str) -> AsyncIterator[
     """A transaction that sees and writes only `tenant_id`'s rows of tenant-scoped tables.
 
     SET LOCAL / set_config(..., true) end with the transaction, so a pooled connection
-    never carries one tenant's scope into another request.
+    never carries one tenant's scope into another request. The role is set here too for
+    connections from `connect` (the CLI's), which run as their login otherwise.
     """
     async with conn.transaction():
         await conn.execute(f"SET LOCAL ROLE {APP_ROLE}")
-        await conn.execute("SELECT set_config('app.tenant_id', %s, true)", (tenant_id,))
+        await tenancy.act_for(conn, tenant_id)
+        yield conn
+
+
+@asynccontextmanager
+async def role_transaction(conn: Connection, role: str) -> AsyncIterator[Connection]:
+    """A transaction run as `role`, one of the narrow roles of schemas/sql/018_rls.sql that
+    may see one kind of row of every tenant (a bearer token by its hash, the stalled runs,
+    the expired idempotency keys, the audit log), for back-end work that spans tenants."""
+    async with conn.transaction():
+        await conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
         yield conn
