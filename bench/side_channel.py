@@ -4,17 +4,17 @@ their mitigations; writes the attackers' ROC AUC, the trials, and each mitigatio
 throughput cost.
 
 **Acceptance pattern** (F-S2, F-S3). A victim streams a greedy completion of a prompt of one
-of two classes, code (HumanEval) or chat (ShareGPT); the attacker sees only the arrival time
-of each SSE chunk (what an encrypted stream shows) and tells the class. Every prompt is cut to
-the same PROMPT_TOKENS tokens and only prompts whose completion runs to MAX_TOKENS tokens in
-every setting count, so neither the prompt's length nor the output's says the class (an
-encrypted stream shows both); the features start at the first chunk (the time to it is the
-prefill's). Features: chunk count, decode time (first to last chunk), gap mean / sd / min /
-max and a histogram of the gaps in 6 bins; a logistic regression (numpy, L2) over them,
-5-fold cross-validated (repeated 5 times, shuffled), AUC of the held-out scores (Mann-Whitney).
-Settings, one tenant each on one server, every prompt asked in all three (interleaved, the
-order rotated per prompt): speculation with no mitigation, F-S2 (paced release, one token per
-`--pace-ms`), F-S3 (the tenant opted out: plain decoding).
+of two classes, code (HumanEval) or chat (ShareGPT), as a chat turn; the attacker sees only
+the arrival time of each SSE chunk (what an encrypted stream shows) and tells the class.
+Every prompt is cut to the same PROMPT_TOKENS tokens (ASCII text) and only prompts whose
+completion runs to max tokens in every setting count, so neither the prompt's length nor the
+output's says the class (an encrypted stream shows both); the features start at the first
+chunk (the time to it is the prefill's). Features: chunk count, decode time (first to last
+chunk), gap sd and max gap (few features: the trials are few); a logistic regression (numpy,
+L2) over them, 5-fold cross-validated (repeated 5 times, shuffled), AUC of the held-out
+scores (Mann-Whitney). Settings, one tenant each on one server, every prompt asked in all
+three (interleaved, the order rotated per prompt): speculation with no mitigation, F-S2
+(paced release, one token per `--pace-ms`), F-S3 (the tenant opted out: plain decoding).
 
 **Shared cache** (F-S1). The server drafts from its cross-request n-gram pool
 (`--draft-pool`). Tenant A asks half of the candidate prompts; tenant B then asks every
@@ -60,7 +60,6 @@ MODEL = "smollm2-135m-instruct"
 METHOD = "ngram"
 PROMPT_TOKENS = 64
 GOAL_AUC = 0.55
-GAP_BINS_S = (0.005, 0.015, 0.03, 0.06, 0.12)  # edges of the 6 gap-histogram bins
 START_S = 300.0
 
 
@@ -168,16 +167,11 @@ def auc_se(a: float, n_pos: int, n_neg: int) -> float:
 
 
 def features(s: Streamed) -> list[float]:
-    t = np.array(s.chunks)
-    gaps = np.diff(t) if len(t) > 1 else np.zeros(1)
-    hist = np.histogram(gaps, bins=(0.0, *GAP_BINS_S, np.inf))[0] / len(gaps)
-    return [len(t), s.decode_s, gaps.mean(), gaps.std(), gaps.min(), gaps.max(), *hist]
+    gaps = np.diff(np.array(s.chunks))
+    return [len(s.chunks), s.decode_s, gaps.std(), gaps.max()]
 
 
-FEATURES = ["chunks", "decode_s", "gap_mean", "gap_sd", "gap_min", "gap_max"] + [
-    f"gaps_{lo * 1000:g}-{hi * 1000:g}ms"
-    for lo, hi in zip((0.0, *GAP_BINS_S), (*GAP_BINS_S, np.inf), strict=True)
-]
+FEATURES = ["chunks", "decode_s", "gap_sd", "gap_max"]
 
 
 def logistic(x: np.ndarray, y: np.ndarray, l2: float = 1.0, steps: int = 500, lr: float = 0.5) -> np.ndarray:
@@ -226,7 +220,8 @@ def metric(url: str, name: str) -> float:
 
 
 def cut_prompts(target: Any, workload: str, n: int, skip: int = 0) -> list[list[int]]:
-    """``n`` prompts of the workload at least PROMPT_TOKENS long, cut to PROMPT_TOKENS tokens;
+    """``n`` prompts of the workload at least PROMPT_TOKENS long, cut to PROMPT_TOKENS tokens
+    and sent as a chat turn;
     ASCII only, so that every token is a chunk of text of its own (a token that ends inside a
     multi-byte character sends no chunk: a channel of the text, not of the acceptance)."""
     pool = load_prompts(workload, 164 if workload == "code" else 600)
@@ -234,7 +229,8 @@ def cut_prompts(target: Any, workload: str, n: int, skip: int = 0) -> list[list[
     long = [i[:PROMPT_TOKENS] for i in ids if len(i) >= PROMPT_TOKENS][skip:]
     if len(long) < n:
         raise SystemExit(f"{workload}: {len(long)} prompts of {PROMPT_TOKENS}+ tokens, asked for {n}")
-    return long[:n]
+    # As one user turn of the chat template: the assistant's answer is what is generated.
+    return [target.encode_prompt(target.tokenizer.decode(i), chat=True) for i in long[:n]]
 
 
 def acceptance_pattern(
@@ -284,6 +280,9 @@ def acceptance_pattern(
             "tokens_per_s": round(tps, 2),
             "throughput_ratio": round(tps / base, 3),
             "median_chunks": statistics.median(len(s.chunks) for s, _ in kept),
+            "median_decode_ms_per_token": round(
+                1000 * statistics.median(s.decode_s / (s.tokens - 1) for s, _ in kept), 1
+            ),
         }
     return {
         "settings": out,
@@ -368,13 +367,15 @@ def policies(path: Path, pace_ms: float) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--per-class", type=int, default=80, help="acceptance pattern: prompts per class")
+    p.add_argument("--per-class", type=int, default=26, help="acceptance pattern: prompts per class")
     p.add_argument(
-        "--candidates", type=int, default=80, help="shared cache: candidate prompts (half asked by A)"
+        "--candidates", type=int, default=24, help="shared cache: candidate prompts (half asked by A)"
     )
-    p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--pace-ms", type=float, default=40.0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=24)
+    # At least the plain decoding step of the machine under load: about 100-130 ms per token on
+    # the shared 2-core CPU with one thread (the smoke runs' median), where 40 or 60 ms slipped.
+    p.add_argument("--pace-ms", type=float, default=150.0)
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=Path("bench/results/side-channel.json"))
     args = p.parse_args()
 

@@ -20,9 +20,10 @@ text being generated. Three ways to hide it, and what each still leaks:
 We pace at a fixed interval. Its cost is latency, not compute: the engine still decodes as
 fast as it can (its rows leave the batch as early as before, so the server's throughput under
 load is unchanged); the caller reads at most one token per ``interval``. The interval must be
-at least the engine's slowest step per token (the plain decoding step under load): when a
-token is not there at its slot the clock slips to when it comes (:attr:`PaceClock.slips`
-counts it), and a slip's timing is the engine's again. The end of a choice (its finish
+at least the engine's slowest step per token (the plain decoding step under load): a token
+that is not there at its slot waits for the first later slot on the same grid
+(:attr:`PaceClock.slips` counts it), so a slip shows only how many slots were missed, never
+the engine's own time. The end of a choice (its finish
 reason) takes a slot of its own, so a finishing update that keeps no token is paced too.
 
 Pure: times are whatever clock the caller reads (the server's ``loop.time()``); this module
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from dataclasses import dataclass, field
 
 
@@ -53,7 +55,8 @@ class PaceClock:
         if self.next_at is None:
             at = available_at
         elif available_at > self.next_at:
-            at = available_at
+            missed = math.ceil((available_at - self.next_at) / self.interval_s)
+            at = self.next_at + missed * self.interval_s
             self.slips += 1
         else:
             at = self.next_at

@@ -36,12 +36,12 @@ def test_the_schedule_does_not_depend_on_how_the_tokens_were_grouped() -> None:
     assert a == b == c == pytest.approx([1.0 + 0.05 * i for i in range(6)])
 
 
-def test_a_token_late_for_its_slot_slips_the_clock() -> None:
+def test_a_token_late_for_its_slot_waits_for_the_next_slot_on_the_grid() -> None:
     clock = PaceClock(0.04)
     assert clock.slot(1.0) == 1.0
     assert clock.slot(1.01) == pytest.approx(1.04)  # waits for its slot
-    assert clock.slot(1.2) == 1.2  # came after its slot (1.08): leaves when it comes
-    assert clock.slot(1.2) == pytest.approx(1.24)
+    assert clock.slot(1.1) == pytest.approx(1.12)  # missed 1.08: the next slot, not 1.1
+    assert clock.slot(1.1) == pytest.approx(1.16)
     assert clock.slips == 1
 
 
