@@ -4,7 +4,9 @@ their mitigations; writes the attackers' ROC AUC, the trials, and each mitigatio
 throughput cost.
 
 **Acceptance pattern** (F-S2, F-S3). A victim streams a greedy completion of a prompt of one
-of two classes, code (HumanEval) or chat (ShareGPT), as a chat turn; the attacker sees only
+of two classes (`--classes`: a copy task, "repeat this hex string", or chat from ShareGPT;
+code from HumanEval vs chat is the other choice, where n-gram's acceptance differs too
+little on smollm2 for the attack to work: AUC 0.47 unmitigated), as a chat turn; the attacker sees only
 the arrival time of each SSE chunk (what an encrypted stream shows) and tells the class.
 Every prompt is cut to the same PROMPT_TOKENS tokens (ASCII text) and only prompts whose
 completion runs to max tokens in every setting count, so neither the prompt's length nor the
@@ -219,13 +221,22 @@ def metric(url: str, name: str) -> float:
 # --- the attacks -------------------------------------------------------------------------------
 
 
+def copy_text(seed: int) -> str:
+    """A copy task (as tests/service/test_engine_drift.py's drifted traffic): n-gram drafts it well."""
+    rng = random.Random(seed)
+    return "Repeat this string exactly: " + "".join(rng.choice("0123456789abcdef") for _ in range(160))
+
+
 def cut_prompts(target: Any, workload: str, n: int, skip: int = 0) -> list[list[int]]:
-    """``n`` prompts of the workload at least PROMPT_TOKENS long, cut to PROMPT_TOKENS tokens
-    and sent as a chat turn;
-    ASCII only, so that every token is a chunk of text of its own (a token that ends inside a
-    multi-byte character sends no chunk: a channel of the text, not of the acceptance)."""
-    pool = load_prompts(workload, 164 if workload == "code" else 600)
-    ids = [target.encode_prompt(p.text, chat=False) for p in pool if p.text.isascii()]
+    """``n`` prompts of the workload (a specprompts workload, or ``copy``) at least
+    PROMPT_TOKENS long, cut to PROMPT_TOKENS tokens and sent as a chat turn; ASCII only, so
+    that every token is a chunk of text of its own (a token that ends inside a multi-byte
+    character sends no chunk: a channel of the text, not of the acceptance)."""
+    if workload == "copy":
+        texts = [copy_text(seed) for seed in range(skip + n)]
+    else:
+        texts = [p.text for p in load_prompts(workload, 164 if workload == "code" else 600)]
+    ids = [target.encode_prompt(text, chat=False) for text in texts if text.isascii()]
     long = [i[:PROMPT_TOKENS] for i in ids if len(i) >= PROMPT_TOKENS][skip:]
     if len(long) < n:
         raise SystemExit(f"{workload}: {len(long)} prompts of {PROMPT_TOKENS}+ tokens, asked for {n}")
@@ -236,12 +247,14 @@ def cut_prompts(target: Any, workload: str, n: int, skip: int = 0) -> list[list[
 def acceptance_pattern(
     url: str, prompts: dict[str, list[list[int]]], max_tokens: int, pace_ms: float
 ) -> dict[str, Any]:
+    """``prompts``: two classes; the first is the positive one (label 1)."""
     settings = {
         "speculation, no mitigation": "victim-open",
         f"F-S2 pace {pace_ms:g} ms": "victim-paced",
         "F-S3 speculation off": "victim-plain",
     }
-    labelled = [(p, 1) for p in prompts["code"]] + [(p, 0) for p in prompts["chat"]]
+    first, second = prompts
+    labelled = [(p, 1) for p in prompts[first]] + [(p, 0) for p in prompts[second]]
     random.Random(1).shuffle(labelled)
     runs: dict[str, list[tuple[Streamed, int]]] = {s: [] for s in settings}
     slips = metric(url, "paced_slips_total")
@@ -275,8 +288,10 @@ def acceptance_pattern(
             "auc": round(a, 3),
             "auc_se": round(auc_se(a, int(y.sum()), int(len(y) - y.sum())), 3),
             "trials": len(kept),
-            "trials_code": int(y.sum()),
-            "trials_chat": int(len(y) - y.sum()),
+            f"trials_{first}": int(y.sum()),
+            f"trials_{second}": int(len(y) - y.sum()),
+            # One feature, no fitting: fewer chunks (more tokens a burst) -> the first class.
+            "auc_chunks": round(auc(-x[y == 1, 0], -x[y == 0, 0]), 3),
             "tokens_per_s": round(tps, 2),
             "throughput_ratio": round(tps / base, 3),
             "median_chunks": statistics.median(len(s.chunks) for s, _ in kept),
@@ -285,7 +300,12 @@ def acceptance_pattern(
             ),
         }
     return {
+        "classes": [first, second],
         "settings": out,
+        "per_trial": {  # label (1: the first class), chunks, decode seconds
+            name: [[y, len(s.chunks), round(s.decode_s, 4)] for s, y in (runs[name][i] for i in full)]
+            for name in settings
+        },
         "prompts_asked": len(labelled),
         "dropped_short": len(labelled) - len(full),
         "paced_slips": slips,
@@ -371,6 +391,11 @@ def main() -> int:
     p.add_argument(
         "--candidates", type=int, default=24, help="shared cache: candidate prompts (half asked by A)"
     )
+    p.add_argument(
+        "--classes",
+        default="copy,chat",
+        help="acceptance pattern: the two prompt classes (code, chat, copy); first: the positive one",
+    )
     p.add_argument("--max-tokens", type=int, default=24)
     # At least the plain decoding step of the machine under load: about 100-130 ms per token on
     # the shared 2-core CPU with one thread (the smoke runs' median), where 40 or 60 ms slipped.
@@ -383,10 +408,7 @@ def main() -> int:
 
     started = time.monotonic()
     target = load_model(MODEL, device="cpu", dtype="float32")
-    prompts = {
-        "code": cut_prompts(target, "code", args.per_class),
-        "chat": cut_prompts(target, "chat", args.per_class),
-    }
+    prompts = {name: cut_prompts(target, name, args.per_class) for name in args.classes.split(",")}
     candidates = cut_prompts(target, "chat", args.candidates, skip=args.per_class)
     del target
     work = Path(tempfile.mkdtemp(prefix="side-channel-"))  # the servers' logs and the policies
