@@ -387,9 +387,9 @@ def policies(path: Path, pace_ms: float) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--per-class", type=int, default=26, help="acceptance pattern: prompts per class")
+    p.add_argument("--per-class", type=int, default=40, help="acceptance pattern: prompts per class")
     p.add_argument(
-        "--candidates", type=int, default=24, help="shared cache: candidate prompts (half asked by A)"
+        "--candidates", type=int, default=32, help="shared cache: candidate prompts (half asked by A)"
     )
     p.add_argument(
         "--classes",
