@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench gpu-bench report lint asyncapi scale-check chaos tune-bench t3-bench
+.PHONY: setup test demo bench gpu-bench report lint asyncapi scale-check chaos tune-bench t3-bench side-channel
 
 setup: $(STAMP)
 
@@ -85,6 +85,13 @@ tune-bench: setup
 	$(PY) bench/tune_session.py --fingerprint code --budget-minutes 20 --out bench/results/tune-code-cpu2.json
 	$(PY) bench/tune_session.py --fingerprint code --budget-minutes 12 --families rest \
 		--corpus-dir $(CORPUS) --out bench/results/tune-corpus-cpu2.json
+
+# Issue 20's side channels through the engine server (smollm2, n-gram): the acceptance-pattern
+# attack (code vs chat from SSE chunk timing) with speculation, F-S2 pacing and F-S3 plain
+# decoding; the shared-cache attack (did tenant A ask this?) with one draft pool and with F-S1
+# per-tenant pools. ROC AUC, trials, throughput cost. About 15 minutes on 2 cores.
+side-channel: setup
+	$(PY) bench/side_channel.py --out bench/results/side-channel.json
 
 lint: setup
 	$(VENV)/bin/ruff check libs specops schemas services tests scripts

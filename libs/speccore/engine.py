@@ -26,6 +26,7 @@ import torch
 
 from speccore import proposers
 from speccore.adaptive import AdaptiveK
+from speccore.draft_pool import DraftPools
 from speccore.errors import SpecError
 from speccore.kv_cache import StaticKVCache
 from speccore.metrics import GenerationMetrics
@@ -56,6 +57,9 @@ class Request:
     sampling: SamplingParams = SamplingParams()
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # The cross-request draft pool (speccore.draft_pool) it drafts from and, once finished,
+    # feeds; None: none. Only with an engine that has pools.
+    draft_scope: str | None = None
 
 
 @dataclass(slots=True)
@@ -114,9 +118,12 @@ class Engine:
         *,
         lossy_accept_threshold: float | None = None,
         adaptive: bool = False,
+        draft_pools: DraftPools | None = None,
     ) -> None:
         """``adaptive``: choose each step's draft size from the batch and the measured
-        acceptance (speccore.adaptive) instead of always drafting the configured size."""
+        acceptance (speccore.adaptive) instead of always drafting the configured size.
+        ``draft_pools``: cross-request n-gram pools the proposer drafts from and finished
+        requests feed, per ``Request.draft_scope`` (a family that reads them: n-gram)."""
         if lossy_accept_threshold is not None and not 0.0 < lossy_accept_threshold <= 1.0:
             raise SpecError(f"lossy_accept_threshold must be in (0, 1], got {lossy_accept_threshold}")
         self.target = target
@@ -135,6 +142,11 @@ class Engine:
             if not self.proposer.adapts_draft:
                 raise SpecError(f"adaptive k does not apply to {method}: its draft size is fixed")
             self.adaptive = AdaptiveK(k_max=self.proposer.draft_nodes)
+        self.draft_pools = draft_pools
+        if draft_pools is not None:
+            if self.proposer is None or not self.proposer.reads_draft_pools:
+                raise SpecError(f"{method} does not draft from a cross-request pool (ngram does)")
+            self.proposer.draft_pools = draft_pools
 
     @torch.inference_mode()
     def generate(
@@ -210,6 +222,7 @@ class Engine:
                     max_new_tokens=r.max_new_tokens,
                     sampling=r.sampling,
                     generator=gen,
+                    draft_scope=r.draft_scope,
                 )
             )
         return seqs
@@ -312,6 +325,8 @@ class Engine:
             kept = cut_at_stop(seq, stops, len(kept), self.target.tokenizer)
         if run.on_tokens is not None and kept:
             run.on_tokens(row, kept)
+        if seq.finished and self.draft_pools is not None and seq.draft_scope is not None:
+            self.draft_pools.add(seq.draft_scope, seq.token_ids)
         run.metrics[row].mark_emitted(time.perf_counter() - run.starts[row], finished=seq.finished)
 
 

@@ -51,6 +51,8 @@ def create_app(server: EngineServer) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if server.drift is not None:
             await server.drift.start()
+        if server.policy_feed is not None:
+            await server.policy_feed.start()
         server.worker.start()
         log.info("serving %s (%s) as %r", server.target.ref, server.method, server.model_name)
         try:
@@ -59,6 +61,8 @@ def create_app(server: EngineServer) -> FastAPI:
             await asyncio.to_thread(server.worker.stop, JOIN_S)
             if server.drift is not None:
                 await server.drift.stop()
+            if server.policy_feed is not None:
+                await server.policy_feed.stop()
 
     app = FastAPI(title="specops engine", lifespan=lifespan)
     app.state.server = server

@@ -82,8 +82,10 @@ def choice_requests(
     sampling: SamplingParams,
     seed: int | None,
     stop: tuple[str, ...],
+    draft_scope: str | None = None,
 ) -> list[Request]:
-    """One speccore request per choice; with a seed, choice i samples with seed + i (as vLLM's n)."""
+    """One speccore request per choice; with a seed, choice i samples with seed + i (as vLLM's n).
+    ``draft_scope``: the cross-request draft pool's scope they read and feed (None: none)."""
     return [
         Request(
             prompt_ids=list(prompt_ids),
@@ -91,6 +93,7 @@ def choice_requests(
             sampling=sampling,
             seed=seed + i if seed is not None else None,
             stop=stop,
+            draft_scope=draft_scope,
         )
         for i in range(n)
     ]

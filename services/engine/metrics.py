@@ -20,14 +20,27 @@ row that adaptive k allowed, one observation per batch step (0: the step decoded
 
 Gauges `num_requests_running` / `num_requests_waiting`: the batcher's, set every step.
 
+Security (issue 20): counters `paced_tokens` and `paced_slips` (F-S2: tokens released on a
+paced clock, and releases that waited for their token past their slot: the pace is shorter
+than the engine's step); with a cross-request draft pool (F-S1), per `scope` (`*` for the
+single-tenant tier's shared pool, else the tenant): counters `draft_pool_lookups`,
+`draft_pool_hits` and `draft_pool_draft_tokens` (steps that asked the pool, those it drafted
+for, the tokens it drafted) and gauges `draft_pool_entries` and `draft_pool_requests` (the
+n-grams it holds, the finished requests it indexed), read from the pools when scraped.
+
 The registry is the server's own (not prometheus_client's global one), so that two servers
 in one process, or a test, never share counts.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from speccore.draft_pool import DraftPools
 from specops_services.engine.logic import SpecCounts
 
 PREFIX = "specops:"
@@ -89,6 +102,10 @@ class EngineMetrics:
         self.waiting = Gauge(
             PREFIX + "num_requests_waiting", "Requests waiting for a row.", label, registry=r
         )
+        self.paced_tokens = counter("paced_tokens", "Tokens released on a paced clock (F-S2).")
+        self.paced_slips = counter(
+            "paced_slips", "Paced releases that waited for their token past their slot."
+        )
         # Every labelled series exists from the start (at 0), as vLLM's do.
         for metric in (
             self.drafts,
@@ -96,6 +113,8 @@ class EngineMetrics:
             self.accepted,
             self.prompt_tokens,
             self.generation_tokens,
+            self.paced_tokens,
+            self.paced_slips,
         ):
             metric.labels(model_name)
         for m in (self.ttft, self.itl, self.e2e, self.queue_time, self.adaptive_k):
@@ -143,3 +162,45 @@ class EngineMetrics:
     def queues(self, *, running: int, waiting: int) -> None:
         self.running.labels(self.model_name).set(running)
         self.waiting.labels(self.model_name).set(waiting)
+
+    def paced(self, tokens: int, slips: int) -> None:
+        """A paced stream ended: ``tokens`` released, ``slips`` of its releases late."""
+        self.paced_tokens.labels(self.model_name).inc(tokens)
+        self.paced_slips.labels(self.model_name).inc(slips)
+
+    def watch_pools(self, pools: DraftPools) -> None:
+        self.registry.register(_PoolCollector(pools, self.model_name))
+
+
+class _PoolCollector(Collector):
+    """The draft pools' counters per scope, read when /metrics is scraped."""
+
+    def __init__(self, pools: DraftPools, model_name: str) -> None:
+        self.pools = pools
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model_name", "scope"]
+        families = {
+            "lookups": CounterMetricFamily(
+                PREFIX + "draft_pool_lookups", "Draft steps that asked the pool.", labels=labels
+            ),
+            "hits": CounterMetricFamily(
+                PREFIX + "draft_pool_hits", "Draft steps the pool drafted for.", labels=labels
+            ),
+            "draft_tokens": CounterMetricFamily(
+                PREFIX + "draft_pool_draft_tokens", "Tokens the pool drafted.", labels=labels
+            ),
+        }
+        entries = GaugeMetricFamily(PREFIX + "draft_pool_entries", "n-grams the pool holds.", labels=labels)
+        indexed = GaugeMetricFamily(
+            PREFIX + "draft_pool_requests", "Finished requests it indexed.", labels=labels
+        )
+        # list(): the worker thread may add a scope while this reads (one C call under the GIL).
+        for scope, stats in list(self.pools.stats.items()):
+            for name, family in families.items():
+                family.add_metric([self.model_name, scope], getattr(stats, name))
+            pool = self.pools.pools[scope]
+            entries.add_metric([self.model_name, scope], len(pool))
+            indexed.add_metric([self.model_name, scope], pool.sequences)
+        yield from (*families.values(), entries, indexed)

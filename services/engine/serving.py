@@ -3,8 +3,15 @@ requests, handed to the worker; the choices' updates back as text.
 
 A request's updates travel from the worker thread to the event loop through
 ``loop.call_soon_threadsafe`` into one asyncio.Queue per HTTP request (its n choices, and its
-prompts when a completion sends several, share it). Leaving a :class:`ChoiceStream` before
-every choice finished (the client went away, the task was cancelled) cancels the rest.
+prompts when a completion sends several, share it), stamped with the loop's clock as they
+leave the worker. Leaving a :class:`ChoiceStream` before every choice finished (the client
+went away, the task was cancelled) cancels the rest.
+
+Security (issue 20), per request from its tenant's policy (security.py): with a draft pool
+(`--draft-pool`) its requests draft from and feed their tenant's scope of it (F-S1); with a
+pace (F-S2) its choices' tokens are released one per interval (speccore.pacing), streamed
+or not: a whole response is sent when its paced stream would have ended; a tenant that
+opted out of speculation (F-S3) is decoded plainly (the server keeps a plain engine).
 """
 
 from __future__ import annotations
@@ -15,14 +22,20 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 
 from speccore.batching import ContinuousBatcher
+from speccore.draft_pool import DraftPools
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
+from speccore.pacing import Pacer
+from speccore.proposers import NONE as PLAIN
+from specops_schemas.security import PolicySettings, SecurityPolicy
 from specops_services.engine import logic
 from specops_services.engine.detokenize import Decoder, IncrementalText
 from specops_services.engine.drift import DEFAULT_KEY, DriftKey, DriftMonitor, DriftPolicy
 from specops_services.engine.drift_events import DriftControl, DriftMetrics, DriftReporter
 from specops_services.engine.metrics import EngineMetrics
 from specops_services.engine.protocol import ChatCompletionRequest, CompletionRequest
+from specops_services.engine.security import SecurityPolicies
+from specops_services.engine.security_events import PolicyFeed
 from specops_services.engine.worker import EngineWorker, Event, Failed
 
 
@@ -47,8 +60,10 @@ class ServerOptions:
     max_batch: int = 32
     drift: DriftPolicy | None = None  # None: no drift monitor, every request to the one method
     server_id: str | None = None  # drift events' subject id (default: host and port)
-    nats_url: str | None = None  # where drift events go; None: logged and counted only
+    nats_url: str | None = None  # drift events and policy changes; None: logged and counted only
     nats_credentials: Mapping[str, str] = field(default_factory=dict)  # nats.connect options
+    security: PolicySettings = field(default_factory=PolicySettings)  # every tenant's, unless its own
+    policies: tuple[SecurityPolicy, ...] = ()  # tenants' own (`--security-policies`)
 
     @property
     def bus_id(self) -> str:
@@ -62,6 +77,8 @@ class Prepared:
     requests: list[Request]
     prompt_tokens: int  # each prompt counted once, whatever n (OpenAI's usage)
     key: DriftKey = DEFAULT_KEY  # the requests' tenant and workload
+    pace_s: float | None = None  # F-S2: seconds between released tokens; None: as they come
+    plain: bool = False  # F-S3: the tenant opted out of speculation
 
 
 class EngineServer:
@@ -89,6 +106,16 @@ class EngineServer:
             control = DriftControl(DriftMonitor(options.drift), self.drift)
         self.worker = EngineWorker(self.batcher, self.metrics, control)
         self.created = int(time.time())
+        self.security = SecurityPolicies(options.security, options.policies)
+        self.policy_feed: PolicyFeed | None = None
+        if options.nats_url is not None:
+            self.policy_feed = PolicyFeed(
+                self.security, options.nats_url, options.bus_id, options.nats_credentials
+            )
+        pools = [e.draft_pools for e in self.batcher.engines.values() if e.draft_pools is not None]
+        self.draft_pools: DraftPools | None = pools[0] if pools else None
+        if self.draft_pools is not None:
+            self.metrics.watch_pools(self.draft_pools)
 
     @property
     def model_name(self) -> str:
@@ -114,7 +141,16 @@ class EngineServer:
     def open(self, prepared: Prepared, arrival: float) -> ChoiceStream:
         if not self.worker.alive:
             raise EngineFailure("the engine worker is not running")
-        return ChoiceStream(self.worker, prepared.requests, arrival, self.target.tokenizer, prepared.key)
+        return ChoiceStream(
+            self.worker,
+            prepared.requests,
+            arrival,
+            self.target.tokenizer,
+            prepared.key,
+            plain=prepared.plain,
+            pace_s=prepared.pace_s,
+            metrics=self.metrics,
+        )
 
     def _completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
         """Token ids of each prompt: text as `specops generate` encodes it (no chat template)."""
@@ -142,6 +178,7 @@ class EngineServer:
             raise InvalidRequest(400, str(exc)) from None
         requests: list[Request] = []
         context = self.target.max_context
+        scope = self.security.draft_scope(key.tenant) if self.draft_pools is not None else None
         for ids in prompts:
             choices = logic.choice_requests(
                 ids,
@@ -150,6 +187,7 @@ class EngineServer:
                 sampling=sampling,
                 seed=body.seed,
                 stop=body.stop_strings,
+                draft_scope=scope,
             )
             try:
                 # check() reads only the request and the model's context, none of the
@@ -158,7 +196,13 @@ class EngineServer:
             except SpecError as exc:
                 raise InvalidRequest(400, f"{exc}; shorten the prompt or lower max_tokens") from None
             requests.extend(choices)
-        return Prepared(requests, sum(len(ids) for ids in prompts), key)
+        pace = self.security.pace_s(key.tenant)
+        plain = self.security.policy(key.tenant).speculation_disabled
+        if plain and PLAIN not in self.batcher.methods:
+            raise EngineFailure(
+                f"tenant {key.tenant} opted out of speculation and this server has no plain engine"
+            )
+        return Prepared(requests, sum(len(ids) for ids in prompts), key, pace, plain)
 
 
 class ChoiceStream:
@@ -171,32 +215,36 @@ class ChoiceStream:
         arrival: float,
         tokenizer: Decoder,
         key: DriftKey = DEFAULT_KEY,
+        *,
+        plain: bool = False,
+        pace_s: float | None = None,
+        metrics: EngineMetrics | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[float, Event]] = asyncio.Queue()
 
         def sink(event: Event) -> None:
-            loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            loop.call_soon_threadsafe(self._queue.put_nowait, (loop.time(), event))
 
         self.worker = worker
         self.n = len(requests)
-        self.tickets = [worker.submit(i, r, sink, arrival, key) for i, r in enumerate(requests)]
+        self.tickets = [worker.submit(i, r, sink, arrival, key, plain=plain) for i, r in enumerate(requests)]
         self.texts = [IncrementalText(tokenizer) for _ in requests]
         self.completion_tokens = 0
+        self.pace_s = pace_s
+        self.metrics = metrics
         self._open = set(range(self.n))
 
     async def updates(self) -> AsyncIterator[tuple[int, str, str | None]]:
+        source = self._paced(self.pace_s) if self.pace_s is not None else self._as_they_come()
         try:
-            while self._open:
-                event = await self._queue.get()
-                if isinstance(event, Failed):
-                    raise EngineFailure(event.message)
-                self.completion_tokens += len(event.tokens)
-                final = event.finish_reason is not None
-                new = self.texts[event.index].feed(event.tokens, final=final)
+            async for index, tokens, reason in source:
+                self.completion_tokens += len(tokens)
+                final = reason is not None
+                new = self.texts[index].feed(tokens, final=final)
                 if final:
-                    self._open.discard(event.index)
-                yield event.index, new, event.finish_reason
+                    self._open.discard(index)
+                yield index, new, reason
         finally:
             for index in self._open:
                 self.worker.cancel(self.tickets[index])
@@ -209,3 +257,46 @@ class ChoiceStream:
             if reason is not None:
                 reasons[index] = reason
         return texts, reasons
+
+    async def _as_they_come(self) -> AsyncIterator[tuple[int, list[int], str | None]]:
+        """The worker's updates (index, tokens, finish reason) as they arrive."""
+        ended = 0
+        while ended < self.n:
+            _, event = await self._queue.get()
+            if isinstance(event, Failed):
+                raise EngineFailure(event.message)
+            ended += event.finish_reason is not None
+            yield event.index, event.tokens, event.finish_reason
+
+    async def _paced(self, interval_s: float) -> AsyncIterator[tuple[int, list[int], str | None]]:
+        """The worker's updates one token at a time, each when its slot on the choice's paced
+        clock comes (speccore.pacing); a failure ends the stream at once."""
+        loop = asyncio.get_running_loop()
+        pacer = Pacer(interval_s, self.n)
+        ended = released = 0
+        getter: asyncio.Future[tuple[float, Event]] | None = None
+        try:
+            while ended < self.n or pacer.next_at is not None:
+                for r in pacer.due(loop.time()):
+                    released += r.token is not None
+                    yield r.index, [r.token] if r.token is not None else [], r.finish_reason
+                wait = max(pacer.next_at - loop.time(), 0.0) if pacer.next_at is not None else None
+                if ended == self.n:
+                    await asyncio.sleep(wait or 0.0)
+                    continue
+                if getter is None:
+                    getter = asyncio.ensure_future(self._queue.get())
+                done, _ = await asyncio.wait({getter}, timeout=wait)
+                if not done:
+                    continue
+                at, event = getter.result()
+                getter = None
+                if isinstance(event, Failed):
+                    raise EngineFailure(event.message)
+                ended += event.finish_reason is not None
+                pacer.push(event.index, event.tokens, event.finish_reason, at)
+        finally:
+            if getter is not None:
+                getter.cancel()
+            if self.metrics is not None:
+                self.metrics.paced(released, pacer.slips)

@@ -13,7 +13,8 @@ metrics (metrics.py): it is where admission, delivery and finishing happen.
 
 With drift control (drift_events.DriftControl) the worker also picks each request's method
 as it adds it (the primary, or the fallback of a key whose acceptance drifted) and tells it
-what each finished request measured.
+what each finished request measured. A request whose tenant opted out of speculation (F-S3,
+``Ticket.plain``) always goes to plain decoding and is never shown to drift control.
 
 While idle the worker blocks on the inbox; while rows run it drains the inbox between
 steps, so new requests join at the next step.
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from speccore.batching import ContinuousBatcher, RowUpdate
 from speccore.engine import Request
 from speccore.errors import SpecError
+from speccore.proposers import NONE as PLAIN
 from specops_services.engine.drift import DriftKey
 from specops_services.engine.drift_events import DriftControl
 from specops_services.engine.logic import SpecCounts, update_counts
@@ -74,6 +76,7 @@ class Ticket:
     counted: SpecCounts = field(default_factory=SpecCounts)
     key: DriftKey = field(default_factory=DriftKey)  # tenant and workload, for drift
     method: str | None = None  # the engine that decodes it, once added
+    plain: bool = False  # F-S3: its tenant opted out of speculation; plain decoding only
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +104,18 @@ class EngineWorker:
         self._thread.start()
 
     def submit(
-        self, index: int, request: Request, sink: Sink, arrival: float, key: DriftKey | None = None
+        self,
+        index: int,
+        request: Request,
+        sink: Sink,
+        arrival: float,
+        key: DriftKey | None = None,
+        *,
+        plain: bool = False,
     ) -> Ticket:
-        ticket = Ticket(index=index, request=request, sink=sink, arrival=arrival, key=key or DriftKey())
+        ticket = Ticket(
+            index=index, request=request, sink=sink, arrival=arrival, key=key or DriftKey(), plain=plain
+        )
         self._inbox.put(ticket)
         return ticket
 
@@ -160,7 +172,10 @@ class EngineWorker:
                 return True
 
     def _add(self, ticket: Ticket) -> None:
-        ticket.method = self.drift.route(ticket.key) if self.drift is not None else None
+        if ticket.plain:
+            ticket.method = PLAIN
+        else:
+            ticket.method = self.drift.route(ticket.key) if self.drift is not None else None
         try:
             ticket.handle = self.batcher.add(ticket.request, ticket.method)
         except SpecError as exc:
@@ -212,7 +227,7 @@ class EngineWorker:
             reason = gen.finish_reason if gen is not None else "length"
             del self._live[update.handle]
             self.metrics.finished(reason, now - ticket.arrival)
-            if self.drift is not None:
+            if self.drift is not None and not ticket.plain:
                 self.drift.finished(ticket.key, update.method, ticket.counted)
             self._log_finished(ticket, reason)
         if update.tokens or update.finished:

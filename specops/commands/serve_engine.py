@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from speccore.proposers import ProposerConfig
     from specops.client import Run
     from specops_schemas.candidates import Candidate
+    from specops_schemas.security import PolicySettings, SecurityPolicy
     from specops_services.engine.drift import DriftPolicy
 
 log = logging.getLogger(__name__)
@@ -45,12 +46,13 @@ DEFAULT_MAX_BATCH = 32
 ENGINE_OPTIONS = (
     "model", "device", "dtype", "threads", "method", "k", "draft", "datastore", "head", "tree_shape",
     "tree_topk", "tree_tokens", "max_batch", "host", "port", "served_model_name", "from_run", "url",
-    "token", "adaptive_k",
+    "token", "adaptive_k", "nats_url", "draft_pool", "jitter", "jitter_interval_ms", "security_tier",
+    "security_policies",
 )  # fmt: skip
 # Drift control (services/engine/drift.py): engine-only as well.
 DRIFT_OPTIONS = (
     "fallback", "drift_window", "drift_threshold", "drift_recover", "drift_baseline_requests",
-    "drift_probe_every", "drift_baseline", "server_id", "nats_url",
+    "drift_probe_every", "drift_baseline", "server_id",
 )  # fmt: skip
 # The environment switch for --adaptive-k (issue 19's feature flag).
 ADAPTIVE_K_ENV = "ENABLE_L4_ADAPTIVE_K"
@@ -79,7 +81,45 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         const=True,
         help=f"choose each step's draft size from the batch and the measured acceptance ({ADAPTIVE_K_ENV}=1)",
     )
+    add_security_options(p)
     add_drift_options(p)
+
+
+def add_security_options(p: argparse.ArgumentParser) -> None:
+    """Issue 20's side-channel mitigations: every tenant's default policy, and tenants' own."""
+    from specops_schemas.security import JitterMode, JitterSettings, SecurityTier
+
+    g = p.add_argument_group("security (specops serve engine only; docs/security-adr.md)")
+    g.add_argument(
+        "--draft-pool",
+        action="store_const",
+        const=True,
+        help="ngram: also draft from a pool of earlier requests' prompts and outputs, shared in the "
+        "single_tenant tier, per tenant in the others (F-S1)",
+    )
+    g.add_argument(
+        "--jitter",
+        choices=[m.value for m in JitterMode],
+        help="F-S2 for every tenant without a policy of its own: pace releases tokens one per "
+        "--jitter-interval-ms, whatever each step accepted (default off)",
+    )
+    g.add_argument(
+        "--jitter-interval-ms",
+        type=float,
+        help="--jitter pace: ms between tokens, at least the plain decoding step "
+        f"(default {JitterSettings().interval_ms:g})",
+    )
+    g.add_argument(
+        "--security-tier",
+        choices=[t.value for t in SecurityTier],
+        help="the tier of every tenant without a policy of its own (default single_tenant)",
+    )
+    g.add_argument(
+        "--security-policies",
+        metavar="FILE",
+        help="tenants' own policies: a JSON list of SecurityPolicy (the security service's); "
+        "with --nats-url, policy_changed events update them",
+    )
 
 
 def add_drift_options(p: argparse.ArgumentParser) -> None:
@@ -125,7 +165,11 @@ def add_drift_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--server-id", help="id of the drift events' subject spec.serve.<id>.* (default HOST-PORT)"
     )
-    g.add_argument("--nats-url", help="publish drift events on this NATS server (default: none; logged only)")
+    g.add_argument(
+        "--nats-url",
+        help="publish drift events on this NATS server and follow the tenants' security policy "
+        "changes there (default: none; drift logged only)",
+    )
 
 
 def given_engine_options(args: argparse.Namespace) -> list[str]:
@@ -152,19 +196,23 @@ def choose(args: argparse.Namespace) -> Served:
 
 def run(args: argparse.Namespace, served: Served) -> int:
     """Load the target, build the engine and serve until SIGTERM / SIGINT."""
+    from speccore.draft_pool import DraftPools
     from speccore.engine import Engine
-    from speccore.proposers import ProposerConfig, default_k
+    from speccore.proposers import NONE, ProposerConfig, default_k
     from specops_services.engine.app import serve
     from specops_services.engine.serving import ServerOptions
 
     drift = drift_policy(args, served)  # refused before the model loads
+    default_policy, policies = security_policies(args)
     log.info("serving %s", served.origin)
     load = argparse.Namespace(
         model=served.model, device=args.device or "auto", dtype=args.dtype or "auto", threads=args.threads
     )
     target = decoding.load_target(load)
     adaptive = adaptive_k(args)
-    engine = Engine(target, served.method, _builtin_datastore(target, served.config), adaptive=adaptive)
+    pools = DraftPools() if args.draft_pool else None
+    config = _builtin_datastore(target, served.config)
+    engine = Engine(target, served.method, config, adaptive=adaptive, draft_pools=pools)
     engines = {engine.method: engine}
     if drift is not None:
         for method in drift.methods[1:]:
@@ -174,6 +222,8 @@ def run(args: argparse.Namespace, served: Served) -> int:
                 ProposerConfig(k=default_k(method)) if method != "none" else None,
                 adaptive=adaptive and method != "none",
             )
+    # F-S3: a tenant that opts out of speculation is decoded plainly, whatever is served.
+    engines.setdefault(NONE, Engine(target, NONE))
     options = ServerOptions(
         served_model_name=args.served_model_name or served.model,
         host=args.host or DEFAULT_HOST,
@@ -183,6 +233,8 @@ def run(args: argparse.Namespace, served: Served) -> int:
         server_id=args.server_id,
         nats_url=args.nats_url,
         nats_credentials=load_settings().nats_credentials() if args.nats_url else {},
+        security=default_policy,
+        policies=tuple(policies),
     )
     serve(engines, options)
     return 0
@@ -211,6 +263,29 @@ def drift_policy(args: argparse.Namespace, served: Served) -> DriftPolicy | None
         return DriftPolicy(served.method, args.fallback, **{k: v for k, v in knobs.items() if v is not None})
     except ValueError as exc:
         raise SpecError(f"drift control: {exc}") from None
+
+
+def security_policies(args: argparse.Namespace) -> tuple[PolicySettings, list[SecurityPolicy]]:
+    """Every tenant's default policy (the flags) and the tenants' own (the file); SpecError if bad."""
+    from pathlib import Path
+
+    from pydantic import ValidationError
+
+    from specops_schemas.security import JitterSettings, PolicySettings, SecurityTier
+    from specops_services.engine.security import load_policies
+
+    if args.jitter_interval_ms is not None and args.jitter != "pace":
+        raise SpecError("--jitter-interval-ms paces releases: give --jitter pace with it")
+    jitter = {"mode": args.jitter, "interval_ms": args.jitter_interval_ms}
+    try:
+        default = PolicySettings(
+            tier=SecurityTier(args.security_tier or SecurityTier.SINGLE_TENANT),
+            jitter=JitterSettings(**{k: v for k, v in jitter.items() if v is not None}),
+        )
+        policies = load_policies(Path(args.security_policies)) if args.security_policies else []
+    except (ValidationError, ValueError) as exc:
+        raise SpecError(f"security options: {exc}") from None
+    return default, policies
 
 
 def adaptive_k(args: argparse.Namespace) -> bool:

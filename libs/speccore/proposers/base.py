@@ -17,6 +17,7 @@ import torch
 from speccatalog import families
 from speccatalog.families.base import FamilyError
 from speccatalog.shapes import shape_nodes
+from speccore.draft_pool import DraftPools
 from speccore.errors import SpecError
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
@@ -156,6 +157,10 @@ class Proposer(ABC):
     # Whether propose honours StepContext.max_draft (adaptive k) and says its draft_nodes; a
     # family that cannot shrink its block (lookahead's Jacobi window) is refused adaptive k.
     adapts_draft: ClassVar[bool] = False
+    # Whether propose drafts from a cross-request pool (speccore.draft_pool) when the engine
+    # hands it one in ``draft_pools``; an engine refuses pools for a family that does not.
+    reads_draft_pools: ClassVar[bool] = False
+    draft_pools: DraftPools | None = None
 
     @property
     def draft_nodes(self) -> int:

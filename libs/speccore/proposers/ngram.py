@@ -1,6 +1,10 @@
 """Prompt lookup: draft the tokens that followed the latest earlier occurrence of
 the sequence's last n tokens (n from ngram_max down to ngram_min).
 
+With a cross-request pool (speccore.draft_pool, ``Engine(draft_pools=...)``) a row whose
+request names a scope also asks its scope's pool, and drafts from it when the pool matches a
+longer suffix than the row's own tokens do.
+
 Each sequence keeps an index from every n-gram it holds to where the latest
 occurrence ends, brought up to date with the tokens added since the last step, so a
 lookup costs a few dictionary probes whatever the length of the sequence.
@@ -25,6 +29,11 @@ class NgramIndex:
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """The k tokens after the latest earlier occurrence of the longest suffix n-gram."""
+        return self.match(tokens, k)[1]
+
+    def match(self, tokens: list[int], k: int) -> tuple[int, list[int]]:
+        """(the longest suffix n-gram's length, the k tokens after its latest earlier occurrence);
+        (0, []) when no suffix n-gram occurred before."""
         last = len(tokens) - 1  # only n-grams that end before the last token have a successor
         for end in range(self.indexed, last):
             for n in self.sizes:
@@ -34,8 +43,8 @@ class NgramIndex:
         for n in reversed(self.sizes):
             start = self.after.get(tuple(tokens[len(tokens) - n :])) if n <= last else None
             if start is not None:
-                return tokens[start : start + k]
-        return []
+                return n, tokens[start : start + k]
+        return 0, []
 
 
 def lookup(tokens: list[int], k: int, ngram_min: int, ngram_max: int) -> list[int]:
@@ -46,6 +55,7 @@ def lookup(tokens: list[int], k: int, ngram_min: int, ngram_max: int) -> list[in
 class NgramProposer(Proposer):
     family = "ngram"
     adapts_draft = True
+    reads_draft_pools = True
     row_state = ("indexes",)
 
     def __init__(self, cfg: ProposerConfig) -> None:
@@ -67,8 +77,17 @@ class NgramProposer(Proposer):
         k = capped(self.k, ctx)
         for seq, index in zip(seqs, self.indexes, strict=True):
             budget = min(k, seq.remaining - 1)
-            chains.append(index.lookup(seq.token_ids, budget) if not seq.finished and budget > 0 else [])
+            chains.append(self._draft(seq, index, budget) if not seq.finished and budget > 0 else [])
         return DraftTree.from_chains(chains)
+
+    def _draft(self, seq: Sequence, index: NgramIndex, budget: int) -> list[int]:
+        """The row's own match, or its scope's pool's where that matches a longer suffix."""
+        tokens = seq.token_ids
+        length, own = index.match(tokens, budget)
+        if self.draft_pools is None or seq.draft_scope is None:
+            return own
+        pooled = self.draft_pools.lookup(seq.draft_scope, tokens, budget)
+        return pooled.tokens if pooled is not None and pooled.length > length else own
 
 
 def make_ngram(cfg: ProposerConfig, target: object) -> Proposer:

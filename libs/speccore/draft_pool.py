@@ -1,0 +1,120 @@
+"""A cross-request n-gram pool: what earlier requests' prompts and outputs continued each
+n-gram with, for the n-gram proposer to draft from when the row's own context matches less
+(the global suffix idea of SuffixDecoding, arXiv 2411.04975: agentic and repetitive traffic
+repeats earlier requests' text, which the row itself has not seen).
+
+Lossless like every draft: the pool only proposes, the verifier decides. It is also a cache
+shared across requests, so it is a side channel (F-S1, issue 20): a request whose text an
+earlier request wrote drafts well from the pool and finishes in fewer steps, so its timing
+tells whether someone asked it before. A request names its *scope* (``Request.draft_scope``)
+and reads and feeds only that scope's pool: one scope for the whole deployment in the
+single-tenant tier, a scope per tenant where the tenant's policy keeps caches per tenant.
+
+Each pool is bounded: at most ``max_entries`` n-grams, the least recently written dropped
+first; an n-gram maps to the ``span`` tokens that followed its latest occurrence.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+POOL_NGRAM_MIN = 2  # a single shared token says little across requests
+POOL_NGRAM_MAX = 8
+POOL_SPAN = 16  # tokens kept after each n-gram (a draft is at most this long)
+POOL_MAX_ENTRIES = 200_000  # per scope
+
+
+@dataclass(frozen=True, slots=True)
+class PoolMatch:
+    """A draft from the pool: the matched suffix's length and the tokens that followed it."""
+
+    length: int
+    tokens: list[int]
+
+
+class DraftPool:
+    """One scope's n-grams -> what followed their latest occurrence in a finished request."""
+
+    def __init__(
+        self,
+        ngram_min: int = POOL_NGRAM_MIN,
+        ngram_max: int = POOL_NGRAM_MAX,
+        span: int = POOL_SPAN,
+        max_entries: int = POOL_MAX_ENTRIES,
+    ) -> None:
+        if not 1 <= ngram_min <= ngram_max or span <= 0 or max_entries <= 0:
+            raise ValueError("a draft pool needs 1 <= ngram_min <= ngram_max, a positive span and size")
+        self.sizes = range(ngram_min, ngram_max + 1)
+        self.span = span
+        self.max_entries = max_entries
+        self.after: OrderedDict[tuple[int, ...], tuple[int, ...]] = OrderedDict()
+        self.sequences = 0  # finished requests added
+
+    def add(self, tokens: list[int]) -> None:
+        """Index a finished request's prompt and output."""
+        for end in range(len(tokens) - 1):  # n-grams ending at `end`, followed by tokens[end + 1:]
+            following = tuple(tokens[end + 1 : end + 1 + self.span])
+            for n in self.sizes:
+                if end + 1 < n:
+                    break
+                key = tuple(tokens[end + 1 - n : end + 1])
+                self.after[key] = following
+                self.after.move_to_end(key)
+        while len(self.after) > self.max_entries:
+            self.after.popitem(last=False)
+        self.sequences += 1
+
+    def lookup(self, tokens: list[int], k: int) -> PoolMatch | None:
+        """Up to k tokens after the longest suffix of ``tokens`` the pool holds; None if none."""
+        for n in reversed(self.sizes):
+            if n > len(tokens):
+                continue
+            following = self.after.get(tuple(tokens[len(tokens) - n :]))
+            if following:
+                return PoolMatch(n, list(following[:k]))
+        return None
+
+    def __len__(self) -> int:
+        return len(self.after)
+
+
+@dataclass(slots=True)
+class PoolStats:
+    """A scope's counters, for the server's metrics."""
+
+    lookups: int = 0  # draft steps that asked the pool
+    hits: int = 0  # of them, those it drafted for
+    draft_tokens: int = 0  # tokens it drafted
+
+
+@dataclass(slots=True)
+class DraftPools:
+    """Every scope's pool, made on first use; what an engine's proposer reads and its finished
+    rows feed (``Engine(draft_pools=...)``). One thread (the batcher's) uses it."""
+
+    ngram_min: int = POOL_NGRAM_MIN
+    ngram_max: int = POOL_NGRAM_MAX
+    span: int = POOL_SPAN
+    max_entries: int = POOL_MAX_ENTRIES
+    pools: dict[str, DraftPool] = field(default_factory=dict)
+    stats: dict[str, PoolStats] = field(default_factory=dict)
+
+    def pool(self, scope: str) -> DraftPool:
+        if scope not in self.pools:
+            self.pools[scope] = DraftPool(self.ngram_min, self.ngram_max, self.span, self.max_entries)
+            self.stats[scope] = PoolStats()
+        return self.pools[scope]
+
+    def add(self, scope: str, tokens: list[int]) -> None:
+        self.pool(scope).add(tokens)
+
+    def lookup(self, scope: str, tokens: list[int], k: int) -> PoolMatch | None:
+        """The scope's draft for ``tokens``, counted in its stats."""
+        match = self.pool(scope).lookup(tokens, k)
+        stats = self.stats[scope]
+        stats.lookups += 1
+        if match is not None:
+            stats.hits += 1
+            stats.draft_tokens += len(match.tokens)
+        return match

@@ -1,0 +1,162 @@
+"""Issue 20's side-channel mitigations in `specops serve engine` (its own process, smollm2 with
+n-gram and the cross-request draft pool, real NATS): paced release (F-S2) delivers plain
+decoding's text, streamed or not; a tenant whose policy keeps caches per tenant drafts nothing
+from another tenant's pool entries (F-S1), while tenants of the single-tenant tier share them;
+an opted-out tenant is decoded without speculation (F-S3); a `policy_changed` event on the bus
+changes a tenant's policy. What the tests read is the text and /metrics, never timing
+(bench/side_channel.py measures the timing)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from fixtures.bus import publish_all
+from fixtures.engine import engine_server
+
+from specbus.envelope import new_event
+from speccore.engine import Engine, Request
+from speccore.models import LoadedModel
+from specops_schemas.security import PolicyChanged, SecurityPolicy, SecurityTier
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m-instruct"
+MAX_TOKENS = 24
+PACE_MS = 10
+TEXTS = [
+    "def fibonacci(n):\n    ",
+    "List the planets of the solar system, then list them again:",
+    "The quick brown fox",
+]
+POLICIES = [
+    SecurityPolicy(tenant_id="iso-a", version=1, tier=SecurityTier.SHARED),
+    SecurityPolicy(tenant_id="iso-b", version=1, tier=SecurityTier.SHARED),
+    SecurityPolicy(
+        tenant_id="optout", version=1, tier=SecurityTier.MULTI_TENANT_ISOLATED, speculation_opt_out=True
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory, nats_url: str) -> Iterator[tuple[str, Path]]:
+    tmp = tmp_path_factory.mktemp("engine")
+    policies = tmp / "policies.json"
+    policies.write_text(json.dumps([p.model_dump(mode="json") for p in POLICIES]))
+    args = ["--model", MODEL, "--method", "ngram", "--draft-pool", "--jitter", "pace"]
+    args += [
+        "--jitter-interval-ms",
+        str(PACE_MS),
+        "--security-policies",
+        str(policies),
+        "--nats-url",
+        nats_url,
+    ]
+    log = tmp / "engine.log"
+    with engine_server(args, log) as server:
+        yield server.url, log
+
+
+def _client(url: str, tenant: str | None = None) -> openai.OpenAI:
+    headers = {"X-Specops-Tenant": tenant} if tenant else None
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, default_headers=headers)
+
+
+def _complete(url: str, text: str, tenant: str | None = None) -> str:
+    with _client(url, tenant) as c:
+        r = c.completions.create(model=MODEL, prompt=text, max_tokens=MAX_TOKENS, temperature=0)
+    return r.choices[0].text
+
+
+def _plain(target: LoadedModel, text: str) -> str:
+    ids = target.encode_prompt(text, chat=False)
+    return Engine(target, "none").generate([Request(ids, MAX_TOKENS)])[0].text
+
+
+def _metric(url: str, name: str, **labels: str) -> float:
+    """The value of the series ``specops:<name>`` with these labels; 0 when it does not exist."""
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(f"specops:{name}{{") and all(w in line for w in want):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_paced_release_delivers_plain_decodings_text_streamed_or_not(
+    engine: tuple[str, Path], smollm: LoadedModel
+) -> None:
+    url, _ = engine
+    before = _metric(url, "paced_tokens_total")
+    with _client(url) as c:  # the default tenant: paced by the flags
+        stream = c.completions.create(
+            model=MODEL,
+            prompt=TEXTS[0],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        whole = c.completions.create(model=MODEL, prompt=TEXTS[2], max_tokens=MAX_TOKENS, temperature=0)
+        chat = c.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": TEXTS[1]}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+        )
+    assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == _plain(smollm, TEXTS[0])
+    assert whole.choices[0].text == _plain(smollm, TEXTS[2])
+    ids = smollm.encode_chat([{"role": "user", "content": TEXTS[1]}])
+    assert (
+        chat.choices[0].message.content == Engine(smollm, "none").generate([Request(ids, MAX_TOKENS)])[0].text
+    )
+    usages = [chunks[-1].usage, whole.usage, chat.usage]
+    paced = sum(u.completion_tokens for u in usages if u is not None)
+    assert _metric(url, "paced_tokens_total") - before == paced > 0  # every token paced
+
+
+def test_per_tenant_caches_keep_a_tenants_pool_entries_from_another(engine: tuple[str, Path]) -> None:
+    url, _ = engine
+    text = TEXTS[1]
+    first = _complete(url, text, "iso-a")
+    assert _metric(url, "draft_pool_requests", scope="iso-a") == 1
+    assert _complete(url, text, "iso-b") == first
+    assert _metric(url, "draft_pool_lookups_total", scope="iso-b") > 0  # it asked its own pool
+    assert _metric(url, "draft_pool_hits_total", scope="iso-b") == 0  # which has none of a's entries
+    # Two tenants of the single-tenant tier (no policy of their own) share one pool: the second
+    # drafts from the first's entries.
+    hits = _metric(url, "draft_pool_hits_total", scope="*")
+    assert _complete(url, text, "single-x") == first
+    assert _complete(url, text, "single-y") == first
+    assert _metric(url, "draft_pool_hits_total", scope="*") > hits
+
+
+def test_an_opted_out_tenant_is_decoded_without_speculation(
+    engine: tuple[str, Path], smollm: LoadedModel
+) -> None:
+    url, _ = engine
+    drafts = _metric(url, "spec_decode_num_drafts_total")
+    assert _complete(url, TEXTS[0], "optout") == _plain(smollm, TEXTS[0])
+    assert _metric(url, "spec_decode_num_drafts_total") == drafts
+    assert _metric(url, "draft_pool_requests", scope="optout") == 0
+
+
+def test_a_policy_changed_event_changes_the_tenants_policy(engine: tuple[str, Path], nats_url: str) -> None:
+    url, log = engine
+    policy = SecurityPolicy(tenant_id="late", version=1, tier=SecurityTier.SHARED)
+    event = new_event(
+        PolicyChanged(tenant_id="late", policy=policy), tenant_id="late", correlation_id="t", producer="test"
+    )
+    asyncio.run(publish_all(nats_url, [event]))
+    deadline = time.monotonic() + 30
+    while "tenant late's security policy is now version 1" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
+    _complete(url, TEXTS[2], "late")
+    assert _metric(url, "draft_pool_requests", scope="late") == 1  # its own pool now
