@@ -33,6 +33,7 @@ from specops_schemas.security import SecurityPolicy
 from specops_services.predictor.logic import Bench, RequestedRun, offered_states, registry_head
 from specops_services.predictor.model import HistoryRow, temperature_bucket
 from specops_services.predictor.plan import UploadedDatastore
+from specplatform.db import opt_out
 
 Connection = AsyncConnection[Any]
 
@@ -240,22 +241,14 @@ async def tenant_heads(conn: Connection, tenant_id: str, *, include_uat: bool) -
 
 async def record_policy(conn: Connection, policy: SecurityPolicy) -> None:
     """Fold a tenant's policy (from `security.policy_changed`); an older version changes nothing."""
-    await conn.execute(
-        """INSERT INTO predictor_policies (tenant_id, version, speculation_disabled) VALUES (%s, %s, %s)
-           ON CONFLICT (tenant_id) DO UPDATE
-               SET version = EXCLUDED.version, speculation_disabled = EXCLUDED.speculation_disabled
-               WHERE predictor_policies.version < EXCLUDED.version""",
-        (policy.tenant_id, policy.version, policy.speculation_disabled),
+    await opt_out.record(
+        conn, "predictor_policies", policy.tenant_id, policy.version, policy.speculation_disabled
     )
 
 
 async def speculation_disabled(conn: Connection, tenant_id: str) -> bool:
     """Whether the tenant's policy opts out of speculation (a tenant without one does not)."""
-    cur = await conn.execute(
-        "SELECT speculation_disabled FROM predictor_policies WHERE tenant_id = %s", (tenant_id,)
-    )
-    row = await cur.fetchone()
-    return row is not None and bool(row["speculation_disabled"])
+    return await opt_out.disabled(conn, "predictor_policies", tenant_id)
 
 
 # --- measuring --------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from specops_schemas.candidates import Candidate, GateOutcome, Measurement
 from specops_schemas.security import SecurityPolicy
 from specops_schemas.tune import CurvePoint, Dimension, TrialResult, TuneRequested
 from specops_services.tuner.logic import Session, Trial
+from specplatform.db import opt_out
 
 Connection = AsyncConnection[Any]
 
@@ -221,19 +222,11 @@ async def save_trial(conn: Connection, session_id: str, t: Trial) -> None:
 
 async def record_policy(conn: Connection, policy: SecurityPolicy) -> None:
     """Fold a tenant's policy (from `security.policy_changed`); an older version changes nothing."""
-    await conn.execute(
-        """INSERT INTO tuner_policies (tenant_id, version, speculation_disabled) VALUES (%s, %s, %s)
-           ON CONFLICT (tenant_id) DO UPDATE
-               SET version = EXCLUDED.version, speculation_disabled = EXCLUDED.speculation_disabled
-               WHERE tuner_policies.version < EXCLUDED.version""",
-        (policy.tenant_id, policy.version, policy.speculation_disabled),
+    await opt_out.record(
+        conn, "tuner_policies", policy.tenant_id, policy.version, policy.speculation_disabled
     )
 
 
 async def speculation_disabled(conn: Connection, tenant_id: str) -> bool:
     """Whether the tenant's policy opts out of speculation (a tenant without one does not)."""
-    cur = await conn.execute(
-        "SELECT speculation_disabled FROM tuner_policies WHERE tenant_id = %s", (tenant_id,)
-    )
-    row = await cur.fetchone()
-    return row is not None and bool(row["speculation_disabled"])
+    return await opt_out.disabled(conn, "tuner_policies", tenant_id)
