@@ -36,16 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,7 +50,7 @@ import httpx
 import numpy as np
 from common import machine
 
-from specops.runtime.ports import free_port
+from specops.report.launch import engine_server
 from specops_schemas.security import JitterSettings, SecurityPolicy, SecurityTier
 from specprompts.sets import load_prompts
 
@@ -62,7 +58,6 @@ MODEL = "smollm2-135m-instruct"
 METHOD = "ngram"
 PROMPT_TOKENS = 64
 GOAL_AUC = 0.55
-START_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,34 +79,9 @@ class Streamed:
         return self.chunks[-1] - self.sent if self.chunks else 0.0
 
 
-@contextmanager
-def server(args: list[str], log: Path, threads: int) -> Iterator[str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "specops.cli", "serve", "engine", "--model", MODEL, *args]
-    cmd += ["--port", str(port), "--threads", str(threads), "--device", "cpu", "--dtype", "float32"]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_S
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the engine server did not start:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.5)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def server(args: list[str], log: Path, threads: int) -> AbstractContextManager[str]:
+    cpu = ["--threads", str(threads), "--device", "cpu", "--dtype", "float32"]
+    return engine_server(["--model", MODEL, *args, *cpu], log)
 
 
 def stream(client: httpx.Client, tenant: str, prompt: list[int], max_tokens: int) -> Streamed:

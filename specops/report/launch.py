@@ -28,14 +28,17 @@ def engine_servers(
     log_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         urls = {
-            label: stack.enter_context(_server(["--model", model, *flags, *common], log_dir / f"{label}.log"))
+            label: stack.enter_context(
+                engine_server(["--model", model, *flags, *common], log_dir / f"{label}.log")
+            )
             for label, flags in methods.items()
         }
         yield urls
 
 
 @contextmanager
-def _server(args: list[str], log: Path) -> Iterator[str]:
+def engine_server(args: list[str], log: Path) -> Iterator[str]:
+    """The base URL of a healthy `specops serve engine ARGS` on a free port, stopped on exit."""
     port = free_port()
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
     cmd = [sys.executable, "-m", "specops.cli", "serve", "engine", *args, "--port", str(port)]
