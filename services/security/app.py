@@ -1,11 +1,12 @@
 """The security service: every tenant's security policy (tier, F-S2 jitter, F-S3 opt-out, GPU
 budget) and the count of its measurement time.
 
-Three durable consumers (replicas share each): `<service>-policy_requested` on
+Four durable consumers (replicas share each): `<service>-policy_requested` on
 security.policy_requested (an admin's PUT, from the gateway) -> security.policy_changed with
 the whole new policy, which the other services fold into their own read models;
-`<service>-rep_measured` on bench.rep_measured (T1 benches and T2 trials) and
-`<service>-head_trained` on head.trained (T3): their device seconds counted against the
+`<service>-rep_measured` on bench.rep_measured (T1 benches and T2 trials), and
+`<service>-head_epoch` on head.epoch_completed and `<service>-head_trained` on head.trained
+(T3, each adding the training seconds not counted yet): device seconds counted against the
 tenant's calendar month (UTC), with security.budget_exhausted once the count reaches the
 tenant's `gpu_budget_s`. Every handler writes Postgres and queues its events in one inbox
 transaction (steps.py); the outbox relay publishes them.
@@ -26,7 +27,7 @@ from specbus import RetryPolicy, consumer_name, make_broker, process_once_queued
 from specbus.envelope import Envelope
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchRepMeasured
-from specops_schemas.heads import HeadTrained
+from specops_schemas.heads import HeadEpochCompleted, HeadTrained
 from specops_schemas.security import PolicyChangeRequested
 from specops_services.security import logic, steps
 from specops_services.security.settings import security_settings
@@ -48,7 +49,7 @@ def subscribe(
     retry: RetryPolicy = RETRY,
     fetch_timeout_s: float = 5.0,
 ) -> None:
-    """Register the security service's three handlers on `broker` (before it starts)."""
+    """Register the security service's four handlers on `broker` (before it starts)."""
 
     on = partial(subscriber, broker, service=service, retry=retry, fetch_timeout_s=fetch_timeout_s)
 
@@ -60,12 +61,17 @@ def subscribe(
     @on(events=BenchRepMeasured)
     async def rep_measured(event: Envelope[BenchRepMeasured]) -> None:
         """Count a measured rep's seconds against its tenant's month."""
-        await _once(pool, consumer_name(service, "rep_measured"), event, steps.measured)
+        await _once(pool, consumer_name(service, "rep_measured"), event, steps.rep_measured)
+
+    @on(events=HeadEpochCompleted)
+    async def head_epoch(event: Envelope[HeadEpochCompleted]) -> None:
+        """Count a head's training seconds up to this epoch against its tenant's month."""
+        await _once(pool, consumer_name(service, "head_epoch"), event, steps.head_progress)
 
     @on(events=HeadTrained)
     async def head_trained(event: Envelope[HeadTrained]) -> None:
-        """Count a trained head's training seconds against its tenant's month."""
-        await _once(pool, consumer_name(service, "head_trained"), event, steps.measured)
+        """Count the rest of a trained head's training seconds against its tenant's month."""
+        await _once(pool, consumer_name(service, "head_trained"), event, steps.head_progress)
 
 
 async def _once(

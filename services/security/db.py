@@ -1,4 +1,5 @@
-"""All of the security service's SQL (017_security): the tenants' policies and their monthly usage.
+"""All of the security service's SQL (017_security, 019_head_usage): the tenants' policies,
+their monthly usage and the training seconds already counted per head.
 
 Callers hold a tenant transaction (`specplatform.db.tenant_transaction`): the tables are bound
 by row-level security for their owner too, so these functions see that tenant's rows only.
@@ -57,3 +58,24 @@ async def mark_announced(conn: Connection, tenant_id: str, month: date, budget_s
         "UPDATE security_usage SET exhausted_budget_s = %s WHERE tenant_id = %s AND month = %s",
         (budget_s, tenant_id, month),
     )
+
+
+async def advance_head(conn: Connection, tenant_id: str, head_id: str, elapsed_s: float) -> float:
+    """Note that the head has trained ``elapsed_s`` seconds in all; the seconds not counted
+    before (0 when an earlier event reported as much or more)."""
+    cursor = await conn.execute(
+        "SELECT counted_s FROM security_head_usage WHERE tenant_id = %s AND head_id = %s FOR UPDATE",
+        (tenant_id, head_id),
+    )
+    row = await cursor.fetchone()
+    counted = 0.0 if row is None else float(row["counted_s"])
+    if elapsed_s <= counted:
+        return 0.0
+    await conn.execute(
+        """
+        INSERT INTO security_head_usage (tenant_id, head_id, counted_s) VALUES (%s, %s, %s)
+        ON CONFLICT (tenant_id, head_id) DO UPDATE SET counted_s = EXCLUDED.counted_s
+        """,
+        (tenant_id, head_id, elapsed_s),
+    )
+    return elapsed_s - counted

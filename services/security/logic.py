@@ -4,9 +4,12 @@ measurement counts in, and when a GPU budget is exhausted.
 - `security.policy_requested` (the gateway, for an admin's PUT) -> `security.policy_changed`
   carrying the whole new policy (version + 1), its id derived from the request's, so a
   redelivered request queues the same event.
-- `bench.rep_measured` (T1 benches and T2 trials alike) and `head.trained` (T3) -> seconds
-  added to the tenant's month; `security.budget_exhausted` once per month and budget, when
-  the count reaches the tenant's `gpu_budget_s` (or a new policy lowers it below the count).
+- `bench.rep_measured` (T1 benches and T2 trials alike) -> its seconds added to the
+  tenant's month; `head.epoch_completed` and `head.trained` (T3) -> the head's training
+  seconds so far, of which only what was not counted yet is added (so a head that fails
+  after some epochs has its epochs counted, and a resumed head's repeated epoch nothing);
+  `security.budget_exhausted` once per month and budget, when the count reaches the
+  tenant's `gpu_budget_s` (or a new policy lowers it below the count).
 """
 
 from __future__ import annotations
@@ -16,8 +19,7 @@ from datetime import date, datetime
 from typing import Any, TypeVar
 
 from specbus.envelope import Envelope
-from specops_schemas.events import BenchRepMeasured
-from specops_schemas.heads import HeadTrained
+from specops_schemas.heads import HeadEpochCompleted, HeadTrained
 from specops_schemas.security import (
     BudgetExhausted,
     PolicyChanged,
@@ -72,11 +74,11 @@ def policy_changed(
 # --- the GPU budget -----------------------------------------------------------------------
 
 
-def measured_seconds(event: Envelope[BenchRepMeasured] | Envelope[HeadTrained]) -> float:
-    """The device seconds an event reports as spent on its tenant's behalf."""
+def head_seconds(event: Envelope[HeadEpochCompleted] | Envelope[HeadTrained]) -> float:
+    """The training seconds a head has used so far, as its latest event reports them."""
     payload = event.payload
-    if isinstance(payload, BenchRepMeasured):
-        return payload.metrics.total_time_s
+    if isinstance(payload, HeadEpochCompleted):
+        return payload.epoch.elapsed_s
     return payload.train_seconds
 
 

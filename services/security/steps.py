@@ -12,7 +12,7 @@ from typing import Any
 
 from specbus.envelope import Envelope
 from specops_schemas.events import BenchRepMeasured
-from specops_schemas.heads import HeadTrained
+from specops_schemas.heads import HeadEpochCompleted, HeadTrained
 from specops_schemas.security import PolicyChangeRequested, month_of
 from specops_services.security import db, logic
 from specplatform.db import Connection, tenant_transaction
@@ -31,14 +31,24 @@ async def policy_requested(conn: Connection, event: Envelope[PolicyChangeRequest
         return [changed, *await _count(conn, event, 0.0)]
 
 
-async def measured(conn: Connection, event: Envelope[BenchRepMeasured] | Envelope[HeadTrained]) -> Events:
-    """Count the device seconds an event reports against its tenant's month; announce the budget
+async def rep_measured(conn: Connection, event: Envelope[BenchRepMeasured]) -> Events:
+    """Count a measured rep's device seconds against its tenant's month; announce the budget
     exhausted when this count reaches it."""
-    seconds = logic.measured_seconds(event)
+    seconds = event.payload.metrics.total_time_s
     if seconds <= 0.0:
         return []
     async with tenant_transaction(conn, event.tenant_id):
         return await _count(conn, event, seconds)
+
+
+async def head_progress(
+    conn: Connection, event: Envelope[HeadEpochCompleted] | Envelope[HeadTrained]
+) -> Events:
+    """Count the training seconds a head used since its last counted event (each epoch, then
+    the rest at `head.trained`), as `rep_measured` counts a rep."""
+    async with tenant_transaction(conn, event.tenant_id):
+        new_s = await db.advance_head(conn, event.tenant_id, event.payload.head_id, logic.head_seconds(event))
+        return await _count(conn, event, new_s) if new_s > 0.0 else []
 
 
 async def _count(conn: Connection, trigger: Envelope[Any], seconds: float) -> Events:

@@ -21,6 +21,7 @@ from specbus import RetryPolicy, SpecBroker
 from specbus.envelope import new_event
 from specops_schemas.api import API_PREFIX, RunCreateRequest
 from specops_schemas.events import BenchRepMeasured, RepMetrics, RunRequested
+from specops_schemas.heads import HeadEpoch, HeadEpochCompleted, HeadFailed
 from specops_schemas.security import OPT_OUT_REASON, SECURITY_ADR
 from specops_services.audit.app import subscribe as subscribe_audit
 from specops_services.predictor.app import subscribe as subscribe_predictor
@@ -213,6 +214,45 @@ async def test_an_opted_out_tenants_run_completes_as_speculation_disabled(
         [answer] = await bus.events(js, f"spec.run.{run_id}.completed")
         assert answer.payload.speculation_disabled == OPT_OUT_REASON and answer.payload.candidates == []
         assert await bus.count(js, "spec.bench.>") == 0
+
+
+def _epoch(head_id: str, epoch: int, elapsed_s: float) -> Any:
+    """A head's epoch as the head-trainer publishes it (a fresh event id each time: an epoch a
+    resumed training reports again arrives as a new event)."""
+    point = HeadEpoch(
+        epoch=epoch,
+        steps=4 * epoch,
+        tokens_seen=512 * epoch,
+        train_loss=None,
+        heldout={},
+        elapsed_s=elapsed_s,
+    )
+    done = HeadEpochCompleted(head_id=head_id, epoch=point)
+    return new_event(done, tenant_id=TENANT, correlation_id=head_id, producer="head-trainer")
+
+
+async def test_a_failed_heads_epochs_count_against_the_budget_once(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    # Budget 1.1 s: the exhaustion's id is derived from the tenant, month and budget, and the
+    # other budget test's (1.0 s) must not be a duplicate of it on the session's server.
+    head = "hd-" + uuid.uuid4().hex[:24]
+    failed = HeadFailed(head_id=head, error_stage="benchmark", message="out of memory")
+    async with _stack(db, nats_url, ("sec", _security)) as gw:
+        assert (await _put(gw, {"tier": "shared", "gpu_budget_s": 1.1})).status_code == 200
+        events = [_epoch(head, 0, 0.0), _epoch(head, 1, 0.6), _epoch(head, 1, 0.6), _epoch(head, 2, 0.9)]
+        events.append(new_event(failed, tenant_id=TENANT, correlation_id=head, producer="head-trainer"))
+        await bus.publish_all(nats_url, events)
+        used = await _until(
+            "the epochs counted", lambda: bus.sql(db, "SELECT used_s FROM security_usage WHERE used_s > 0.85")
+        )
+        assert used[0][0] == pytest.approx(0.9), "each second of the failed head counted once"
+        assert await bus.count(js, f"spec.security.{TENANT}.budget_exhausted") == 0
+        # The next head crosses the budget with its first epoch.
+        await bus.publish_all(nats_url, [_epoch("hd-" + uuid.uuid4().hex[:24], 1, 0.3)])
+        [exhausted] = await bus.events(js, f"spec.security.{TENANT}.budget_exhausted")
+        assert (exhausted.payload.budget_s, exhausted.payload.used_s) == (1.1, pytest.approx(1.2))
+        assert (await gw.create()).status_code == 429
 
 
 async def test_an_over_budget_tenant_gets_429_and_no_run_starts(

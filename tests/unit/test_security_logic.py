@@ -10,10 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from specbus.envelope import Envelope, new_event
-from specops_schemas.events import RunCompleted
-from specops_schemas.heads import HeadArtifact, HeadTrained, HeadTrainRequest
+from specops_schemas.heads import HeadArtifact, HeadEpoch, HeadEpochCompleted, HeadTrained, HeadTrainRequest
 from specops_schemas.security import (
-    OPT_OUT_REASON,
     BudgetExhausted,
     PolicyChangeRequested,
     PolicySettings,
@@ -108,20 +106,7 @@ def test_the_gateway_refuses_only_while_the_current_budget_is_spent() -> None:
     assert security_logic.current_policy(None, TENANT).version == 0
 
 
-def test_a_speculation_disabled_answer_offers_no_candidate() -> None:
-    answer = RunCompleted(
-        run_id="r-1",
-        cache_hit=False,
-        measured=False,
-        winner=None,
-        candidates=[],
-        pareto_front=[],
-        speculation_disabled=OPT_OUT_REASON,
-    )
-    assert answer.speculation_disabled == OPT_OUT_REASON
-
-
-def test_the_seconds_counted_are_a_reps_wall_time_and_a_heads_training_time() -> None:
+def test_a_heads_seconds_are_its_training_time_so_far() -> None:
     request = HeadTrainRequest(target="smollm2-135m-instruct", family="medusa", train_data="a" * 64)
     artifact = HeadArtifact(
         sha256="b" * 64,
@@ -143,4 +128,8 @@ def test_the_seconds_counted_are_a_reps_wall_time_and_a_heads_training_time() ->
         train_seconds=42.5,
     )
     event = new_event(trained, tenant_id=TENANT, correlation_id=HEAD_ID, producer="head-trainer")
-    assert logic.measured_seconds(event) == 42.5
+    assert logic.head_seconds(event) == 42.5
+    point = HeadEpoch(epoch=2, steps=8, tokens_seen=2048, train_loss=1.5, heldout={}, elapsed_s=30.25)
+    done = HeadEpochCompleted(head_id=HEAD_ID, epoch=point)
+    epoch = new_event(done, tenant_id=TENANT, correlation_id=HEAD_ID, producer="head-trainer")
+    assert logic.head_seconds(epoch) == 30.25
