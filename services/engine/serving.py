@@ -221,10 +221,10 @@ class ChoiceStream:
         metrics: EngineMetrics | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[tuple[float, Event]] = asyncio.Queue()
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
 
         def sink(event: Event) -> None:
-            loop.call_soon_threadsafe(self._queue.put_nowait, (loop.time(), event))
+            loop.call_soon_threadsafe(self._queue.put_nowait, event)
 
         self.worker = worker
         self.n = len(requests)
@@ -262,7 +262,7 @@ class ChoiceStream:
         """The worker's updates (index, tokens, finish reason) as they arrive."""
         ended = 0
         while ended < self.n:
-            _, event = await self._queue.get()
+            event = await self._queue.get()
             if isinstance(event, Failed):
                 raise EngineFailure(event.message)
             ended += event.finish_reason is not None
@@ -274,7 +274,7 @@ class ChoiceStream:
         loop = asyncio.get_running_loop()
         pacer = Pacer(interval_s, self.n)
         ended = released = 0
-        getter: asyncio.Future[tuple[float, Event]] | None = None
+        getter: asyncio.Future[Event] | None = None
         try:
             while ended < self.n or pacer.next_at is not None:
                 for r in pacer.due(loop.time()):
@@ -289,12 +289,16 @@ class ChoiceStream:
                 done, _ = await asyncio.wait({getter}, timeout=wait)
                 if not done:
                     continue
-                at, event = getter.result()
+                event = getter.result()
                 getter = None
                 if isinstance(event, Failed):
                     raise EngineFailure(event.message)
                 ended += event.finish_reason is not None
-                pacer.push(event.index, event.tokens, event.finish_reason, at)
+                # On the loop's clock when the update is handled, not when the worker made it:
+                # the first release anchors the grid, and the loop's delay in taking the
+                # worker's update depends on what the worker does next (its draft and verify
+                # of the next step), which is the acceptance again.
+                pacer.push(event.index, event.tokens, event.finish_reason, loop.time())
         finally:
             if getter is not None:
                 getter.cancel()
