@@ -11,7 +11,9 @@ and reads and feeds only that scope's pool: one scope for the whole deployment i
 single-tenant tier, a scope per tenant where the tenant's policy keeps caches per tenant.
 
 Each pool is bounded: at most ``max_entries`` n-grams, the least recently written dropped
-first; an n-gram maps to the ``span`` tokens that followed its latest occurrence.
+first; an n-gram maps to the ``span`` tokens that followed its latest occurrence. So is the
+number of pools: at most ``max_scopes``, the least recently used scope's pool dropped first
+(a request naming a new scope costs at most one pool's memory, whoever names it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ POOL_NGRAM_MIN = 2  # a single shared token says little across requests
 POOL_NGRAM_MAX = 8
 POOL_SPAN = 16  # tokens kept after each n-gram (a draft is at most this long)
 POOL_MAX_ENTRIES = 200_000  # per scope
+POOL_MAX_SCOPES = 64  # pools kept at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +84,7 @@ class DraftPool:
 
 @dataclass(slots=True)
 class PoolStats:
-    """A scope's counters, for the server's metrics."""
+    """Draft steps' counters: a scope's, or every scope's (the server's metrics)."""
 
     lookups: int = 0  # draft steps that asked the pool
     hits: int = 0  # of them, those it drafted for
@@ -90,20 +93,28 @@ class PoolStats:
 
 @dataclass(slots=True)
 class DraftPools:
-    """Every scope's pool, made on first use; what an engine's proposer reads and its finished
-    rows feed (``Engine(draft_pools=...)``). One thread (the batcher's) uses it."""
+    """Every scope's pool, made on first use (the least recently used dropped past
+    ``max_scopes``); what an engine's proposer reads and its finished rows feed
+    (``Engine(draft_pools=...)``). One thread (the batcher's) uses it."""
 
     ngram_min: int = POOL_NGRAM_MIN
     ngram_max: int = POOL_NGRAM_MAX
     span: int = POOL_SPAN
     max_entries: int = POOL_MAX_ENTRIES
-    pools: dict[str, DraftPool] = field(default_factory=dict)
+    max_scopes: int = POOL_MAX_SCOPES
+    pools: OrderedDict[str, DraftPool] = field(default_factory=OrderedDict)
     stats: dict[str, PoolStats] = field(default_factory=dict)
+    totals: PoolStats = field(default_factory=PoolStats)  # every scope's, dropped ones too
 
     def pool(self, scope: str) -> DraftPool:
-        if scope not in self.pools:
-            self.pools[scope] = DraftPool(self.ngram_min, self.ngram_max, self.span, self.max_entries)
-            self.stats[scope] = PoolStats()
+        if scope in self.pools:
+            self.pools.move_to_end(scope)
+            return self.pools[scope]
+        self.pools[scope] = DraftPool(self.ngram_min, self.ngram_max, self.span, self.max_entries)
+        self.stats[scope] = PoolStats()
+        while len(self.pools) > self.max_scopes:
+            dropped, _ = self.pools.popitem(last=False)
+            del self.stats[dropped]
         return self.pools[scope]
 
     def add(self, scope: str, tokens: list[int]) -> None:
@@ -112,9 +123,9 @@ class DraftPools:
     def lookup(self, scope: str, tokens: list[int], k: int) -> PoolMatch | None:
         """The scope's draft for ``tokens``, counted in its stats."""
         match = self.pool(scope).lookup(tokens, k)
-        stats = self.stats[scope]
-        stats.lookups += 1
-        if match is not None:
-            stats.hits += 1
-            stats.draft_tokens += len(match.tokens)
+        for stats in (self.stats[scope], self.totals):
+            stats.lookups += 1
+            if match is not None:
+                stats.hits += 1
+                stats.draft_tokens += len(match.tokens)
         return match

@@ -22,11 +22,12 @@ Gauges `num_requests_running` / `num_requests_waiting`: the batcher's, set every
 
 Security (issue 20): counters `paced_tokens` and `paced_slips` (F-S2: tokens released on a
 paced clock, and releases that waited for their token past their slot: the pace is shorter
-than the engine's step); with a cross-request draft pool (F-S1), per `scope` (`*` for the
-single-tenant tier's shared pool, else the tenant): counters `draft_pool_lookups`,
-`draft_pool_hits` and `draft_pool_draft_tokens` (steps that asked the pool, those it drafted
-for, the tokens it drafted) and gauges `draft_pool_entries` and `draft_pool_requests` (the
-n-grams it holds, the finished requests it indexed), read from the pools when scraped.
+than the engine's step); with a cross-request draft pool (F-S1), summed over the scopes
+(never per tenant): counters `draft_pool_lookups`, `draft_pool_hits` and
+`draft_pool_draft_tokens` (steps that asked a pool, those it drafted for, the tokens it
+drafted) and gauges `draft_pool_scopes`, `draft_pool_entries` and `draft_pool_requests` (the
+pools kept, the n-grams they hold, the finished requests they indexed), read from the pools
+when scraped.
 
 The registry is the server's own (not prometheus_client's global one), so that two servers
 in one process, or a test, never share counts.
@@ -173,34 +174,36 @@ class EngineMetrics:
 
 
 class _PoolCollector(Collector):
-    """The draft pools' counters per scope, read when /metrics is scraped."""
+    """The draft pools' counters, summed over the scopes, read when /metrics is scraped. Not
+    per scope: a scope is a tenant, and /metrics would tell anyone who reads it how much each
+    tenant asks (issue 20)."""
 
     def __init__(self, pools: DraftPools, model_name: str) -> None:
         self.pools = pools
         self.model_name = model_name
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["model_name", "scope"]
-        families = {
-            "lookups": CounterMetricFamily(
-                PREFIX + "draft_pool_lookups", "Draft steps that asked the pool.", labels=labels
-            ),
-            "hits": CounterMetricFamily(
-                PREFIX + "draft_pool_hits", "Draft steps the pool drafted for.", labels=labels
-            ),
-            "draft_tokens": CounterMetricFamily(
-                PREFIX + "draft_pool_draft_tokens", "Tokens the pool drafted.", labels=labels
-            ),
-        }
-        entries = GaugeMetricFamily(PREFIX + "draft_pool_entries", "n-grams the pool holds.", labels=labels)
-        indexed = GaugeMetricFamily(
-            PREFIX + "draft_pool_requests", "Finished requests it indexed.", labels=labels
-        )
+        labels = ["model_name"]
+        totals = self.pools.totals
+        for name, help_text, value in (
+            ("draft_pool_lookups", "Draft steps that asked a pool.", totals.lookups),
+            ("draft_pool_hits", "Draft steps a pool drafted for.", totals.hits),
+            ("draft_pool_draft_tokens", "Tokens the pools drafted.", totals.draft_tokens),
+        ):
+            counter = CounterMetricFamily(PREFIX + name, help_text, labels=labels)
+            counter.add_metric([self.model_name], value)
+            yield counter
         # list(): the worker thread may add a scope while this reads (one C call under the GIL).
-        for scope, stats in list(self.pools.stats.items()):
-            for name, family in families.items():
-                family.add_metric([self.model_name, scope], getattr(stats, name))
-            pool = self.pools.pools[scope]
-            entries.add_metric([self.model_name, scope], len(pool))
-            indexed.add_metric([self.model_name, scope], pool.sequences)
-        yield from (*families.values(), entries, indexed)
+        pools = list(self.pools.pools.values())
+        for name, help_text, value in (
+            ("draft_pool_scopes", "Pools kept (one per scope).", len(pools)),
+            ("draft_pool_entries", "n-grams the pools hold.", sum(len(p) for p in pools)),
+            (
+                "draft_pool_requests",
+                "Finished requests the pools kept indexed.",
+                sum(p.sequences for p in pools),
+            ),
+        ):
+            gauge = GaugeMetricFamily(PREFIX + name, help_text, labels=labels)
+            gauge.add_metric([self.model_name], value)
+            yield gauge

@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -44,6 +45,11 @@ POLICIES = [
 ]
 
 
+BUS_POLICY = SecurityPolicy(
+    tenant_id="bus-optout", version=1, tier=SecurityTier.MULTI_TENANT_ISOLATED, speculation_opt_out=True
+)
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory, nats_url: str) -> Iterator[tuple[str, Path]]:
     tmp = tmp_path_factory.mktemp("engine")
@@ -59,8 +65,19 @@ def engine(tmp_path_factory: pytest.TempPathFactory, nats_url: str) -> Iterator[
         nats_url,
     ]
     log = tmp / "engine.log"
+    # A tenant's policy that only the bus has: the server must have it before it serves.
+    asyncio.run(publish_all(nats_url, [_changed(BUS_POLICY)]))
     with engine_server(args, log) as server:
         yield server.url, log
+
+
+def _changed(policy: SecurityPolicy) -> Any:
+    return new_event(
+        PolicyChanged(tenant_id=policy.tenant_id, policy=policy),
+        tenant_id=policy.tenant_id,
+        correlation_id="test",
+        producer="security",
+    )
 
 
 def _client(url: str, tenant: str | None = None) -> openai.OpenAI:
@@ -79,11 +96,10 @@ def _plain(target: LoadedModel, text: str) -> str:
     return Engine(target, "none").generate([Request(ids, MAX_TOKENS)])[0].text
 
 
-def _metric(url: str, name: str, **labels: str) -> float:
-    """The value of the series ``specops:<name>`` with these labels; 0 when it does not exist."""
-    want = [f'{k}="{v}"' for k, v in labels.items()]
+def _metric(url: str, name: str) -> float:
+    """The value of the series ``specops:<name>``; 0 when it does not exist."""
     for line in httpx.get(f"{url}/metrics").text.splitlines():
-        if line.startswith(f"specops:{name}{{") and all(w in line for w in want):
+        if line.startswith(f"specops:{name}{{"):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 
@@ -94,6 +110,7 @@ def test_paced_release_delivers_plain_decodings_text_streamed_or_not(
     url, _ = engine
     before = _metric(url, "paced_tokens_total")
     with _client(url) as c:  # the default tenant: paced by the flags
+        sent = time.monotonic()
         stream = c.completions.create(
             model=MODEL,
             prompt=TEXTS[0],
@@ -102,7 +119,10 @@ def test_paced_release_delivers_plain_decodings_text_streamed_or_not(
             stream=True,
             stream_options={"include_usage": True},
         )
-        chunks = list(stream)
+        chunks, arrivals = [], []
+        for chunk in stream:
+            chunks.append(chunk)
+            arrivals.append(time.monotonic())
         whole = c.completions.create(model=MODEL, prompt=TEXTS[2], max_tokens=MAX_TOKENS, temperature=0)
         chat = c.chat.completions.create(
             model=MODEL,
@@ -116,6 +136,15 @@ def test_paced_release_delivers_plain_decodings_text_streamed_or_not(
     assert (
         chat.choices[0].message.content == Engine(smollm, "none").generate([Request(ids, MAX_TOKENS)])[0].text
     )
+    # One token a chunk (n-gram drafts several a step on this code prompt), token i no sooner
+    # than i intervals after the request was sent (the server's clock and ours are the same
+    # monotonic clock): no burst shows what a step accepted.
+    texts = [
+        at for chunk, at in zip(chunks, arrivals, strict=True) if chunk.choices and chunk.choices[0].text
+    ]
+    assert len(texts) == chunks[-1].usage.completion_tokens
+    early = [i for i, at in enumerate(texts) if at - sent < i * PACE_MS / 1000]
+    assert not early, f"tokens {early} came before their slot"
     usages = [chunks[-1].usage, whole.usage, chat.usage]
     paced = sum(u.completion_tokens for u in usages if u is not None)
     assert _metric(url, "paced_tokens_total") - before == paced > 0  # every token paced
@@ -124,17 +153,21 @@ def test_paced_release_delivers_plain_decodings_text_streamed_or_not(
 def test_per_tenant_caches_keep_a_tenants_pool_entries_from_another(engine: tuple[str, Path]) -> None:
     url, _ = engine
     text = TEXTS[1]
+    scopes = _metric(url, "draft_pool_scopes")
     first = _complete(url, text, "iso-a")
-    assert _metric(url, "draft_pool_requests", scope="iso-a") == 1
+    assert _metric(url, "draft_pool_scopes") == scopes + 1  # a pool of its own
+    lookups, hits = _metric(url, "draft_pool_lookups_total"), _metric(url, "draft_pool_hits_total")
     assert _complete(url, text, "iso-b") == first
-    assert _metric(url, "draft_pool_lookups_total", scope="iso-b") > 0  # it asked its own pool
-    assert _metric(url, "draft_pool_hits_total", scope="iso-b") == 0  # which has none of a's entries
+    assert _metric(url, "draft_pool_lookups_total") > lookups  # it asked its own pool
+    assert _metric(url, "draft_pool_hits_total") == hits  # which has none of a's entries
     # Two tenants of the single-tenant tier (no policy of their own) share one pool: the second
     # drafts from the first's entries.
-    hits = _metric(url, "draft_pool_hits_total", scope="*")
     assert _complete(url, text, "single-x") == first
+    hits = _metric(url, "draft_pool_hits_total")
     assert _complete(url, text, "single-y") == first
-    assert _metric(url, "draft_pool_hits_total", scope="*") > hits
+    assert _metric(url, "draft_pool_hits_total") > hits
+    # /metrics says how the pools do, not how much each tenant asks.
+    assert "iso-a" not in httpx.get(f"{url}/metrics").text
 
 
 def test_an_opted_out_tenant_is_decoded_without_speculation(
@@ -142,21 +175,33 @@ def test_an_opted_out_tenant_is_decoded_without_speculation(
 ) -> None:
     url, _ = engine
     drafts = _metric(url, "spec_decode_num_drafts_total")
+    lookups, indexed = _metric(url, "draft_pool_lookups_total"), _metric(url, "draft_pool_requests")
     assert _complete(url, TEXTS[0], "optout") == _plain(smollm, TEXTS[0])
     assert _metric(url, "spec_decode_num_drafts_total") == drafts
-    assert _metric(url, "draft_pool_requests", scope="optout") == 0
+    assert (_metric(url, "draft_pool_lookups_total"), _metric(url, "draft_pool_requests")) == (
+        lookups,
+        indexed,
+    )
+
+
+def test_the_server_has_the_bus_policies_before_it_serves(engine: tuple[str, Path]) -> None:
+    url, log = engine
+    text = log.read_text()
+    applied = text.find("tenant bus-optout's security policy is now version 1")
+    assert 0 <= applied < text.find("Application startup complete"), text[-2000:]
+    drafts = _metric(url, "spec_decode_num_drafts_total")
+    _complete(url, TEXTS[0], "bus-optout")
+    assert _metric(url, "spec_decode_num_drafts_total") == drafts  # opted out: no draft
 
 
 def test_a_policy_changed_event_changes_the_tenants_policy(engine: tuple[str, Path], nats_url: str) -> None:
     url, log = engine
     policy = SecurityPolicy(tenant_id="late", version=1, tier=SecurityTier.SHARED)
-    event = new_event(
-        PolicyChanged(tenant_id="late", policy=policy), tenant_id="late", correlation_id="t", producer="test"
-    )
-    asyncio.run(publish_all(nats_url, [event]))
+    asyncio.run(publish_all(nats_url, [_changed(policy)]))
     deadline = time.monotonic() + 30
     while "tenant late's security policy is now version 1" not in log.read_text():
         assert time.monotonic() < deadline, log.read_text()[-2000:]
         time.sleep(0.2)
+    scopes = _metric(url, "draft_pool_scopes")
     _complete(url, TEXTS[2], "late")
-    assert _metric(url, "draft_pool_requests", scope="late") == 1  # its own pool now
+    assert _metric(url, "draft_pool_scopes") == scopes + 1  # its own pool now

@@ -378,9 +378,13 @@ def test_the_engine_serves_openai_health_and_metrics_on_one_port() -> None:
     flags = dict(zip(args[2::2], args[3::2], strict=True))
     assert {"--model", "--method", "--host", "--port"} <= set(flags)
     assert flags["--host"] == "0.0.0.0"
-    # What the container is started with comes from the ConfigMap it reads.
-    settings = _objects("ConfigMap")["specops-engine"]["data"]
+    # What the container is started with comes from the ConfigMaps it reads (the NATS URL
+    # from the platform's, where the tenants' security policies are).
+    configs = _objects("ConfigMap")
+    settings = configs["specops-engine"]["data"] | configs["specops-config"]["data"]
     assert {"configMapRef": {"name": "specops-engine"}} in container["envFrom"]
+    assert {"configMapRef": {"name": "specops-config"}} in container["envFrom"]
+    assert flags["--nats-url"] == "$(NATS_URL)"
     for value in flags.values():
         for variable in re.findall(r"\$\((\w+)\)", value):
             assert variable in settings, variable

@@ -48,6 +48,18 @@ def test_a_scope_sees_none_of_another_scopes_entries() -> None:
     assert len(pools.pool("tenant-b")) == 0
     assert (pools.stats["tenant-a"].hits, pools.stats["tenant-a"].draft_tokens) == (1, 3)
     assert (pools.stats["tenant-b"].lookups, pools.stats["tenant-b"].hits) == (1, 0)
+    assert (pools.totals.lookups, pools.totals.hits, pools.totals.draft_tokens) == (2, 1, 3)
+
+
+def test_past_max_scopes_the_least_recently_used_scopes_pool_is_dropped() -> None:
+    pools = DraftPools(max_scopes=2)
+    pools.add("a", [1, 2, 3, 4])
+    pools.add("b", [1, 2, 3, 5])
+    assert pools.lookup("a", [1, 2], k=2) is not None  # a used after b
+    pools.add("c", [1, 2, 3, 6])  # one scope too many: b's pool goes
+    assert list(pools.pools) == ["a", "c"] and set(pools.stats) == {"a", "c"}
+    assert pools.lookup("b", [1, 2], k=2) is None  # b starts over, empty
+    assert list(pools.pools) == ["c", "b"]
 
 
 @pytest.mark.slow
