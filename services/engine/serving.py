@@ -86,8 +86,12 @@ class EngineServer:
 
     def __init__(self, engines: Engine | Mapping[str, Engine], options: ServerOptions) -> None:
         """``engines``: the method served, or with drift control every method of
-        ``options.drift.methods`` over one target (the primary first)."""
+        ``options.drift.methods`` over one target (the primary first). Plain decoding is
+        added when it is not among them: an opted-out tenant (F-S3) is decoded with it."""
         self.options = options
+        engines = dict(engines) if isinstance(engines, Mapping) else {engines.method: engines}
+        if PLAIN not in engines:
+            engines[PLAIN] = Engine(next(iter(engines.values())).target, PLAIN)
         self.batcher = ContinuousBatcher(engines, max_rows=options.max_batch)
         self.target = self.batcher.engine.target
         self.method = self.batcher.engine.method
@@ -198,10 +202,6 @@ class EngineServer:
             requests.extend(choices)
         pace = self.security.pace_s(key.tenant)
         plain = self.security.policy(key.tenant).speculation_disabled
-        if plain and PLAIN not in self.batcher.methods:
-            raise EngineFailure(
-                f"tenant {key.tenant} opted out of speculation and this server has no plain engine"
-            )
         return Prepared(requests, sum(len(ids) for ids in prompts), key, pace, plain)
 
 

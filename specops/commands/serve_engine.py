@@ -198,7 +198,7 @@ def run(args: argparse.Namespace, served: Served) -> int:
     """Load the target, build the engine and serve until SIGTERM / SIGINT."""
     from speccore.draft_pool import DraftPools
     from speccore.engine import Engine
-    from speccore.proposers import NONE, ProposerConfig, default_k
+    from speccore.proposers import ProposerConfig, default_k
     from specops_services.engine.app import serve
     from specops_services.engine.serving import ServerOptions
 
@@ -222,8 +222,6 @@ def run(args: argparse.Namespace, served: Served) -> int:
                 ProposerConfig(k=default_k(method)) if method != "none" else None,
                 adaptive=adaptive and method != "none",
             )
-    # F-S3: a tenant that opts out of speculation is decoded plainly, whatever is served.
-    engines.setdefault(NONE, Engine(target, NONE))
     options = ServerOptions(
         served_model_name=args.served_model_name or served.model,
         host=args.host or DEFAULT_HOST,
