@@ -87,9 +87,11 @@ tune-bench: setup
 		--corpus-dir $(CORPUS) --out bench/results/tune-corpus-cpu2.json
 
 # Issue 20's side channels through the engine server (smollm2, n-gram): the acceptance-pattern
-# attack (code vs chat from SSE chunk timing) with speculation, F-S2 pacing and F-S3 plain
-# decoding; the shared-cache attack (did tenant A ask this?) with one draft pool and with F-S1
-# per-tenant pools. ROC AUC, trials, throughput cost. About 15 minutes on 2 cores.
+# attack (a copy task vs chat from SSE chunk timing) with speculation, F-S2 pacing and F-S3
+# plain decoding; the shared-cache attack (did tenant A ask this?) with one draft pool and
+# with F-S1 per-tenant pools. ROC AUC, trials, throughput cost; fails when a mitigated AUC is
+# above the goal. About 15 minutes on 2 cores (run it on a quiet machine: a loaded one slips
+# the pace).
 side-channel: setup
 	$(PY) bench/side_channel.py --out bench/results/side-channel.json
 

@@ -357,7 +357,7 @@ def policies(path: Path, pace_ms: float) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--per-class", type=int, default=40, help="acceptance pattern: prompts per class")
+    p.add_argument("--per-class", type=int, default=60, help="acceptance pattern: prompts per class")
     p.add_argument(
         "--candidates", type=int, default=32, help="shared cache: candidate prompts (half asked by A)"
     )
@@ -418,6 +418,9 @@ def main() -> int:
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {args.out} in {result['seconds']} s", file=sys.stderr)
+    if not result["goals"]["mitigated_met"]:
+        print(f"a mitigated attack's AUC is above {GOAL_AUC}: goal not met", file=sys.stderr)
+        return 1
     return 0
 
 
