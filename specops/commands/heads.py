@@ -29,8 +29,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--batch-size", type=int, default=16)
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--threads", type=int, help="CPU threads for PyTorch")
-    data.add_argument("--out", required=True, type=Path, help="training JSONL")
-    data.add_argument("--heldout-out", required=True, type=Path, help="held-out JSONL")
+    data.add_argument("--device", help="where the target decodes (default auto: cuda if any)")
+    data.add_argument("--out", type=Path, help="training JSONL")
+    data.add_argument("--heldout-out", type=Path, help="held-out JSONL")
+    data.add_argument(
+        "--chunks-dir",
+        type=Path,
+        help="instead of --out/--heldout-out: a resumable directory of chunk files and a manifest "
+        "(a rerun writes only the files it lacks; see speccore.training.chunks)",
+    )
+    data.add_argument("--chunk-examples", type=int, default=1000, help="training examples per chunk file")
     data.set_defaults(handler=run_data)
 
     tr = actions.add_parser("train", help="train a Medusa or EAGLE head, or a distilled draft model")
@@ -210,12 +218,15 @@ def _threads(n: int | None) -> None:
 
 
 def run_data(args: argparse.Namespace) -> int:
+    from speccore.errors import SpecError
     from speccore.models import load_model
-    from speccore.training.prepare import DataPlan, prepare
+    from speccore.training.prepare import DataPlan, prepare, prepare_chunks
     from specprompts.examples import sharegpt_examples
 
+    if (args.chunks_dir is None) == (args.out is None or args.heldout_out is None):
+        raise SpecError("give either --out and --heldout-out, or --chunks-dir")
     _threads(args.threads)
-    target = load_model(args.target)
+    target = load_model(args.target, device=args.device or "auto")
     plan = DataPlan(
         limit=args.limit,
         heldout_fraction=args.heldout_fraction,
@@ -224,6 +235,15 @@ def run_data(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
     )
+    if args.chunks_dir is not None:
+        store = prepare_chunks(target, plan, sharegpt_examples, args.chunks_dir, args.chunk_examples)
+        files = store.files.values()
+        print(
+            f"{args.chunks_dir}: {len(files)} files, {sum(f.examples for f in files)} examples, "
+            f"{sum(f.reply_tokens for f in files)} reply tokens",
+            file=sys.stderr,
+        )
+        return 0
     n_train, n_heldout = prepare(target, plan, sharegpt_examples, args.out, args.heldout_out)
     print(
         f"wrote {n_train} training examples to {args.out}, {n_heldout} held-out to {args.heldout_out}",

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.models import LoadedModel, chat_prompt_ids
+from speccore.training.chunks import ChunkPlan, ChunkStore, chunk_jobs, distiller, write_chunks
 from speccore.training.data import (
     Example,
     Regenerate,
@@ -52,17 +53,22 @@ def engine_regenerate(target: LoadedModel, max_new_tokens: int) -> Regenerate:
 Source = Callable[[int, int], Sequence[Example]]
 
 
-def prepare(
-    target: LoadedModel, plan: DataPlan, source: Source, train_out: Path, heldout_out: Path
-) -> tuple[int, int]:
-    """Write the train and held-out JSONL files of `source`'s examples; returns their counts."""
+def _examples(target: LoadedModel, plan: DataPlan, source: Source) -> list[Example]:
+    """`source`'s examples whose chat-rendered prompt fits `plan.max_prompt_tokens`."""
     if plan.limit <= 0:
         raise SpecError(f"limit must be positive, got {plan.limit}")
-    examples = [
+    return [
         ex
         for ex in source(plan.limit, plan.seed)
         if len(chat_prompt_ids(target.tokenizer, ex.prompt, target.ref)) <= plan.max_prompt_tokens
     ]
+
+
+def prepare(
+    target: LoadedModel, plan: DataPlan, source: Source, train_out: Path, heldout_out: Path
+) -> tuple[int, int]:
+    """Write the train and held-out JSONL files of `source`'s examples; returns their counts."""
+    examples = _examples(target, plan, source)
     train = [ex for ex in examples if not is_heldout(ex.prompt, plan.heldout_fraction)]
     heldout = [ex for ex in examples if is_heldout(ex.prompt, plan.heldout_fraction)]
     regenerate = engine_regenerate(target, plan.max_new_tokens) if plan.distill else None
@@ -78,6 +84,34 @@ def prepare(
                 )
             )
     return counts[1], counts[0]
+
+
+def prepare_chunks(
+    target: LoadedModel, plan: DataPlan, source: Source, out_dir: Path, chunk_examples: int
+) -> ChunkStore:
+    """Write `source`'s examples as a resumable chunk directory (speccore.training.chunks):
+    the held-out file, then training chunks of `chunk_examples`; a rerun writes only what
+    is missing."""
+    chunk_plan = ChunkPlan(
+        target=target.ref,
+        limit=plan.limit,
+        seed=plan.seed,
+        heldout_fraction=plan.heldout_fraction,
+        max_new_tokens=plan.max_new_tokens if plan.distill else None,
+        max_prompt_tokens=plan.max_prompt_tokens,
+        chunk_examples=chunk_examples,
+    )
+    store = ChunkStore(out_dir, chunk_plan)
+    examples = _examples(target, plan, source)
+    distill = None
+    if plan.distill:
+        regenerate = engine_regenerate(target, plan.max_new_tokens)
+        distill = distiller(target.tokenizer, regenerate, plan.batch_size)
+    jobs = chunk_jobs(chunk_plan, examples)
+    done = sum(store.done(name) for name, _ in jobs)
+    with tqdm(total=len(jobs), initial=done, desc=f"chunks in {out_dir}", unit="file") as bar:
+        write_chunks(store, jobs, distill, progress=lambda _: bar.update(1))
+    return store
 
 
 def _ticking(regenerate: Regenerate, bar: tqdm) -> Regenerate:
