@@ -36,6 +36,7 @@ def test_a_rerun_writes_only_the_missing_files_with_the_same_bytes(
     assert sorted(store.files) == sorted([HELDOUT] + [train_name(i) for i in range(train_files)])
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["reply_tokens"] == sum(f["reply_tokens"] for f in manifest["files"]) > 0
+    assert {f["made_on"] for f in manifest["files"]} == {"cpu float32"}
     first = list(read_examples(out / train_name(0)))
     assert [ex.prompt for ex in first] == [p for p in PROMPTS if p not in heldout][:4]
     assert all(ex.completion != "(to be replaced)" for ex in first)  # the target's replies

@@ -4,7 +4,8 @@ sitting (a million reply tokens is hours of CPU decoding, minutes on a GPU).
 A chunk directory holds ``heldout.jsonl`` (the held-out side, written first), the training
 side in ``train-00000.jsonl``, ``train-00001.jsonl``, ... of ``chunk_examples`` examples
 each, and ``manifest.json``: the plan that made them (target, source limit and seed,
-split, reply length) and, per finished file, its examples, reply tokens and sha256. Each
+split, reply length) and, per finished file, its examples, reply tokens, sha256 and where
+it was decoded (a directory may be resumed on another machine). Each
 file is written whole (temp file and rename) and then entered in the manifest, so a run
 killed at any point resumes at the first file the manifest lacks; a run with another plan
 is refused rather than mixing two data sets. The files are the seed's JSONL
@@ -47,6 +48,7 @@ class ChunkFile:
     examples: int
     reply_tokens: int  # completion tokens the target generated (0 when not self-distilled)
     sha256: str
+    made_on: str  # where the target decoded it, e.g. "cuda (NVIDIA H200) float32"
 
 
 def train_name(index: int) -> str:
@@ -63,9 +65,10 @@ def chunk_slices(total: int, size: int) -> list[range]:
 class ChunkStore:
     """A chunk directory: its plan and the files already finished."""
 
-    def __init__(self, root: Path, plan: ChunkPlan) -> None:
+    def __init__(self, root: Path, plan: ChunkPlan, made_on: str) -> None:
         self.root = root
         self.plan = plan
+        self.made_on = made_on
         self.files: dict[str, ChunkFile] = {}
         path = root / MANIFEST
         if path.exists():
@@ -87,7 +90,7 @@ class ChunkStore:
         """Write a file whole, then enter it in the manifest."""
         path = self.root / name
         count = write_examples(path, examples)
-        entry = ChunkFile(name, count, reply_tokens, _sha256(path))
+        entry = ChunkFile(name, count, reply_tokens, _sha256(path), self.made_on)
         self.files[name] = entry
         manifest: dict[str, Any] = {
             "plan": asdict(self.plan),

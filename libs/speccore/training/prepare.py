@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from speccore.engine import Engine, Request
@@ -101,7 +102,7 @@ def prepare_chunks(
         max_prompt_tokens=plan.max_prompt_tokens,
         chunk_examples=chunk_examples,
     )
-    store = ChunkStore(out_dir, chunk_plan)
+    store = ChunkStore(out_dir, chunk_plan, made_on=_made_on(target))
     examples = _examples(target, plan, source)
     distill = None
     if plan.distill:
@@ -112,6 +113,12 @@ def prepare_chunks(
     with tqdm(total=len(jobs), initial=done, desc=f"chunks in {out_dir}", unit="file") as bar:
         write_chunks(store, jobs, distill, progress=lambda _: bar.update(1))
     return store
+
+
+def _made_on(target: LoadedModel) -> str:
+    device = target.device
+    name = f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""
+    return f"{device.type}{name} {str(target.dtype).removeprefix('torch.')}"
 
 
 def _ticking(regenerate: Regenerate, bar: tqdm) -> Regenerate:
