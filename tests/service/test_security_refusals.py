@@ -193,8 +193,11 @@ async def test_an_opted_out_tenant_is_not_refused_for_a_budget_it_cannot_spend(
         _refusal(await gw.client.post(f"{HEADS}/train", json=_train(sha), headers=gw.auth()), 403)["detail"]
         == OPT_OUT_REASON
     )
-    [refused] = await bus.events(js, f"spec.security.{TENANT}.refused")
-    assert refused.payload.action == "head.train"
+    # Nor is a session's winner applied (the session is the tenant's, whatever its state).
+    apply = await gw.client.post(f"{TUNE}/{session.json()['id']}/apply", headers=gw.auth())
+    assert _refusal(apply, 409)["detail"] == OPT_OUT_REASON
+    refused = await bus.events(js, f"spec.security.{TENANT}.refused", at_least=2)
+    assert [r.payload.action for r in refused] == ["head.train", "tune.apply"]
 
 
 async def test_a_refusal_is_recorded_without_holding_a_second_connection(
