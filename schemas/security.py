@@ -18,7 +18,7 @@ The tiers, weakest isolation first:
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from enum import StrEnum
 from uuid import UUID
 
@@ -96,8 +96,13 @@ class SecurityPolicy(PolicySettings):
     tenant_id: Id = Field(description="The tenant the policy binds.")
     version: int = Field(ge=0, description="0: the default policy, never set; +1 per change.")
     updated_at: datetime | None = Field(default=None, description="When it was last set; null if never.")
-    updated_by: str | None = Field(default=None, description="The admin token's name that set it.")
+    updated_by: str | None = Field(default=None, description="Id of the admin token that set it.")
     adr: str = Field(default=SECURITY_ADR, description="What each tier guarantees (F-S5).")
+
+    @classmethod
+    def default(cls, tenant_id: str) -> SecurityPolicy:
+        """The policy of a tenant that never set one: version 0, single_tenant, no budget."""
+        return cls(tenant_id=tenant_id, version=0)
 
 
 class SecurityEvent(EventPayload):
@@ -136,7 +141,7 @@ class SecurityRefused(SecurityEvent):
     event_type = "security.refused"
     action: str = Field(min_length=1, description="What was asked, e.g. `policy.update`, `run.create`.")
     reason: str = Field(min_length=1, description="Why, as the refused caller was told.")
-    actor: str | None = Field(default=None, description="The token's name, where a token asked.")
+    actor: str | None = Field(default=None, description="Id of the token that asked, where one did.")
 
 
 class BudgetExhausted(SecurityEvent):
@@ -146,6 +151,12 @@ class BudgetExhausted(SecurityEvent):
     budget_s: float = Field(ge=0.0, description="The monthly budget in measurement seconds.")
     used_s: float = Field(ge=0.0, description="Measurement seconds used this month.")
     resets_at: datetime = Field(description="When the month's count starts again (UTC).")
+
+    @property
+    def month(self) -> date:
+        """The calendar month (its first day) whose count reached the budget: the one before
+        `resets_at`, however late the event was processed."""
+        return month_of(self.resets_at - timedelta(microseconds=1))
 
 
 def month_of(at: datetime) -> date:

@@ -10,7 +10,8 @@
   with `RetryPolicy(max_deliver=None)` is retried forever and never parks.
 - `process_once` / `inbox.claim`: side effects once per consumer and event, in a
   transaction acting for the event's tenant (`tenancy.act_for`);
-  `process_once_queued` also answers the types of the events it queued.
+  `process_once_queued` also answers the types of the events it queued, and
+  `process_once_logged` logs them (a service's one line per handled event).
 - `outbox.add` / `OutboxRelay`: events committed with the state that caused them.
 - `tracing`: every publish a `send <subject template>` span, every handler a `process
   <subject template>` span, the trace context carried in the NATS headers.
@@ -28,7 +29,7 @@ from specbus.consumer import (
     subscriber,
 )
 from specbus.dlq import park
-from specbus.inbox import process_once, process_once_queued
+from specbus.inbox import process_once, process_once_logged, process_once_queued
 from specbus.outbox import OutboxRelay
 from specbus.publish import envelope_headers, publish
 
@@ -48,6 +49,7 @@ __all__ = [
     "outbox",
     "park",
     "process_once",
+    "process_once_logged",
     "process_once_queued",
     "publish",
     "raw_subscriber",

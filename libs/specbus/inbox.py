@@ -67,3 +67,28 @@ async def process_once_queued(
         return events
 
     return queued if await process_once(pool, consumer, event, run) else None
+
+
+async def process_once_logged(
+    pool: AsyncConnectionPool[Any],
+    consumer: str,
+    event: Envelope[Any],
+    work: Work,
+    *,
+    logger: logging.Logger,
+    scope: str,
+    what: str | None = None,
+) -> None:
+    """`process_once`, plus a service's one log line per handled event: `what` it was (default
+    its type), its correlation id as `scope` (`run=<id>`, `session=<id>`), its tenant, and the
+    events it queued or that it was a duplicate. An event that queued nothing is logged at
+    DEBUG only: a service sees many that are not its business (another service's benches)."""
+    queued = await process_once_queued(pool, consumer, event, work)
+    label = what or event.type
+    about = f"{scope}={event.correlation_id} tenant={event.tenant_id}"
+    if queued is None:
+        logger.info("%s %s -> duplicate %s skipped", label, about, event.event_id)
+    elif queued:
+        logger.info("%s %s -> %s", label, about, ", ".join(queued))
+    else:
+        logger.debug("%s %s -> nothing queued", label, about)

@@ -110,18 +110,19 @@ async def train(
     pool: Pool, principal: Principal, request: HeadTrainRequest, key: str | None, fingerprint: str
 ) -> logic.Reply:
     """A new head of the caller's tenant, `training`; head.requested queued for the head-trainer.
-    Refused (429) while the tenant's GPU budget is spent, and (403) when its policy opts out of
-    speculation: a head exists only to speculate with."""
+    Refused (403) when its policy opts out of speculation (a head exists only to speculate
+    with), and (429) while the tenant's GPU budget is spent; an idempotent replay is answered
+    before either."""
     refusal = heads_logic.train_refusal(request, eagle3=heads_logic.eagle3_enabled())
     if refusal is not None:
         raise problem(422, refusal, type="urn:specops:problem:invalid-head-request")
     nul = logic.nul_pointer(request.model_dump(mode="json"))
     if nul is not None:
         raise problem(422, f"text must not contain the NUL character (U+0000): {nul}")
-    await security.require_speculation(pool, principal, "head.train")
 
     async def work(conn: Connection) -> logic.Reply:
-        await security.require_budget(conn, pool, principal, "head.train")
+        await security.require_speculation(conn, principal, "head.train", status=403)
+        await security.require_budget(conn, principal, "head.train")
         tenant = principal.tenant_id
         for field, sha in (("train_data", request.train_data), ("heldout_data", request.heldout_data)):
             if sha is not None and await heads_db.find_data(conn, tenant, sha) is None:

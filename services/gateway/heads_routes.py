@@ -27,11 +27,11 @@ from specops_services.gateway.datastores import _receive, _settle
 from specops_services.gateway.problems import problem, responses
 from specops_services.gateway.routes import (
     IdempotencyKey,
-    _fingerprint,
-    _json,
-    _key,
-    _resume_after,
     follow_feed,
+    json_reply,
+    parse_key,
+    request_fingerprint,
+    resume_after,
 )
 
 router = APIRouter(prefix=API_PREFIX, tags=["heads"])
@@ -114,9 +114,9 @@ async def upload_data(request: Request, principal: Developer) -> JSONResponse:
 async def train_head(
     body: HeadTrainRequest, request: Request, principal: Developer, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
-    key = _key(idempotency_key)
-    fingerprint = await _fingerprint(request)
-    return _json(await heads.train(pool_of(request), principal, body, key, fingerprint))
+    key = parse_key(idempotency_key)
+    fingerprint = await request_fingerprint(request)
+    return json_reply(await heads.train(pool_of(request), principal, body, key, fingerprint))
 
 
 @router.get(
@@ -159,9 +159,9 @@ async def transition_head(
     principal: Developer,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    key = _key(idempotency_key)
-    fingerprint = await _fingerprint(request)
-    return _json(await heads.transition(pool_of(request), principal, head_id, body, key, fingerprint))
+    key = parse_key(idempotency_key)
+    fingerprint = await request_fingerprint(request)
+    return json_reply(await heads.transition(pool_of(request), principal, head_id, body, key, fingerprint))
 
 
 async def _owned_head(head_id: HeadId, request: Request, principal: Viewer) -> str:
@@ -186,7 +186,7 @@ async def stream_events(
     request: Request,
     principal: Viewer,
     head_id: Annotated[str, Depends(_owned_head)],
-    after: Annotated[int, Depends(_resume_after)],
+    after: Annotated[int, Depends(resume_after)],
 ) -> AsyncIterator[ServerSentEvent]:
     async for event in follow_feed(request, principal, heads.event_feed(head_id), after, head_id):
         yield event

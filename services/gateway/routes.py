@@ -36,7 +36,11 @@ IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", descripti
 RunId = Annotated[str, Path(description="Run id, as returned by `POST runs`.")]
 
 
-def _key(raw: str | None) -> str | None:
+# The helpers below are shared by every router's POSTs (tune, heads, security routes too).
+
+
+def parse_key(raw: str | None) -> str | None:
+    """The Idempotency-Key header's key (None without one); 400 if it is malformed."""
     if raw is None:
         return None
     try:
@@ -45,11 +49,13 @@ def _key(raw: str | None) -> str | None:
         raise problem(400, str(exc)) from None
 
 
-async def _fingerprint(request: Request) -> str:
+async def request_fingerprint(request: Request) -> str:
+    """What an idempotent replay must match: method, path and body."""
     return logic.request_fingerprint(request.method, request.url.path, await request.body())
 
 
-def _json(reply: logic.Reply) -> JSONResponse:
+def json_reply(reply: logic.Reply) -> JSONResponse:
+    """A handler's reply (status, body, headers) as the response."""
     return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
 
 
@@ -70,11 +76,11 @@ def _json(reply: logic.Reply) -> JSONResponse:
 async def create_run(
     body: RunCreateRequest, request: Request, principal: Developer, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
-    key = _key(idempotency_key)
+    key = parse_key(idempotency_key)
     limit = request.app.state.settings.gateway_max_active_runs
-    fingerprint = await _fingerprint(request)
+    fingerprint = await request_fingerprint(request)
     reply = await runs.create_run(pool_of(request), principal, body, key, fingerprint, max_active_runs=limit)
-    return _json(reply)
+    return json_reply(reply)
 
 
 @router.get(
@@ -93,9 +99,10 @@ async def _owned_run(run_id: RunId, request: Request, principal: Viewer) -> str:
     return run_id
 
 
-def _resume_after(
+def resume_after(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", description=LAST_EVENT_ID_DOC)] = None,
 ) -> int:
+    """The event sequence a stream resumes after (Last-Event-ID); 400 if it is malformed."""
     try:
         return logic.parse_last_event_id(last_event_id)
     except ValueError as exc:
@@ -121,7 +128,7 @@ async def stream_events(
     request: Request,
     principal: Viewer,
     run_id: Annotated[str, Depends(_owned_run)],
-    after: Annotated[int, Depends(_resume_after)],
+    after: Annotated[int, Depends(resume_after)],
 ) -> AsyncIterator[ServerSentEvent]:
     async for event in follow_feed(request, principal, runs.event_feed(run_id), after, f"run {run_id}"):
         yield event
@@ -155,6 +162,10 @@ async def follow_feed(
     "/runs/{run_id}/apply",
     response_model=ApplyResponse,
     summary="Turn the run's winner into engine flags",
+    description=(
+        "409 while the tenant's security policy opts out of speculation (F-S3): nothing "
+        "speculative is applied for it; the refusal is audited (`security.refused`)."
+    ),
     responses=responses(400, 401, 403, 404, 409, 422, 500, 503),
 )
 async def apply_run(
@@ -164,14 +175,14 @@ async def apply_run(
     body: Annotated[ApplyRequest | None, Body()] = None,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    key = _key(idempotency_key)
+    key = parse_key(idempotency_key)
     reply = await runs.apply_run(
         pool_of(request),
         principal,
         run_id,
         body or ApplyRequest(),
         key,
-        await _fingerprint(request),
+        await request_fingerprint(request),
         request.app.state.settings.artifact_root,
     )
-    return _json(reply)
+    return json_reply(reply)

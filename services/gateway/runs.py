@@ -41,7 +41,7 @@ PRODUCER = results.PRODUCER
 # tenants' result subjects, only); run.failed is the reaper's, tune.requested POST tune-sessions',
 # registry.datastore_registered the datastores upload's, head.failed the heads projector's for a
 # head whose event a service parked, security.policy_requested PUT security/policy's and
-# security.refused a refused policy change's or a measuring POST's over the GPU budget.
+# security.refused every refusal for a tenant's security policy (security.Refused).
 PUBLISHES = (
     RunRequested,
     RunQueued,
@@ -80,10 +80,16 @@ async def keyed(
 
     The key's advisory lock, the replay lookup, the work and the stored response share
     that transaction, so a response is stored exactly when the work's writes commit;
-    it is replayed for `ttl`.
+    it is replayed for `ttl` (a replay is answered before any check of `work`). A security
+    refusal `work` raises is recorded once the transaction has rolled back
+    (`security.recording`).
     """
     tenant = principal.tenant_id
-    async with pool.connection() as conn, tenant_transaction(conn, tenant):
+    async with (
+        security.recording(pool, principal),
+        pool.connection() as conn,
+        tenant_transaction(conn, tenant),
+    ):
         if key is not None:
             if not await db.try_lock_key(conn, tenant, key):
                 raise problem(
@@ -176,9 +182,9 @@ async def create_run(
     """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too.
 
     Refused (429) while the tenant's GPU budget is spent (a winner-cache hit, which measures
-    nothing, is still answered); a tenant whose policy opts out of
-    speculation is never answered from the winner cache: its `run.requested` says so, and the
-    predictor answers it as `speculation_disabled`."""
+    nothing, is still answered); a tenant whose policy opts out of speculation is never
+    answered from the winner cache, nor refused for its budget (nothing is measured): its
+    `run.requested` says so, and the predictor answers it as `speculation_disabled`."""
     check_target(request)
 
     async def work(conn: Connection) -> logic.Reply:
@@ -196,7 +202,7 @@ async def create_run(
             recorded: list[Envelope[Any]] = [queued, queued.follow(completed, producer=PRODUCER)]
             published = recorded
         else:
-            await security.require_budget(conn, pool, principal, "run.create")
+            await security.require_budget(conn, principal, "run.create")
             await _check_quota(conn, principal.tenant_id, max_active_runs)
             requested = new_event(
                 RunRequested(
@@ -309,6 +315,7 @@ async def apply_run(
         row = await db.get_run(conn, principal.tenant_id, run_id) if logic.is_spec_id(run_id) else None
         if row is None:
             raise not_found("run", run_id)
+        await security.require_speculation(conn, principal, "run.apply", status=409)
         conflict = logic.apply_conflict(row.state)
         if conflict is not None:
             raise problem(409, conflict, type="urn:specops:problem:run-not-applicable")

@@ -1,5 +1,5 @@
-"""The gateway's security decisions, without I/O: a tenant's policy from its read model, and
-whether a POST that would measure is over the tenant's GPU budget.
+"""The gateway's security decisions, without I/O: whether a POST that would measure is over
+the tenant's GPU budget, and the problem types of the security refusals.
 
 The read model (`gateway_security_policies`, `gateway_budget_exhaustions`) is folded from the
 security service's `security.policy_changed` and `security.budget_exhausted`
@@ -23,11 +23,6 @@ POLICY_REFUSED = "urn:specops:problem:policy-change-refused"
 SPECULATION_DISABLED = "urn:specops:problem:speculation-disabled"
 
 
-def current_policy(stored: SecurityPolicy | None, tenant_id: str) -> SecurityPolicy:
-    """The tenant's policy: the last one folded, or the default (version 0) if it never set one."""
-    return stored if stored is not None else SecurityPolicy(tenant_id=tenant_id, version=0)
-
-
 @dataclass(frozen=True, slots=True)
 class OverBudget:
     """Why a POST that would measure is refused: the month's budget is spent."""
@@ -47,13 +42,19 @@ class OverBudget:
         return max(1, math.ceil((self.resets_at - now).total_seconds()))
 
 
-def over_budget(policy: SecurityPolicy, exhausted: BudgetExhausted | None) -> OverBudget | None:
-    """The refusal a tenant's measuring POST gets this month, or None while within budget.
+def over_budget(
+    policy: SecurityPolicy, exhausted: BudgetExhausted | None, now: datetime
+) -> OverBudget | None:
+    """The refusal a tenant's measuring POST gets at `now`, or None while within budget.
 
     `exhausted` is this month's last `security.budget_exhausted`; a budget raised (or removed)
-    since lets the tenant measure again until the security service announces the new one spent.
+    since lets the tenant measure again until the security service announces the new one spent,
+    and one whose month has ended (`resets_at` passed) refuses nothing. A tenant that opts out
+    of speculation (F-S3) measures nothing, so no budget refuses it.
     """
     budget = policy.gpu_budget_s
-    if budget is None or exhausted is None or exhausted.used_s < budget:
+    if policy.speculation_opt_out or budget is None or exhausted is None:
+        return None
+    if exhausted.used_s < budget or exhausted.resets_at <= now:
         return None
     return OverBudget(budget_s=budget, used_s=exhausted.used_s, resets_at=exhausted.resets_at)

@@ -11,7 +11,7 @@ from specops_schemas.security import SECURITY_ADR, PolicySettings, SecurityPolic
 from specops_services.gateway import security
 from specops_services.gateway.auth import Admin, Viewer, pool_of
 from specops_services.gateway.problems import responses
-from specops_services.gateway.routes import _json
+from specops_services.gateway.routes import json_reply
 
 router = APIRouter(prefix=API_PREFIX, tags=["security"])
 
@@ -50,4 +50,4 @@ async def get_policy(request: Request, principal: Admin) -> SecurityPolicy:
 )
 async def put_policy(body: PolicySettings, request: Request, principal: Viewer) -> JSONResponse:
     wait_s = request.app.state.settings.gateway_policy_wait_s
-    return _json(await security.put_policy(pool_of(request), principal, body, wait_s=wait_s))
+    return json_reply(await security.put_policy(pool_of(request), principal, body, wait_s=wait_s))

@@ -16,11 +16,11 @@ from specops_services.gateway.auth import Developer, Viewer, pool_of
 from specops_services.gateway.problems import responses
 from specops_services.gateway.routes import (
     IdempotencyKey,
-    _fingerprint,
-    _json,
-    _key,
-    _resume_after,
     follow_feed,
+    json_reply,
+    parse_key,
+    request_fingerprint,
+    resume_after,
 )
 
 router = APIRouter(prefix=API_PREFIX, tags=["tune-sessions"])
@@ -54,10 +54,10 @@ async def create_session(
     principal: Developer,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    key = _key(idempotency_key)
-    fingerprint = await _fingerprint(request)
+    key = parse_key(idempotency_key)
+    fingerprint = await request_fingerprint(request)
     reply = await tune_sessions.create_session(pool_of(request), principal, body, key, fingerprint)
-    return _json(reply)
+    return json_reply(reply)
 
 
 @router.get(
@@ -94,7 +94,7 @@ async def stream_events(
     request: Request,
     principal: Viewer,
     session_id: Annotated[str, Depends(_owned_session)],
-    after: Annotated[int, Depends(_resume_after)],
+    after: Annotated[int, Depends(resume_after)],
 ) -> AsyncIterator[ServerSentEvent]:
     async for event in follow_feed(
         request, principal, tune_sessions.event_feed(session_id), after, session_id
@@ -119,6 +119,10 @@ async def get_curve(session_id: SessionId, request: Request, principal: Viewer) 
     "/tune-sessions/{session_id}/apply",
     response_model=ApplyResponse,
     summary="Turn the session's winner into engine flags",
+    description=(
+        "409 while the tenant's security policy opts out of speculation (F-S3): nothing "
+        "speculative is applied for it; the refusal is audited (`security.refused`)."
+    ),
     responses=responses(400, 401, 403, 404, 409, 422, 500, 503),
 )
 async def apply_session(
@@ -128,14 +132,14 @@ async def apply_session(
     body: Annotated[ApplyRequest | None, Body()] = None,
     idempotency_key: IdempotencyKey = None,
 ) -> JSONResponse:
-    key = _key(idempotency_key)
+    key = parse_key(idempotency_key)
     reply = await tune_sessions.apply_session(
         pool_of(request),
         principal,
         session_id,
         body or ApplyRequest(),
         key,
-        await _fingerprint(request),
+        await request_fingerprint(request),
         request.app.state.settings.artifact_root,
     )
-    return _json(reply)
+    return json_reply(reply)

@@ -49,16 +49,17 @@ async def create_session(
     pool: Pool, principal: Principal, request: TuneSessionCreateRequest, key: str | None, fingerprint: str
 ) -> logic.Reply:
     """A new session on a completed, measured run of the caller's tenant; tune.requested queued.
-    Refused (429) while the tenant's GPU budget is spent."""
+    Refused (429) while the tenant's GPU budget is spent, unless its policy opts out of
+    speculation: such a session runs no trial (the tuner ends it as `speculation_disabled`)."""
 
     async def work(conn: Connection) -> logic.Reply:
-        await security.require_budget(conn, pool, principal, "tune.create")
         run = await db.get_run(conn, principal.tenant_id, request.run_id)
         if run is None:
             raise problem(404, f"no run '{request.run_id}' in this tenant")
         conflict = tune_logic.create_conflict(run.run_id, run.state.status, run.state.measured)
         if conflict is not None:
             raise problem(409, conflict, type=NOT_TUNABLE)
+        await security.require_budget(conn, principal, "tune.create")
         session_id = logic.new_run_id()
         state = run.state
         requested = new_event(
@@ -145,6 +146,7 @@ async def apply_session(
             row = await tune_db.get_session(conn, principal.tenant_id, session_id)
         if row is None:
             raise not_found("tune session", session_id)
+        await security.require_speculation(conn, principal, "tune.apply", status=409)
         conflict = tune_logic.apply_conflict(row.session)
         if conflict is not None:
             raise problem(409, conflict, type="urn:specops:problem:tune-session-not-applicable")

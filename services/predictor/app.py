@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
@@ -32,7 +30,7 @@ from specbus import (
     consumer_name,
     dead_letter_subscriber,
     make_broker,
-    process_once_queued,
+    process_once_logged,
     subscriber,
 )
 from specbus.dlq import DeadLetter, watch_depth
@@ -45,7 +43,7 @@ from specops_schemas.security import PolicyChanged
 from specops_services.predictor import logic, steps
 from specops_services.predictor.host import host_info
 from specops_services.predictor.settings import predictor_settings
-from specplatform.db import Connection, Pool, create_pool
+from specplatform.db import Pool, create_pool
 from specplatform.service import service_app
 from specplatform.settings import Settings
 
@@ -53,6 +51,8 @@ log = logging.getLogger(__name__)
 
 SERVICE = "predictor"
 RETRY = RetryPolicy()
+# process_once, and the service's one log line per handled event.
+_once = partial(process_once_logged, logger=log, scope="run")
 
 
 def subscribe(
@@ -137,23 +137,6 @@ def subscribe(
             lambda c: steps.dead_letter(c, letter, parked),
             what=f"dead letter from {letter.service} of {parked.type}",
         )
-
-
-async def _once(
-    pool: Pool,
-    consumer: str,
-    event: Envelope[Any],
-    work: Callable[[Connection], Awaitable[steps.Events]],
-    *,
-    what: str | None = None,
-) -> None:
-    """process_once, plus the one log line per handled event (`what` it was, default its type)."""
-    queued = await process_once_queued(pool, consumer, event, work)
-    label = what or event.type
-    if queued is not None:
-        log.info("%s run=%s -> %s", label, event.correlation_id, ", ".join(queued) or "nothing yet")
-    else:
-        log.info("%s run=%s -> duplicate %s skipped", label, event.correlation_id, event.event_id)
 
 
 def create_app(settings: Settings | None = None) -> FastStream:

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
 
-from specbus import RetryPolicy, consumer_name, make_broker, process_once_queued, subscriber
+from specbus import RetryPolicy, consumer_name, make_broker, process_once_logged, subscriber
 from specbus.envelope import Envelope
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchRepMeasured
@@ -31,7 +29,7 @@ from specops_schemas.heads import HeadEpochCompleted, HeadTrained
 from specops_schemas.security import PolicyChangeRequested
 from specops_services.security import logic, steps
 from specops_services.security.settings import security_settings
-from specplatform.db import Connection, Pool, create_pool
+from specplatform.db import Pool, create_pool
 from specplatform.service import service_app
 from specplatform.settings import Settings
 
@@ -39,6 +37,8 @@ log = logging.getLogger(__name__)
 
 SERVICE = "security"
 RETRY = RetryPolicy()
+# process_once, and the service's one log line per handled event.
+_once = partial(process_once_logged, logger=log, scope="correlation")
 
 
 def subscribe(
@@ -56,36 +56,33 @@ def subscribe(
     @on(events=PolicyChangeRequested)
     async def policy_requested(event: Envelope[PolicyChangeRequested]) -> None:
         """Apply an admin's new policy and announce it."""
-        await _once(pool, consumer_name(service, "policy_requested"), event, steps.policy_requested)
+        await _once(
+            pool,
+            consumer_name(service, "policy_requested"),
+            event,
+            lambda c: steps.policy_requested(c, event),
+        )
 
     @on(events=BenchRepMeasured)
     async def rep_measured(event: Envelope[BenchRepMeasured]) -> None:
         """Count a measured rep's seconds against its tenant's month."""
-        await _once(pool, consumer_name(service, "rep_measured"), event, steps.rep_measured)
+        await _once(
+            pool, consumer_name(service, "rep_measured"), event, lambda c: steps.rep_measured(c, event)
+        )
 
     @on(events=HeadEpochCompleted)
     async def head_epoch(event: Envelope[HeadEpochCompleted]) -> None:
         """Count a head's training seconds up to this epoch against its tenant's month."""
-        await _once(pool, consumer_name(service, "head_epoch"), event, steps.head_progress)
+        await _once(
+            pool, consumer_name(service, "head_epoch"), event, lambda c: steps.head_progress(c, event)
+        )
 
     @on(events=HeadTrained)
     async def head_trained(event: Envelope[HeadTrained]) -> None:
         """Count the rest of a trained head's training seconds against its tenant's month."""
-        await _once(pool, consumer_name(service, "head_trained"), event, steps.head_progress)
-
-
-async def _once(
-    pool: Pool,
-    consumer: str,
-    event: Envelope[Any],
-    step: Callable[[Connection, Any], Awaitable[steps.Events]],
-) -> None:
-    """process_once, plus the one log line per handled event."""
-    queued = await process_once_queued(pool, consumer, event, lambda conn: step(conn, event))
-    if queued is None:
-        log.info("%s tenant=%s -> duplicate %s skipped", event.type, event.tenant_id, event.event_id)
-    elif queued:
-        log.info("%s tenant=%s -> %s", event.type, event.tenant_id, ", ".join(queued))
+        await _once(
+            pool, consumer_name(service, "head_trained"), event, lambda c: steps.head_progress(c, event)
+        )
 
 
 def create_app(settings: Settings | None = None) -> FastStream:

@@ -1,8 +1,9 @@
 """All of the security service's SQL (017_security, 019_head_usage): the tenants' policies,
 their monthly usage and the training seconds already counted per head.
 
-Callers hold a tenant transaction (`specplatform.db.tenant_transaction`): the tables are bound
-by row-level security for their owner too, so these functions see that tenant's rows only.
+Callers hold a transaction acting for the tenant (`specbus.process_once` for the event's
+tenant): the tables are bound by row-level security for their owner too, so these functions
+see that tenant's rows only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ from psycopg.types.json import Jsonb
 
 from specops_schemas.security import SecurityPolicy
 from specplatform.db import Connection
+
+
+async def lock_policy(conn: Connection, tenant_id: str) -> None:
+    """Hold the tenant's policy until the transaction ends (a tenant that never set one has no
+    row to lock, hence an advisory lock)."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('security-policy:' || %s, 0))", (tenant_id,)
+    )
 
 
 async def policy(conn: Connection, tenant_id: str) -> SecurityPolicy | None:
@@ -62,20 +71,28 @@ async def mark_announced(conn: Connection, tenant_id: str, month: date, budget_s
 
 async def advance_head(conn: Connection, tenant_id: str, head_id: str, elapsed_s: float) -> float:
     """Note that the head has trained ``elapsed_s`` seconds in all; the seconds not counted
-    before (0 when an earlier event reported as much or more)."""
+    before (0 when an earlier event reported as much or more).
+
+    The epoch and trained consumers count one head at once: the row is made to exist first
+    (an insert of the same head waits for the other's to commit), then locked, so the second
+    reads what the first counted."""
+    await conn.execute(
+        """INSERT INTO security_head_usage (tenant_id, head_id, counted_s) VALUES (%s, %s, 0)
+           ON CONFLICT (tenant_id, head_id) DO NOTHING""",
+        (tenant_id, head_id),
+    )
     cursor = await conn.execute(
         "SELECT counted_s FROM security_head_usage WHERE tenant_id = %s AND head_id = %s FOR UPDATE",
         (tenant_id, head_id),
     )
     row = await cursor.fetchone()
-    counted = 0.0 if row is None else float(row["counted_s"])
+    if row is None:
+        raise RuntimeError(f"the training seconds of head {head_id} were not written")
+    counted = float(row["counted_s"])
     if elapsed_s <= counted:
         return 0.0
     await conn.execute(
-        """
-        INSERT INTO security_head_usage (tenant_id, head_id, counted_s) VALUES (%s, %s, %s)
-        ON CONFLICT (tenant_id, head_id) DO UPDATE SET counted_s = EXCLUDED.counted_s
-        """,
-        (tenant_id, head_id, elapsed_s),
+        "UPDATE security_head_usage SET counted_s = %s WHERE tenant_id = %s AND head_id = %s",
+        (elapsed_s, tenant_id, head_id),
     )
     return elapsed_s - counted

@@ -9,7 +9,8 @@ measurement counts in, and when a GPU budget is exhausted.
   seconds so far, of which only what was not counted yet is added (so a head that fails
   after some epochs has its epochs counted, and a resumed head's repeated epoch nothing);
   `security.budget_exhausted` once per month and budget, when the count reaches the
-  tenant's `gpu_budget_s` (or a new policy lowers it below the count).
+  tenant's `gpu_budget_s` (or a new policy lowers it below the count); its id derived from
+  the policy version too, so a budget set again to an earlier value is announced again.
 """
 
 from __future__ import annotations
@@ -36,11 +37,6 @@ PUBLISHES = (PolicyChanged, BudgetExhausted)
 ID_NAMESPACE = uuid.UUID("c41f7e0a-92d3-4b6e-8f15-3a7d0e9b2c64")
 
 P = TypeVar("P", PolicyChanged, BudgetExhausted)
-
-
-def default_policy(tenant_id: str) -> SecurityPolicy:
-    """The policy of a tenant that never set one: version 0, single_tenant, no budget."""
-    return SecurityPolicy(tenant_id=tenant_id, version=0)
 
 
 def next_policy(
@@ -90,19 +86,24 @@ def is_exhausted(budget_s: float | None, used_s: float) -> bool:
 def exhaustion(
     trigger: Envelope[Any],
     *,
-    budget_s: float | None,
+    policy: SecurityPolicy,
     used_s: float,
     month: date,
     announced_budget_s: float | None,
 ) -> Envelope[BudgetExhausted] | None:
-    """The `security.budget_exhausted` the month's count calls for: once per month and budget
-    (an admin who raises the budget hears again when the new one is reached); else None."""
+    """The `security.budget_exhausted` the month's count calls for under `policy`: once per
+    month and budget (an admin who raises the budget hears again when the new one is reached);
+    else None. The id is derived from the policy's version as well: a budget raised and then
+    set back within the month is a new announcement, not a duplicate the outbox and
+    JetStream would drop."""
+    budget_s = policy.gpu_budget_s
     if budget_s is None or not is_exhausted(budget_s, used_s) or announced_budget_s == budget_s:
         return None
     exhausted = BudgetExhausted(
         tenant_id=trigger.tenant_id, budget_s=budget_s, used_s=used_s, resets_at=budget_resets_at(month)
     )
-    return _derived(trigger, exhausted, f"budget/{trigger.tenant_id}/{month.isoformat()}/{budget_s!r}")
+    key = f"budget/{trigger.tenant_id}/{month.isoformat()}/{policy.version}/{budget_s!r}"
+    return _derived(trigger, exhausted, key)
 
 
 def _derived(trigger: Envelope[Any], payload: P, key: str) -> Envelope[P]:

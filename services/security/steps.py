@@ -1,9 +1,9 @@
 """What each security handler does inside its inbox transaction: read (db), decide (logic),
 write (db), and return the events to queue in the outbox with it.
 
-Each step runs under `specbus.process_once` (a redelivered event changes nothing) and
-inside a tenant transaction of the event's tenant: the service's tables are bound by
-row-level security for their owner too.
+Each step runs under `specbus.process_once`: a redelivered event changes nothing, and its
+transaction acts for the event's tenant, which is all the service's tables (bound by
+row-level security for their owner too) let it see.
 """
 
 from __future__ import annotations
@@ -13,22 +13,25 @@ from typing import Any
 from specbus.envelope import Envelope
 from specops_schemas.events import BenchRepMeasured
 from specops_schemas.heads import HeadEpochCompleted, HeadTrained
-from specops_schemas.security import PolicyChangeRequested, month_of
+from specops_schemas.security import PolicyChangeRequested, SecurityPolicy, month_of
 from specops_services.security import db, logic
-from specplatform.db import Connection, tenant_transaction
+from specplatform.db import Connection
 
 Events = list[Envelope[Any]]
 
 
 async def policy_requested(conn: Connection, event: Envelope[PolicyChangeRequested]) -> Events:
     """Apply an admin's policy: store it one version on and announce it (`security.policy_changed`);
-    a budget lowered below this month's count is announced exhausted at once."""
+    a budget lowered below this month's count is announced exhausted at once.
+
+    The tenant's policy is locked first: replicas share the consumer, and two requests read
+    at once would both become the same next version."""
     tenant = event.tenant_id
-    async with tenant_transaction(conn, tenant):
-        current = await db.policy(conn, tenant) or logic.default_policy(tenant)
-        changed = logic.policy_changed(event, current)
-        await db.save_policy(conn, changed.payload.policy)
-        return [changed, *await _count(conn, event, 0.0)]
+    await db.lock_policy(conn, tenant)
+    current = await db.policy(conn, tenant) or SecurityPolicy.default(tenant)
+    changed = logic.policy_changed(event, current)
+    await db.save_policy(conn, changed.payload.policy)
+    return [changed, *await _count(conn, event, 0.0)]
 
 
 async def rep_measured(conn: Connection, event: Envelope[BenchRepMeasured]) -> Events:
@@ -37,8 +40,7 @@ async def rep_measured(conn: Connection, event: Envelope[BenchRepMeasured]) -> E
     seconds = event.payload.metrics.total_time_s
     if seconds <= 0.0:
         return []
-    async with tenant_transaction(conn, event.tenant_id):
-        return await _count(conn, event, seconds)
+    return await _count(conn, event, seconds)
 
 
 async def head_progress(
@@ -46,9 +48,8 @@ async def head_progress(
 ) -> Events:
     """Count the training seconds a head used since its last counted event (each epoch, then
     the rest at `head.trained`), as `rep_measured` counts a rep."""
-    async with tenant_transaction(conn, event.tenant_id):
-        new_s = await db.advance_head(conn, event.tenant_id, event.payload.head_id, logic.head_seconds(event))
-        return await _count(conn, event, new_s) if new_s > 0.0 else []
+    new_s = await db.advance_head(conn, event.tenant_id, event.payload.head_id, logic.head_seconds(event))
+    return await _count(conn, event, new_s) if new_s > 0.0 else []
 
 
 async def _count(conn: Connection, trigger: Envelope[Any], seconds: float) -> Events:
@@ -56,9 +57,9 @@ async def _count(conn: Connection, trigger: Envelope[Any], seconds: float) -> Ev
     tenant = trigger.tenant_id
     month = month_of(trigger.occurred_at)
     used_s, announced = await db.add_usage(conn, tenant, month, seconds)
-    policy = await db.policy(conn, tenant) or logic.default_policy(tenant)
+    policy = await db.policy(conn, tenant) or SecurityPolicy.default(tenant)
     exhausted = logic.exhaustion(
-        trigger, budget_s=policy.gpu_budget_s, used_s=used_s, month=month, announced_budget_s=announced
+        trigger, policy=policy, used_s=used_s, month=month, announced_budget_s=announced
     )
     if exhausted is None:
         return []

@@ -19,9 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
 
 from faststream import FastStream
 from faststream.nats import NatsBroker
@@ -31,7 +29,7 @@ from specbus import (
     consumer_name,
     dead_letter_subscriber,
     make_broker,
-    process_once_queued,
+    process_once_logged,
     subscriber,
 )
 from specbus.dlq import DeadLetter
@@ -42,7 +40,7 @@ from specops_schemas.security import PolicyChanged
 from specops_schemas.tune import TuneRequested
 from specops_services.tuner import logic, steps
 from specops_services.tuner.settings import TunerSettings, tuner_settings
-from specplatform.db import Connection, Pool, create_pool
+from specplatform.db import Pool, create_pool
 from specplatform.service import service_app
 from specplatform.settings import Settings
 
@@ -50,6 +48,8 @@ log = logging.getLogger(__name__)
 
 SERVICE = "tuner"
 RETRY = RetryPolicy()
+# process_once, and the service's one log line per handled event.
+_once = partial(process_once_logged, logger=log, scope="session")
 
 
 def subscribe(
@@ -121,23 +121,6 @@ def subscribe(
             lambda c: steps.dead_letter(c, tuner, letter, parked),
             what=f"dead letter from {letter.service} of {parked.type}",
         )
-
-
-async def _once(
-    pool: Pool,
-    consumer: str,
-    event: Envelope[Any],
-    work: Callable[[Connection], Awaitable[steps.Events]],
-    *,
-    what: str | None = None,
-) -> None:
-    """process_once, plus the one log line per event that changed a session."""
-    queued = await process_once_queued(pool, consumer, event, work)
-    label = what or event.type
-    if queued is None:
-        log.info("%s session=%s -> duplicate %s skipped", label, event.correlation_id, event.event_id)
-    elif queued:
-        log.info("%s session=%s -> %s", label, event.correlation_id, ", ".join(queued))
 
 
 def make_tuner(config: TunerSettings, dsn: str) -> steps.Tuner:

@@ -5,8 +5,6 @@ publishes as it would."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -56,16 +54,6 @@ async def _stack(db: str, nats_url: str, *services: tuple[str, bus.Subscribe]) -
         for prefix, subscribe in services:
             await stack.enter_async_context(bus.serving(db, nats_url, prefix, subscribe))
         yield await stack.enter_async_context(running_gateway(db, nats_url))
-
-
-async def _until(what: str, check: Any) -> Any:
-    """Poll `check()` (sync) until it returns something truthy; only a failing test waits long."""
-    deadline = time.monotonic() + bus.WAIT_S
-    while not (found := check()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.1)
-    return found
 
 
 def _admin_token_id(db: str) -> str:
@@ -142,7 +130,7 @@ async def test_an_admin_reads_and_changes_the_policy_and_the_change_is_audited(
         [first, second] = await bus.events(js, f"spec.security.{TENANT}.policy_changed", at_least=2)
         assert first.payload.policy.model_dump(mode="json") == changed
         assert second.payload.previous_tier == "shared" and second.payload.policy.speculation_opt_out
-        await _until("the changes in audit_log", lambda: _audited(db, "security.policy_changed") == 2)
+        await bus.until("the changes in audit_log", lambda: _audited(db, "security.policy_changed") == 2)
         assert _audited(db, "security.policy_requested") == 2
 
 
@@ -154,13 +142,13 @@ async def test_below_admin_a_change_is_refused_with_403_and_an_audited_refusal(
         put = await _put(gw, {"tier": "shared"}, who)
         assert put.status_code == 403
         assert put.headers["content-type"] == "application/problem+json"
-        assert "admin" in put.json()["detail"]
+        assert "admin" in put.json()["detail"] and put.json()["adr"] == SECURITY_ADR
         assert (await gw.client.get(POLICY, headers=gw.auth(who))).status_code == 403
 
         [refused] = await bus.events(js, f"spec.security.{TENANT}.refused")
         assert refused.payload.action == "policy.update" and refused.payload.actor is not None
         assert await bus.count(js, "spec.security.*.policy_requested") == 0
-        await _until("the refusal in audit_log", lambda: _audited(db, "security.refused") == 1)
+        await bus.until("the refusal in audit_log", lambda: _audited(db, "security.refused") == 1)
         assert (await gw.client.get(POLICY, headers=gw.auth("admin"))).json()["version"] == 0
 
 
@@ -188,19 +176,21 @@ async def test_an_opted_out_tenants_run_completes_as_speculation_disabled(
         assert run["winner"] is None and run["candidates"] == [] and run["measured"] is False
         assert await bus.count(js, "spec.bench.>") == 0, "nothing speculative is measured"
         assert await bus.count(js, "spec.run.*.predicted") == 0
+        # Nothing speculative is applied or trained for the tenant: both refused with the ADR's
+        # link, and the refusals audited.
         applied = await gw.client.post(f"{RUNS}/{run['id']}/apply", headers=gw.auth("dev"))
-        assert applied.status_code == 409 and "speculation" in applied.json()["detail"]
-
-        # A head exists only to speculate with: training one is refused, and the refusal audited.
+        assert applied.status_code == 409 and applied.headers["content-type"] == "application/problem+json"
+        assert applied.json()["detail"] == OPT_OUT_REASON and applied.json()["adr"] == SECURITY_ADR
         head = {"target": "smollm2-135m-instruct", "family": "medusa", "train_data": "d" * 64, "num_heads": 2}
         train = await gw.client.post(f"{API_PREFIX}/heads/train", json=head, headers=gw.auth("dev"))
         assert train.status_code == 403 and train.json()["detail"] == OPT_OUT_REASON
-        [refused] = await bus.events(js, f"spec.security.{TENANT}.refused")
-        assert refused.payload.action == "head.train"
+        assert train.json()["adr"] == SECURITY_ADR
+        refused = await bus.events(js, f"spec.security.{TENANT}.refused", at_least=2)
+        assert [r.payload.action for r in refused] == ["run.apply", "head.train"]
 
         # A request that does not carry the opt-out (an older gateway's) is answered the same
         # by the predictor's own read model of the policy.
-        await _until(
+        await bus.until(
             "the predictor's read model of the policy",
             lambda: bus.sql(db, "SELECT 1 FROM predictor_policies WHERE speculation_disabled"),
         )
@@ -234,8 +224,9 @@ def _epoch(head_id: str, epoch: int, elapsed_s: float) -> Any:
 async def test_a_failed_heads_epochs_count_against_the_budget_once(
     db: str, nats_url: str, js: JetStreamContext
 ) -> None:
-    # Budget 1.1 s: the exhaustion's id is derived from the tenant, month and budget, and the
-    # other budget test's (1.0 s) must not be a duplicate of it on the session's server.
+    # Budget 1.1 s: the exhaustion's id is derived from the tenant, month, policy version and
+    # budget, and the other budget test's (1.0 s) must not be a duplicate of it on the session's
+    # server.
     head = "hd-" + uuid.uuid4().hex[:24]
     failed = HeadFailed(head_id=head, error_stage="benchmark", message="out of memory")
     async with _stack(db, nats_url, ("sec", _security)) as gw:
@@ -243,7 +234,7 @@ async def test_a_failed_heads_epochs_count_against_the_budget_once(
         events = [_epoch(head, 0, 0.0), _epoch(head, 1, 0.6), _epoch(head, 1, 0.6), _epoch(head, 2, 0.9)]
         events.append(new_event(failed, tenant_id=TENANT, correlation_id=head, producer="head-trainer"))
         await bus.publish_all(nats_url, events)
-        used = await _until(
+        used = await bus.until(
             "the epochs counted", lambda: bus.sql(db, "SELECT used_s FROM security_usage WHERE used_s > 0.85")
         )
         assert used[0][0] == pytest.approx(0.9), "each second of the failed head counted once"
@@ -264,7 +255,7 @@ async def test_an_over_budget_tenant_gets_429_and_no_run_starts(
         await bus.publish_all(nats_url, [_rep(0.4), _rep(0.8)])
         [exhausted] = await bus.events(js, f"spec.security.{TENANT}.budget_exhausted")
         assert exhausted.payload.budget_s == 1.0 and exhausted.payload.used_s == pytest.approx(1.2)
-        await _until(
+        await bus.until(
             "the gateway's read model of the exhaustion",
             lambda: bus.sql(db, "SELECT 1 FROM gateway_budget_exhaustions WHERE tenant_id = %s", (TENANT,)),
         )
@@ -275,6 +266,7 @@ async def test_an_over_budget_tenant_gets_429_and_no_run_starts(
         assert refused.headers["content-type"] == "application/problem+json"
         problem = refused.json()
         assert problem["budget_s"] == 1.0 and problem["used_s"] == pytest.approx(1.2)
+        assert problem["adr"] == SECURITY_ADR
         assert problem["resets_at"] == exhausted.payload.resets_at.isoformat()
         assert int(refused.headers["Retry-After"]) > 0
         assert bus.sql(db, "SELECT count(*) FROM runs WHERE tenant_id = %s", (TENANT,)) == runs_before
@@ -285,7 +277,7 @@ async def test_an_over_budget_tenant_gets_429_and_no_run_starts(
 
         # Once per month: more measured time announces nothing new.
         await bus.publish_all(nats_url, [_rep(0.5)])
-        await _until(
+        await bus.until(
             "the rep counted", lambda: bus.sql(db, "SELECT 1 FROM security_usage WHERE used_s > 1.5")
         )
         assert await bus.count(js, f"spec.security.{TENANT}.budget_exhausted") == 1

@@ -42,7 +42,7 @@ def test_only_the_isolated_tier_may_opt_out_of_speculation() -> None:
 
 
 def test_a_change_is_the_next_version_with_its_provenance_and_a_derived_id() -> None:
-    default = logic.default_policy(TENANT)
+    default = SecurityPolicy.default(TENANT)
     assert (
         default.version == 0 and default.tier == SecurityTier.SINGLE_TENANT and default.gpu_budget_s is None
     )
@@ -77,9 +77,10 @@ def test_the_budget_is_announced_exhausted_once_per_month_and_budget() -> None:
     trigger = _requested(PolicySettings())
     month = date(2026, 11, 1)
 
-    def exhausted(budget: float | None, used: float, announced: float | None) -> Any:
+    def exhausted(budget: float | None, used: float, announced: float | None, version: int = 1) -> Any:
+        policy = SecurityPolicy(tenant_id=TENANT, version=version, gpu_budget_s=budget)
         return logic.exhaustion(
-            trigger, budget_s=budget, used_s=used, month=month, announced_budget_s=announced
+            trigger, policy=policy, used_s=used, month=month, announced_budget_s=announced
         )
 
     assert exhausted(None, 1e9, None) is None, "no budget: unlimited"
@@ -87,23 +88,43 @@ def test_the_budget_is_announced_exhausted_once_per_month_and_budget() -> None:
     first = exhausted(10.0, 10.0, None)
     assert first is not None and first.payload.resets_at == datetime(2026, 12, 1, tzinfo=UTC)
     assert (first.payload.budget_s, first.payload.used_s) == (10.0, 10.0)
+    assert first.payload.month == month
     assert exhausted(10.0, 12.0, 10.0) is None, "announced already this month"
-    raised = exhausted(20.0, 25.0, 10.0)
+    raised = exhausted(20.0, 25.0, 10.0, version=2)
     assert raised is not None and raised.event_id != first.event_id
+    # Set back to 10 s after the 20 s were spent: announced again, under an id of its own (the
+    # outbox and JetStream drop an event whose id they have seen).
+    lowered = exhausted(10.0, 25.0, 20.0, version=3)
+    assert lowered is not None and lowered.event_id not in (first.event_id, raised.event_id)
+
+
+def test_an_exhaustion_belongs_to_the_month_it_counted_however_late_it_is_processed() -> None:
+    january = BudgetExhausted(
+        tenant_id=TENANT, budget_s=10.0, used_s=10.0, resets_at=budget_resets_at(date(2027, 1, 1))
+    )
+    assert january.month == date(2027, 1, 1)
+    assert month_of(january.resets_at) == date(2027, 2, 1), "the month it resets in is not its own"
 
 
 def test_the_gateway_refuses_only_while_the_current_budget_is_spent() -> None:
     resets = datetime(2026, 12, 1, tzinfo=UTC)
+    now = resets - timedelta(days=3)
     spent = BudgetExhausted(tenant_id=TENANT, budget_s=10.0, used_s=11.0, resets_at=resets)
     policy = SecurityPolicy(tenant_id=TENANT, version=1, gpu_budget_s=10.0)
-    refusal = security_logic.over_budget(policy, spent)
+    refusal = security_logic.over_budget(policy, spent, now)
     assert refusal is not None and (refusal.budget_s, refusal.used_s) == (10.0, 11.0)
     assert refusal.retry_after_s(resets - timedelta(seconds=90.5)) == 91
     assert refusal.retry_after_s(resets + timedelta(seconds=5)) == 1
-    assert security_logic.over_budget(policy, None) is None
-    assert security_logic.over_budget(policy.model_copy(update={"gpu_budget_s": 20.0}), spent) is None
-    assert security_logic.over_budget(policy.model_copy(update={"gpu_budget_s": None}), spent) is None
-    assert security_logic.current_policy(None, TENANT).version == 0
+    assert security_logic.over_budget(policy, None, now) is None
+    assert security_logic.over_budget(policy.model_copy(update={"gpu_budget_s": 20.0}), spent, now) is None
+    assert security_logic.over_budget(policy.model_copy(update={"gpu_budget_s": None}), spent, now) is None
+    assert security_logic.over_budget(policy, spent, resets) is None, "the month has ended"
+    opted_out = policy.model_copy(
+        update={"tier": SecurityTier.MULTI_TENANT_ISOLATED, "speculation_opt_out": True}
+    )
+    assert security_logic.over_budget(opted_out, spent, now) is None, (
+        "nothing of an opted-out tenant measures"
+    )
 
 
 def test_a_heads_seconds_are_its_training_time_so_far() -> None:
