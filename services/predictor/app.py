@@ -11,7 +11,8 @@ the corpora tenants upload, which it offers as `rest` drafts in their own runs o
 `<service>-head_transitioned` on head.transitioned: the tenants' T3 heads, offered in
 their own runs of the head's target once in production (uat too when a run asks); and
 `<service>-policy_changed` on security.policy_changed: the tenants' security policies, so
-that a tenant who opts out of speculation (F-S3) gets `run.completed(speculation_disabled)`.
+that the runs of a tenant who opts out of speculation (F-S3), later ones and those planned
+but not answered yet, get `run.completed(speculation_disabled)`.
 Every handler writes Postgres and queues its events in one inbox transaction
 (steps.py); the outbox relay publishes them.
 """
@@ -113,7 +114,7 @@ def subscribe(
 
     @on(events=PolicyChanged)
     async def policy_changed(event: Envelope[PolicyChanged]) -> None:
-        """Fold a tenant's security policy: an opted-out tenant's runs are not speculated (F-S3)."""
+        """Fold a tenant's security policy: an opted-out tenant's open runs end (F-S3)."""
         await _once(
             pool, consumer_name(service, "policy_changed"), event, lambda c: steps.policy_changed(c, event)
         )

@@ -239,6 +239,15 @@ async def tenant_heads(conn: Connection, tenant_id: str, *, include_uat: bool) -
 # --- security policies (F-S3) -----------------------------------------------------------------
 
 
+async def hold_policy(conn: Connection, tenant_id: str, *, exclusive: bool) -> None:
+    """Lock the tenant's policy until the transaction ends: exclusively to fold a change, shared
+    to plan under it. A plan that read the policy before an opt-out committed has its bench in
+    place before the fold looks for open benches; a plan after it reads the opt-out. (An
+    advisory lock: a tenant with no row yet has nothing to lock.)"""
+    lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    await conn.execute(f"SELECT {lock}(hashtext('predictor_policies'), hashtext(%s))", (tenant_id,))
+
+
 async def record_policy(conn: Connection, policy: SecurityPolicy) -> None:
     """Fold a tenant's policy (from `security.policy_changed`); an older version changes nothing."""
     await opt_out.record(
@@ -316,12 +325,24 @@ async def save_verdicts(conn: Connection, bench_id: str, received: dict[str, Gat
     )
 
 
+async def open_benches(conn: Connection, tenant_id: str) -> list[str]:
+    """The tenant's benches whose run is not answered (neither finalized nor failed)."""
+    rows = await _rows(
+        conn,
+        """SELECT bench_id FROM benches
+           WHERE tenant_id = %s AND finalized_at IS NULL AND failed_at IS NULL ORDER BY bench_id""",
+        (tenant_id,),
+    )
+    return [r["bench_id"] for r in rows]
+
+
 async def mark_finalized(conn: Connection, bench_id: str) -> None:
     await conn.execute("UPDATE benches SET finalized_at = now() WHERE bench_id = %s", (bench_id,))
 
 
 async def mark_failed(conn: Connection, bench_id: str) -> None:
-    """The bench's run was failed for good (`run.failed` of another service, e.g. the gateway's reaper)."""
+    """The bench is closed unanswered: its run was failed for good (`run.failed` of another
+    service, e.g. the gateway's reaper), or ended without speculation (its tenant opted out)."""
     await conn.execute("UPDATE benches SET failed_at = now() WHERE bench_id = %s", (bench_id,))
 
 

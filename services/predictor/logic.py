@@ -12,6 +12,11 @@ Per run (all events carry correlation_id = run id):
   so, as the gateway's read model had it, or this service's own fold of
   `security.policy_changed` does) -> `run.completed` with `speculation_disabled` and
   nothing else: no candidate is ranked, no bench requested.
+- `security.policy_changed` that opts a tenant out -> `run.completed(speculation_disabled)`
+  for each of its runs planned but not answered yet (the same answer, `opted_out`); what
+  their benches report later answers nothing and is not kept as measured history. A
+  bench event of a tenant found opted out (a fold of an older predictor only recorded
+  the policy) ends its run the same way.
 - a dead letter (`spec.dlq.<service>`) holding one of the run's events ->
   `run.failed(dead_letter)`, unless the run has ended: nothing would carry it on.
   Whether it has is the predictor's own record (`RequestedRun`): its own answers, and
@@ -204,10 +209,11 @@ def predicted_answer(plan: Plan, request: RunCreateRequest) -> RunCompleted:
     return _completed(plan.run_id, decision)
 
 
-def speculation_disabled(trigger: Envelope[RunRequested]) -> Envelope[RunCompleted]:
-    """The answer of a run whose tenant opts out of speculation (F-S3): nothing planned or measured."""
-    answer = RunCompleted(
-        run_id=trigger.payload.run_id,
+def opted_out(run_id: str) -> RunCompleted:
+    """The answer of a run whose tenant opts out of speculation (F-S3): no candidate, no winner,
+    nothing measured, and the reason."""
+    return RunCompleted(
+        run_id=run_id,
         cache_hit=False,
         measured=False,
         winner=None,
@@ -215,7 +221,11 @@ def speculation_disabled(trigger: Envelope[RunRequested]) -> Envelope[RunComplet
         pareto_front=[],
         speculation_disabled=OPT_OUT_REASON,
     )
-    return trigger.follow(answer, producer=PRODUCER)
+
+
+def speculation_disabled(trigger: Envelope[RunRequested]) -> Envelope[RunCompleted]:
+    """The answer of a run requested after its tenant opted out: nothing planned or measured."""
+    return trigger.follow(opted_out(trigger.payload.run_id), producer=PRODUCER)
 
 
 def answered_events(trigger: Envelope[RunRequested], plan: Plan, answer: RunCompleted) -> list[Envelope[Any]]:

@@ -86,6 +86,7 @@ async def plan(
     if await db.is_planned(conn, run_id):
         log.warning("run %s is planned already; %s ignored", run_id, event.event_id)
         return []
+    await db.hold_policy(conn, event.tenant_id, exclusive=False)
     if event.payload.speculation_disabled or await db.speculation_disabled(conn, event.tenant_id):
         await db.mark_ended(conn, run_id, event.tenant_id)
         return [logic.speculation_disabled(event)]
@@ -133,9 +134,20 @@ async def datastore_registered(conn: db.Connection, event: Envelope[DatastoreReg
 
 
 async def policy_changed(conn: db.Connection, event: Envelope[PolicyChanged]) -> Events:
-    """Fold a tenant's new security policy: whether its later runs may speculate (F-S3)."""
+    """Fold a tenant's new security policy: whether its runs may speculate (F-S3). Once it opts
+    out, its later runs are not planned and those planned but not answered end now (`_opt_out`).
+    The folded policy decides, not the event's: an older version, delivered late, changes nothing."""
+    tenant_id = event.payload.policy.tenant_id
+    await db.hold_policy(conn, tenant_id, exclusive=True)
     await db.record_policy(conn, event.payload.policy)
-    return []
+    if not await db.speculation_disabled(conn, tenant_id):
+        return []
+    events: Events = []
+    for bench_id in await db.open_benches(conn, tenant_id):
+        bench = await db.lock_bench(conn, bench_id)
+        if bench is not None and not bench.finalized:
+            events += await _opt_out(conn, bench, event)
+    return events
 
 
 async def head_transitioned(conn: db.Connection, event: Envelope[HeadTransitioned]) -> Events:
@@ -166,6 +178,7 @@ async def bench_completed(conn: db.Connection, event: Envelope[BenchCompleted]) 
         baseline=done.baseline,
         results=list(done.results),
         failures=list(done.failures),
+        finalized=bench.finalized,
     )
     return await _answer_if_ready(conn, completed, await db.verdicts(conn, bench.bench_id), event)
 
@@ -212,6 +225,8 @@ async def dead_letter(conn: db.Connection, letter: DeadLetter, parked: Envelope[
 async def _answer_if_ready(
     conn: db.Connection, bench: logic.Bench, gates: dict[str, GateOutcome], trigger: Envelope[Any]
 ) -> Events:
+    if not bench.finalized and await db.speculation_disabled(conn, bench.tenant_id):
+        return await _opt_out(conn, bench, trigger)
     if not logic.is_ready(bench, gates):
         return []
     await db.mark_finalized(conn, bench.bench_id)
@@ -230,6 +245,19 @@ async def _answer_if_ready(
         conn, learned, tenant_id=bench.tenant_id, run_id=bench.run_id, bench_id=bench.bench_id
     )
     return [logic.answer_event(bench, trigger, answer)]
+
+
+async def _opt_out(conn: db.Connection, bench: logic.Bench, trigger: Envelope[Any]) -> Events:
+    """End an open bench of a tenant that opted out: its run completes as `speculation_disabled`,
+    nothing it measured is answered or kept. A run ended already (failed by a dead letter, its
+    bench left open for a redrive) stays failed: the bench is closed, so a redrive answers nothing."""
+    run = await db.lock_run(conn, bench.run_id, bench.tenant_id)
+    await db.mark_failed(conn, bench.bench_id)
+    if run is not None and run.ended:
+        return []
+    await db.mark_ended(conn, bench.run_id, bench.tenant_id)
+    log.info("run %s: its tenant opted out of speculation; ended as speculation_disabled", bench.run_id)
+    return [logic.answer_event(bench, trigger, logic.opted_out(bench.run_id))]
 
 
 def _log_failure(run_id: str, problem: logic.PlanFailure) -> None:

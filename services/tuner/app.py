@@ -6,12 +6,12 @@ gate.evaluated (of the benches it requested for its trials; others are skipped),
 `<service>-run_failed` on run.failed (a session's bench that could not run), and
 `<service>-dead_letter` on every service's dead letters (a trial's parked bench event
 fails that trial), and `<service>-policy_changed` on security.policy_changed: the tenants'
-security policies, so that a session of a tenant who opts out of speculation (F-S3) ends at
-once with `tune.completed(speculation_disabled)` and no trial. Every handler locks the
-session and queues its events in one inbox transaction (steps.py); the outbox relay
-publishes them. A ticker task keeps the budget
-clock: it heartbeats the running sessions (a gap is downtime) and ends those whose
-deadline has passed with a trial still in flight.
+security policies, so that the sessions of a tenant who opts out of speculation (F-S3), open
+ones and later ones, end at once with `tune.completed(speculation_disabled)`: no further
+trial. Every handler locks the session and queues its events in one inbox transaction
+(steps.py); the outbox relay publishes them. A ticker task keeps the budget clock: it
+heartbeats the running sessions (a gap is downtime) and ends those whose deadline has
+passed with a trial still in flight.
 """
 
 from __future__ import annotations
@@ -94,9 +94,12 @@ def subscribe(
 
     @on(events=PolicyChanged)
     async def policy_changed(event: Envelope[PolicyChanged]) -> None:
-        """Fold a tenant's security policy: an opted-out tenant's sessions run no trial (F-S3)."""
+        """Fold a tenant's security policy: an opted-out tenant's sessions end, no further trial (F-S3)."""
         await _once(
-            pool, consumer_name(service, "policy_changed"), event, lambda c: steps.policy_changed(c, event)
+            pool,
+            consumer_name(service, "policy_changed"),
+            event,
+            lambda c: steps.policy_changed(c, event, tuner),
         )
 
     @on(events=RunFailed)

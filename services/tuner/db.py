@@ -133,6 +133,16 @@ async def running_sessions(conn: Connection) -> list[tuple[str, str]]:
     return [(r["session_id"], r["tenant_id"]) for r in rows]
 
 
+async def open_sessions(conn: Connection, tenant_id: str) -> list[str]:
+    """The tenant's sessions not yet ended."""
+    rows = await _rows(
+        conn,
+        "SELECT session_id FROM tuner_sessions WHERE tenant_id = %s AND ended_at IS NULL ORDER BY session_id",
+        (tenant_id,),
+    )
+    return [r["session_id"] for r in rows]
+
+
 async def session_of_bench(conn: Connection, bench_id: str) -> str | None:
     """The session whose trial a bench measures; None for a bench of no trial (a T1 run's)."""
     rows = await _rows(conn, "SELECT session_id FROM tuner_trials WHERE bench_id = %s", (bench_id,))
@@ -218,6 +228,15 @@ async def save_trial(conn: Connection, session_id: str, t: Trial) -> None:
 
 
 # --- security policies (F-S3) -----------------------------------------------------------------
+
+
+async def hold_policy(conn: Connection, tenant_id: str, *, exclusive: bool) -> None:
+    """Lock the tenant's policy until the transaction ends: exclusively to fold a change, shared
+    to start a session under it. A session started on the policy before an opt-out committed is
+    in place before the fold looks for open sessions; one started after reads the opt-out. (An
+    advisory lock: a tenant with no row yet has nothing to lock.)"""
+    lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    await conn.execute(f"SELECT {lock}(hashtext('tuner_policies'), hashtext(%s))", (tenant_id,))
 
 
 async def record_policy(conn: Connection, policy: SecurityPolicy) -> None:

@@ -12,6 +12,9 @@ Per session (every event's correlation_id is the session id):
 - the end: `tune.terminated` (the 80 % rule, see rule.py) + `tune.completed`, or
   `tune.completed` at the budget, `max_trials` or an exhausted space; `tune.failed`
   when the target itself cannot be measured.
+- the tenant opts out of speculation (F-S3: before the session, or while it runs) ->
+  its running trials fail (`validation`, the reason) and `tune.completed` with
+  `speculation_disabled`, no winner; nothing its benches report later is taken.
 """
 
 from __future__ import annotations
@@ -332,10 +335,11 @@ def completed(
     )
 
 
-def speculation_disabled(session: Session, now: datetime) -> TuneCompleted:
-    """The answer of a session whose tenant opts out of speculation (F-S3): no trial was run."""
-    done = completed(session, [], now, OPT_OUT_REASON, auto_terminated=False)
-    return done.model_copy(update={"speculation_disabled": OPT_OUT_REASON})
+def speculation_disabled(session: Session, trials: Sequence[Trial], now: datetime) -> TuneCompleted:
+    """The answer of a session whose tenant opts out of speculation (F-S3): no winner, whatever
+    its trials measured before the opt-out (none, when it was asked for after), and the reason."""
+    done = completed(session, trials, now, OPT_OUT_REASON, auto_terminated=session.auto_terminated)
+    return done.model_copy(update={"winner": None, "baseline": None, "speculation_disabled": OPT_OUT_REASON})
 
 
 def failed(session: Session, stage: ErrorStage, message: str) -> TuneFailed:

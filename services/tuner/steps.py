@@ -22,7 +22,7 @@ from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope
 from specops_schemas.catalog import ErrorStage
 from specops_schemas.events import BenchCompleted, BenchRequested, GateEvaluated, RunFailed
-from specops_schemas.security import PolicyChanged
+from specops_schemas.security import OPT_OUT_REASON, PolicyChanged
 from specops_schemas.tune import (
     TrialResult,
     TuneImproved,
@@ -94,10 +94,10 @@ async def requested(conn: db.Connection, event: Envelope[TuneRequested], tuner: 
         stop_reason=None,
         ended=False,
     )
+    await db.hold_policy(conn, event.tenant_id, exclusive=False)
     if req.speculation_disabled or await db.speculation_disabled(conn, event.tenant_id):
         await db.insert_session(conn, session)
-        await db.save_session(conn, replace(session, stop_reason=OPT_OUT), ended_at=now)
-        return [logic.emit(session, logic.speculation_disabled(session, now), event)]
+        return await _opt_out(conn, tuner, session, [], event, now)
     if not space.dimensions:
         await db.insert_session(conn, session)
         await db.save_session(conn, replace(session, stop_reason="failed"), ended_at=now, failed=True)
@@ -120,10 +120,50 @@ async def requested(conn: db.Connection, event: Envelope[TuneRequested], tuner: 
     return events
 
 
-async def policy_changed(conn: db.Connection, event: Envelope[PolicyChanged]) -> Events:
-    """Fold a tenant's new security policy: whether its later sessions may speculate (F-S3)."""
+async def policy_changed(conn: db.Connection, event: Envelope[PolicyChanged], tuner: Tuner) -> Events:
+    """Fold a tenant's new security policy: whether its sessions may speculate (F-S3). Once it
+    opts out, its later sessions run no trial and its open ones end now (`_opt_out`). The folded
+    policy decides, not the event's: an older version, delivered late, changes nothing."""
+    tenant_id = event.payload.policy.tenant_id
+    await db.hold_policy(conn, tenant_id, exclusive=True)
     await db.record_policy(conn, event.payload.policy)
-    return []
+    if not await db.speculation_disabled(conn, tenant_id):
+        return []
+    events: Events = []
+    for session_id in await db.open_sessions(conn, tenant_id):
+        session = await db.lock_session(conn, session_id)
+        if session is None or session.ended:
+            continue
+        now = _now()
+        session = clocked(session, tuner, now)
+        events += await _opt_out(conn, tuner, session, await db.trials(conn, session_id), event, now)
+    return events
+
+
+async def _opt_out(
+    conn: db.Connection,
+    tuner: Tuner,
+    session: Session,
+    trials: list[Trial],
+    cause: Envelope[Any] | None,
+    now: datetime,
+) -> Events:
+    """End a session of a tenant that opted out: its running trials fail (the study is told),
+    and it completes as `speculation_disabled` with no winner. What their benches report
+    later finds no running trial, so it is not taken."""
+    events: Events = []
+    how = logic.Ending(stage=ErrorStage.VALIDATION, message=OPT_OUT_REASON)
+    for t in [t for t in trials if t.running]:
+        cut = Trial(logic.ended(t.result, how, now), t.baseline)
+        await db.save_trial(conn, session.session_id, cut)
+        await asyncio.to_thread(study.tell, tuner.dsn, session.session_id, cut.result.trial, None)
+        trials = [cut if other.result.trial == cut.result.trial else other for other in trials]
+        more, session = _trial_events(session, trials, cut.result, cause, now)
+        events += more
+    session = replace(session, stop_reason=OPT_OUT)
+    await db.save_session(conn, session, ended_at=now)
+    log.info("session %s: its tenant opted out of speculation; ended", session.session_id)
+    return [*events, logic.emit(session, logic.speculation_disabled(session, trials, now), cause)]
 
 
 # --- a trial's bench and verdict ------------------------------------------------------------------
@@ -185,6 +225,8 @@ async def run_failed(conn: db.Connection, event: Envelope[RunFailed], tuner: Tun
         return [logic.emit(session, logic.failed(session, payload.error_stage, message), event)]
     events: Events = []
     for t in running:
+        if session.ended:  # ended by the trial before (an opt-out found, `_advance`)
+            break
         how = logic.Ending(stage=payload.error_stage, message=payload.message)
         events += await _end_trial(conn, tuner, session, trials, t, how, event)
         session = await db.lock_session(conn, session.session_id) or session
@@ -334,7 +376,10 @@ async def _advance(
     now: datetime,
 ) -> Events:
     """After a trial ended (or at the start): decide whether to stop, then start trials up to
-    the parallel limit, or end the session when it stops with nothing left in flight."""
+    the parallel limit, or end the session when it stops with nothing left in flight. A
+    session of a tenant found opted out starts no trial: it ends (`_opt_out`)."""
+    if await db.speculation_disabled(conn, session.tenant_id):
+        return await _opt_out(conn, tuner, session, trials, cause, now)
     events: Events = []
     space = session.search_space()
     results = [t.result for t in trials]
@@ -493,6 +538,8 @@ async def _tick_session(conn: db.Connection, tuner: Tuner, session: Session) -> 
         )
     events: Events = []
     for t in running:
+        if session.ended:  # ended by the trial before (an opt-out found, `_advance`)
+            break
         how = logic.Ending(
             stage=ErrorStage.TIMEOUT, message="cut by the budget: still running after the deadline"
         )

@@ -5,7 +5,8 @@ Progress goes to stderr, one line per event; the winner and candidates tables (o
 `--json`, the final RunStatusResponse as one JSON line, then the ApplyResponse with
 `--apply`) go to stdout.
 
-Exit codes: 0 the run completed (with or without a winner); 1 the run failed; 2 it could
+Exit codes: 0 the run completed (with or without a winner; a tenant that opted out of
+speculation gets no winner, and the reason); 1 the run failed; 2 it could
 not be submitted or followed (no gateway, bad token, invalid request: one line on stderr).
 """
 
@@ -100,6 +101,9 @@ def _follow(client: SpeculativeClient, args: argparse.Namespace) -> int:
 
 
 def _apply(client: SpeculativeClient, final: Run, say: client_command.Say) -> ApplyResponse | None:
+    if final.speculation_disabled is not None:
+        say(f"nothing to apply: {final.speculation_disabled}")
+        return None
     if final.winner is None:
         say("nothing to apply: the run has no winner")
         return None
@@ -144,6 +148,8 @@ def describe_event(event: RunEvent) -> str:
     if isinstance(p, GateEvaluated):
         return f"gate {p.candidate_id}: {gate_text(p)}"
     if isinstance(p, RunCompleted):
+        if p.speculation_disabled is not None:
+            return f"completed without speculation: {p.speculation_disabled}"
         if p.winner is None:
             return "completed: no candidate beats the baseline" + (" (cache hit)" if p.cache_hit else "")
         how = "cache hit" if p.cache_hit else ("measured" if p.measured else "predicted, not measured here")
@@ -172,7 +178,9 @@ def run_tables(run: Run) -> str:
     if run.status == RunStatus.FAILED and run.error is not None:
         lines.append(f"failed at {run.error.error_stage}: {run.error.message}")
         return "\n".join(lines)
-    if run.winner is None:
+    if run.speculation_disabled is not None:
+        lines.append(f"no winner: {run.speculation_disabled}")
+    elif run.winner is None:
         lines.append("no winner: no qualified candidate beats plain decoding")
     else:
         lines.append("")

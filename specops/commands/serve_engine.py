@@ -345,6 +345,8 @@ def served_winner(run: Run) -> Candidate:
             f"run {run.id} chose a winner for {run.request.target.engine}, not speccore; "
             f"apply it to that engine (`POST runs/{run.id}/apply`), or start a speccore run"
         )
+    if run.speculation_disabled is not None:
+        raise SpecError(f"run {run.id} has no winner: {run.speculation_disabled}; serve --method none")
     if run.winner is None:
         raise SpecError(f"run {run.id} has no winner: no candidate beat plain decoding; serve --method none")
     if not run.measured or run.winner.measurement is None:

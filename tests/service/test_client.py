@@ -14,7 +14,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +59,7 @@ from specops_schemas.events import (
     RunPredicted,
     RunRunning,
 )
+from specops_schemas.security import OPT_OUT_REASON
 from specops_services.gateway.app import create_app
 from specops_services.gateway.tokens import issue_token
 
@@ -244,8 +245,30 @@ def publish_all(nats_url: str, events: list[Envelope[Any]], delay_s: float = 0.0
     asyncio.run(bus.publish_all(nats_url, events, delay_s=delay_s))
 
 
-def complete_runs_in_background(stack: Stack, count: int = 1) -> threading.Thread:
-    """Plays the pipeline for the next `count` runs the gateway queues (found in its database)."""
+def opted_out_flow(run_id: str, tenant: str = "acme") -> list[Envelope[Any]]:
+    """What the predictor publishes for a run of a tenant that opted out of speculation (F-S3)."""
+    running = new_event(
+        RunRunning(run_id=run_id, stage="predicting"),
+        tenant_id=tenant,
+        correlation_id=run_id,
+        producer="predictor",
+    )
+    answer = RunCompleted(
+        run_id=run_id,
+        cache_hit=False,
+        measured=False,
+        winner=None,
+        candidates=[],
+        pareto_front=[],
+        speculation_disabled=OPT_OUT_REASON,
+    )
+    return [running, running.follow(answer, producer="predictor")]
+
+
+def complete_runs_in_background(
+    stack: Stack, count: int = 1, flow: Callable[[str], list[Envelope[Any]]] = t1_flow
+) -> threading.Thread:
+    """Plays the pipeline (`flow`) for the next `count` runs the gateway queues (found in its database)."""
 
     def play() -> None:
         done: set[str] = set()
@@ -254,7 +277,7 @@ def complete_runs_in_background(stack: Stack, count: int = 1) -> threading.Threa
             with psycopg.connect(stack.dsn) as conn:
                 queued = [row[0] for row in conn.execute("SELECT id FROM runs WHERE status = 'queued'")]
             for run_id in set(queued) - done:
-                publish_all(stack.nats_url, t1_flow(run_id), delay_s=0.02)
+                publish_all(stack.nats_url, flow(run_id), delay_s=0.02)
                 done.add(run_id)
             time.sleep(0.05)
 
@@ -621,6 +644,21 @@ def test_run_command_follows_the_run_and_prints_the_winner(
     assert re.search(r"^cache hit +false$", out, re.MULTILINE)
     assert "* ngram-k4" in out and "  lookahead-k5" in out
     assert "apply (speccore, ngram-k4): --method ngram --k 4" in out
+
+
+def test_run_command_says_why_an_opted_out_run_has_no_winner(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    player = complete_runs_in_background(stack, flow=opted_out_flow)
+    args = cli(stack, "--apply")
+    assert args.handler(args) == 0
+    player.join()
+    out, err = capsys.readouterr()
+    progress = [line.split("] ", 1)[1] for line in err.splitlines() if line.startswith("[")]
+    assert progress[-1] == f"completed without speculation: {OPT_OUT_REASON}"
+    assert f"nothing to apply: {OPT_OUT_REASON}" in err
+    assert out.splitlines()[1] == f"no winner: {OPT_OUT_REASON}"
+    assert "beats" not in out + err
 
 
 def test_run_command_json_on_a_cache_hit(stack: Stack, capsys: pytest.CaptureFixture[str]) -> None:

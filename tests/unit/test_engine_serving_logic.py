@@ -14,6 +14,7 @@ from specops.cli import main as specops
 from specops.commands.serve_engine import served_winner
 from specops_schemas.api import RunCreateRequest, RunStatusResponse
 from specops_schemas.candidates import Candidate, CandidateResult, Measurement, Prediction
+from specops_schemas.security import OPT_OUT_REASON
 from specops_services.engine.detokenize import IncrementalText
 from specops_services.engine.logic import SpecCounts, update_counts
 from specops_services.engine.protocol import ChatCompletionRequest, CompletionRequest
@@ -125,6 +126,9 @@ def test_from_run_serves_a_completed_speccore_runs_measured_winner() -> None:
         "for vllm, not speccore": _run("completed", engine="vllm"),
         "predicted, not measured": _run("completed", measured=False),
         "no winner": _run("completed", winner=False),
+        OPT_OUT_REASON.split(" (")[0]: _run("completed", winner=False).model_copy(
+            update={"speculation_disabled": OPT_OUT_REASON}
+        ),
     }
     for words, run in refusals.items():
         with pytest.raises(SpecError, match=words):
