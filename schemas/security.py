@@ -9,9 +9,10 @@ every `spec.>` event).
 
 The tiers, weakest isolation first:
 
-- ``single_tenant``: one tenant per deployment; caches shared, acceptance telemetry on.
-- ``shared``: a shared GPU for several tenants; every cache per tenant (F-S1), timing
-  jitter on the acceptance path (F-S2), tenant-scoped metrics.
+- ``single_tenant``: one tenant per deployment; caches shared.
+- ``shared``: a shared GPU for several tenants; every cache per tenant (F-S1). Timing
+  jitter on the acceptance path (F-S2, paced release) is available in every tier and off
+  until the policy sets it.
 - ``multi_tenant_isolated``: as ``shared``, and the tenant may opt out of speculation
   altogether (F-S3): nothing speculative is served or measured for them.
 """
@@ -84,10 +85,6 @@ class PolicySettings(Model):
     def per_tenant_caches(self) -> bool:
         """F-S1: every cache (winners, measured history, datastores, draft-side caches) per tenant."""
         return self.tier != SecurityTier.SINGLE_TENANT
-
-    @property
-    def speculation_disabled(self) -> bool:
-        return self.speculation_opt_out
 
 
 class SecurityPolicy(PolicySettings):

@@ -201,7 +201,7 @@ class EngineServer:
                 raise InvalidRequest(400, f"{exc}; shorten the prompt or lower max_tokens") from None
             requests.extend(choices)
         pace = self.security.pace_s(key.tenant)
-        plain = self.security.policy(key.tenant).speculation_disabled
+        plain = self.security.policy(key.tenant).speculation_opt_out
         return Prepared(requests, sum(len(ids) for ids in prompts), key, pace, plain)
 
 

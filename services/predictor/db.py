@@ -251,7 +251,7 @@ async def hold_policy(conn: Connection, tenant_id: str, *, exclusive: bool) -> N
 async def record_policy(conn: Connection, policy: SecurityPolicy) -> None:
     """Fold a tenant's policy (from `security.policy_changed`); an older version changes nothing."""
     await opt_out.record(
-        conn, "predictor_policies", policy.tenant_id, policy.version, policy.speculation_disabled
+        conn, "predictor_policies", policy.tenant_id, policy.version, policy.speculation_opt_out
     )
 
 

@@ -37,7 +37,7 @@ def test_only_a_newer_version_replaces_a_tenants_policy() -> None:
     assert policies.apply(
         policy("acme", 3, tier=SecurityTier.MULTI_TENANT_ISOLATED, speculation_opt_out=True)
     )
-    assert policies.policy("acme").speculation_disabled
+    assert policies.policy("acme").speculation_opt_out
 
 
 def test_a_policies_file_is_a_list_of_policies(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ def test_only_the_isolated_tier_may_opt_out_of_speculation() -> None:
         with pytest.raises(ValidationError, match="multi_tenant_isolated"):
             PolicySettings(tier=tier, speculation_opt_out=True)
     isolated = PolicySettings(tier=SecurityTier.MULTI_TENANT_ISOLATED, speculation_opt_out=True)
-    assert isolated.speculation_disabled and isolated.per_tenant_caches
+    assert isolated.speculation_opt_out and isolated.per_tenant_caches
     assert not PolicySettings().per_tenant_caches and PolicySettings(tier="shared").per_tenant_caches
 
 
