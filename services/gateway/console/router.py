@@ -252,6 +252,7 @@ async def head_page(request: Request, head_id: str) -> Response:
             "ended": head.state in heads_logic.FINAL_STATES,
             "moves": moves,
             "needs_rationale": views.needs_rationale(moves),
+            "rationale_required": heads_logic.RATIONALE_REQUIRED,
             "progress": views.train_progress(head),
         }
 

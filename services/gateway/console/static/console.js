@@ -123,15 +123,22 @@
     });
   }
 
-  // The run's status badge follows the run.* events that name a status.
-  const status = byId("run-status");
-  if (status) {
-    const statuses = new Set(["queued", "running", "predicted", "completed", "failed"]);
+  // A status badge follows the events that name the status they lead to.
+  const STATUS_AFTER = {
+    "run.queued": "queued",
+    "run.running": "running",
+    "run.predicted": "predicted",
+    "run.completed": "completed",
+    "run.failed": "failed",
+    "tune.started": "running",
+  };
+  const badge = document.querySelector("[data-live-status]");
+  if (badge) {
     document.addEventListener("specops:event", ({ detail }) => {
-      const [aggregate, name] = detail.type.split(".");
-      if (aggregate === "run" && statuses.has(name)) {
-        status.textContent = name;
-        status.className = `state state-${name}`;
+      const status = STATUS_AFTER[detail.type];
+      if (status) {
+        badge.textContent = status;
+        badge.className = `state state-${status}`;
       }
     });
   }
@@ -340,8 +347,15 @@
       const error = byId("transition-error");
       error.hidden = true;
       const rationale = byId("rationale");
+      const given = rationale ? rationale.value.trim() : "";
+      if (button.dataset.rationaleRequired === "true" && !given) {
+        // The API would refuse it (422); say so without the round trip.
+        show(error, `Moving a head to ${button.dataset.move} needs a rationale.`);
+        rationale.focus();
+        return;
+      }
       const body = { to: button.dataset.move };
-      if (rationale && rationale.value.trim()) body.rationale = rationale.value.trim();
+      if (given) body.rationale = given;
       try {
         await call("POST", button.dataset.url, body);
         window.location.reload();
