@@ -143,11 +143,19 @@ async def sign_out(request: Request) -> Response:
 # --- runs -------------------------------------------------------------------------------------
 
 
+def _before(request: Request) -> str | None:
+    """The list page's cursor (`?before=`); one that is no id starts at the newest."""
+    before = request.query_params.get("before")
+    return before if before and logic.is_spec_id(before) else None
+
+
 @router.get("/runs")
 async def runs_page(request: Request) -> Response:
     async def load(principal: Principal) -> dict[str, Any]:
-        page = await runs.list_runs(pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=None)
-        return {"runs": page.runs}
+        page = await runs.list_runs(
+            pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=_before(request)
+        )
+        return {"runs": page.runs, "next_before": page.next_before}
 
     return await _page(request, "runs.html", load)
 
@@ -206,9 +214,9 @@ async def infer_fingerprint(body: SamplePrompts, principal: Viewer) -> JSONRespo
 async def tune_list_page(request: Request) -> Response:
     async def load(principal: Principal) -> dict[str, Any]:
         page = await tune_sessions.list_sessions(
-            pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=None
+            pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=_before(request)
         )
-        return {"sessions": page.sessions}
+        return {"sessions": page.sessions, "next_before": page.next_before}
 
     return await _page(request, "tune_list.html", load)
 
@@ -291,6 +299,9 @@ async def adr_page(request: Request) -> Response:
 
 @router.get("/{rest:path}")
 async def not_found(request: Request, rest: str) -> Response:
+    if not rest:
+        return await home()
+
     async def load(principal: Principal) -> dict[str, Any]:
         raise problem(404, f"the console has no page /ui/{rest}")
 
