@@ -260,3 +260,17 @@ async def test_sign_out_needs_the_csrf_field_and_ends_the_session(gw: Gateway) -
         assert out.status_code == 303 and out.headers["location"] == f"{UI}/sign-in"
         again = await client.get(f"{UI}/runs")
         assert again.status_code == 303 and again.headers["location"] == f"{UI}/sign-in"
+
+
+async def test_fingerprint_inference_answers_the_signed_in_page_only(gw: Gateway) -> None:
+    prompts = {"prompts": "def f(x):\n    return x\n\nSummarize this article: ...\n\nimport os"}
+    async with sign_in(gw, "viewer") as client:
+        refused = await client.post(f"{UI}/fingerprint", json=prompts)
+        assert refused.status_code == 403  # the cookie without the CSRF header
+        csrf = {"X-Specops-CSRF": client.cookies["specops_csrf"]}
+        inferred = await client.post(f"{UI}/fingerprint", json=prompts, headers=csrf)
+        assert inferred.json() == {"fingerprint": "code", "votes": {"code": 2, "summarization": 1}}
+        empty = await client.post(f"{UI}/fingerprint", json={"prompts": "  "}, headers=csrf)
+        assert empty.status_code == 422
+    async with browser(gw) as anonymous:
+        assert (await anonymous.post(f"{UI}/fingerprint", json=prompts)).status_code == 401
