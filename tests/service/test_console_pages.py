@@ -104,9 +104,19 @@ async def test_runs_and_run_page_show_the_winner_and_apply_for_developers(gw: Ga
             "copy-flags",
         } <= ids_in(page)
         assert "1.40×" in page
+        assert "cache-hit-badge" not in ids_in(page)
         seen = (await viewer.get(f"{UI}/runs/{run_id}")).text
         assert "winner-hero" in ids_in(seen)
         assert not {"apply-submit", "apply-engine", "nav-new-run", "start-run"} & ids_in(seen)
+        # The same request again is answered from the winner cache.
+        hit = await gw.create()
+        assert hit.status_code == 200 and hit.json()["cache_hit"], hit.text
+        cached = (await viewer.get(f"{UI}/runs/{hit.json()['id']}")).text
+        assert {"winner-hero", "cache-hit-badge"} <= ids_in(cached)
+        row = re.search(
+            rf'data-run-id="{hit.json()["id"]}".*?</tr>', (await viewer.get(f"{UI}/runs")).text, re.S
+        )
+        assert row is not None and "cache hit" in row.group(0)
 
 
 async def test_every_page_renders_for_every_role_with_its_navigation(gw: Gateway) -> None:
