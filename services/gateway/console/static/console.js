@@ -65,7 +65,8 @@
       credentials: "same-origin",
       headers: { Accept: "text/event-stream", "Last-Event-ID": String(state.after) },
     });
-    if (!response.ok || !response.body) return false;
+    // A refusal (401, 404) ends the following; an outage (503) is tried again.
+    if (!response.ok || !response.body) return response.status >= 500;
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
     for (;;) {
@@ -268,11 +269,14 @@
       svg("line", { class: "axis", x1: left, y1: top, x2: left, y2: H - bottom }),
       svg("text", { x: 4, y: top + 10 }, `${hi.toFixed(2)}×`),
       svg("text", { x: 4, y: H - bottom }, `${lo.toFixed(2)}×`),
+      svg("text", { x: left, y: H - bottom + 16, "text-anchor": "middle" }, "0"),
+      svg("text", { x: W - right, y: H - bottom + 16, "text-anchor": "end" }, String(lastTrial)),
       svg("text", { x: W / 2, y: H - 8, "text-anchor": "middle" }, "trial"),
     );
     const best = points.filter((p) => p.best_value !== null);
     if (best.length) {
-      const path = best.map((p, i) => `${i ? "L" : "M"}${x(p.trial)},${y(p.best_value)}`).join(" ");
+      // A step line: the best holds until a trial beats it.
+      const path = best.map((p, i) => (i ? `H${x(p.trial)} V${y(p.best_value)}` : `M${x(p.trial)},${y(p.best_value)}`)).join(" ");
       plot.append(svg("path", { class: "best", d: path }));
     }
     for (const p of points) {
