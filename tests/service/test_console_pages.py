@@ -37,11 +37,18 @@ def browser(gw: Gateway) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app), base_url="http://gateway.test")
 
 
+async def submit_sign_in(client: httpx.AsyncClient, token: str) -> httpx.Response:
+    """The sign-in form, shown and submitted."""
+    form = await client.get(f"{UI}/sign-in")
+    assert {"token-input", "sign-in-submit"} <= ids_in(form.text)
+    return await client.post(f"{UI}/sign-in", data={"token": token, "csrf": client.cookies["specops_csrf"]})
+
+
 @asynccontextmanager
 async def sign_in(gw: Gateway, who: str) -> AsyncIterator[httpx.AsyncClient]:
     """A browser signed in with `who`'s token."""
     async with browser(gw) as client:
-        response = await client.post(f"{UI}/sign-in", data={"token": gw.tokens[who]})
+        response = await submit_sign_in(client, gw.tokens[who])
         assert response.status_code == 303 and response.headers["location"] == f"{UI}/runs"
         yield client
 
@@ -54,10 +61,12 @@ async def test_sign_in_sets_the_session_and_a_bad_token_is_refused(gw: Gateway) 
     async with browser(gw) as anonymous:
         page = await anonymous.get(f"{UI}/runs")
         assert page.status_code == 303 and page.headers["location"] == f"{UI}/sign-in"
-        form = await anonymous.get(f"{UI}/sign-in")
-        assert {"token-input", "sign-in-submit"} <= ids_in(form.text)
-        bad = await anonymous.post(f"{UI}/sign-in", data={"token": "spk_not-a-token"})
-        assert "sign-in-error" in ids_in(bad.text)
+        bad = await submit_sign_in(anonymous, "spk_not-a-token")
+        assert bad.status_code == 200 and "sign-in-error" in ids_in(bad.text)
+        assert "specops_session" not in anonymous.cookies
+        # Another site's form (no CSRF field) cannot sign the browser in, even with a good token.
+        forged = await anonymous.post(f"{UI}/sign-in", data={"token": gw.tokens["dev"]})
+        assert forged.status_code == 200 and "sign-in-error" in ids_in(forged.text)
         assert "specops_session" not in anonymous.cookies
 
     async with sign_in(gw, "dev") as dev:

@@ -120,16 +120,25 @@ async def home() -> RedirectResponse:
 
 @router.get("/sign-in")
 async def sign_in_form(request: Request) -> Response:
-    return _render(request, "sign_in.html", None, {"error": None})
+    return _sign_in_page(request, None)
 
 
 @router.post("/sign-in")
 async def sign_in(request: Request) -> Response:
+    if await session.form_csrf_refusal(request) is not None:
+        return _sign_in_page(request, "The sign-in form had expired; sign in again.")
     token = (await session.form_field(request, "token")).strip()
     if token and await principal_of(pool_of(request), token) is not None:
         return session.signed_in(request, token, f"{views.UI}/runs")
-    # 200, not 401: the form is shown again with the reason, as any invalid form is.
-    return _render(request, "sign_in.html", None, {"error": "That token is unknown or revoked."})
+    return _sign_in_page(request, "That token is unknown or revoked.")
+
+
+def _sign_in_page(request: Request, error: str | None) -> Response:
+    # 200 with an error too: the form is shown again with the reason, as any invalid form is.
+    csrf = session.form_csrf(request)
+    response = _render(request, "sign_in.html", None, {"error": error, "csrf": csrf})
+    session.set_csrf(request, response, csrf)
+    return response
 
 
 @router.post("/sign-out")
