@@ -73,7 +73,7 @@ async def test_sign_in_sets_the_session_and_a_bad_token_is_refused(gw: Gateway) 
         cookies = dev.cookies
         assert cookies["specops_session"] and cookies["specops_csrf"]
         page = await dev.get(f"{UI}/runs")
-        assert page.status_code == 200
+        assert page.status_code == 200 and page.headers["cache-control"] == "no-store"
         assert {"nav", "whoami", "sign-out", "runs-table"} <= ids_in(page.text)
         assert "acme" in page.text and "developer" in page.text
 

@@ -76,7 +76,10 @@ def _render(
         "api": API_PREFIX,
         "views": views,
     }
-    return templates.TemplateResponse(request, name, common | context, status_code=status)
+    response = templates.TemplateResponse(request, name, common | context, status_code=status)
+    # A page shows a tenant's data: no cache keeps it once signed out.
+    response.headers["Cache-Control"] = "no-store"
+    return response
 
 
 def _error(request: Request, principal: Principal | None, body: Problem) -> Response:
