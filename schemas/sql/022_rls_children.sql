@@ -8,11 +8,12 @@
 --    visible and writable exactly when the run or tune session it measures is (its run_id
 --    is a runs.id for a T1 run, a tune_sessions.id for a tune trial's bench), a trial when
 --    its tuner_sessions row is. The benchmark-runner and the quality gate therefore write
---    a bench's rows only once the gateway has opened its run or session, in the same
---    tenant's context (specbus.process_once), which the flow guarantees and the rebuild
---    keeps (it projects the gateway's events first). Every table of public now has RLS
---    but tenants, hardware_profiles, inbox, outbox, audit_chain_head and
---    schema_migrations.
+--    a bench's rows only once the gateway has opened its run or session, which the flow
+--    guarantees and the rebuild keeps (it projects the gateway's events first), and only
+--    acting for the bench's tenant. 018 says specbus.process_once scoped their work: it
+--    scoped only the bench's last event; their reps and verdicts are now read and written
+--    in the bench's tenant_transaction. Every table of public now has RLS but tenants,
+--    hardware_profiles, inbox, outbox, audit_chain_head and schema_migrations.
 --  * `specops audit replay --rebuild` (its check that --into is fresh) and
 --    `specops audit diff` read the state tables of every tenant. They did so with no
 --    tenant context and no role: under a plain-owner login (no superuser, no BYPASSRLS)
@@ -33,11 +34,12 @@ DROP INDEX measured_history_prior;
 -- bench_results, gate_results, tuner_trials: through the parent --------------------------
 
 -- Whether the run or tune session `id` is visible: the subqueries are themselves filtered
--- by the runs and tune_sessions policies (a SQL function runs as its caller).
+-- by the runs and tune_sessions policies (a SQL function runs as its caller). The tables
+-- are schema-qualified so that no caller's search_path can put another `runs` first.
 CREATE FUNCTION measured_run_visible(id text) RETURNS boolean
     LANGUAGE sql STABLE
-    AS $$ SELECT EXISTS (SELECT 1 FROM runs WHERE runs.id = $1)
-              OR EXISTS (SELECT 1 FROM tune_sessions WHERE tune_sessions.id = $1) $$;
+    AS $$ SELECT EXISTS (SELECT 1 FROM public.runs r WHERE r.id = $1)
+              OR EXISTS (SELECT 1 FROM public.tune_sessions s WHERE s.id = $1) $$;
 
 ALTER TABLE bench_results ENABLE ROW LEVEL SECURITY;
 ALTER TABLE bench_results FORCE ROW LEVEL SECURITY;
