@@ -54,8 +54,7 @@ async def append(conn: AsyncConnection[Any], entry: AuditEntry) -> int | None:
         entry.payload,
         entry.stream_seq,
     )
-    async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
-        await cur.execute(f"SET LOCAL ROLE {WRITER_ROLE}")
+    async with role_transaction(conn, WRITER_ROLE), conn.cursor(row_factory=tuple_row) as cur:
         await cur.execute(_APPEND, params)
         row = await cur.fetchone()
     return None if row is None else int(row[0])

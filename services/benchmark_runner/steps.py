@@ -4,7 +4,9 @@ measure in a worker thread while storing each rep row, then finish the bench.
 Each rep row is stored in bench_results and its event queued in the outbox in one
 transaction, as soon as its rep is measured (:func:`store_rep`). The bench's last event
 (`bench.completed` or `run.failed`) is queued under `specbus.process_once`, so a
-redelivered request changes nothing once it is finished.
+redelivered request changes nothing once it is finished. Each transaction acts for the
+bench's tenant: a bench's rows are bound by row-level security through the run or tune
+session they measure (schemas/sql/022_rls_children.sql).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from specops_schemas.events import BenchRequested
 from specops_services.benchmark_runner import db, logic, projection
 from specops_services.benchmark_runner.measure import BenchOutcome, MeasureError, RepRow
 from specops_services.benchmark_runner.runner import BenchRunner
-from specplatform.db import Pool
+from specplatform.db import Pool, tenant_transaction
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,7 @@ class _Stopped(Exception):
 async def stored_reps(pool: Pool, inbox: str, event: Envelope[BenchRequested]) -> list[RepRow] | None:
     """The rep rows an earlier delivery stored; None if `inbox` finished this event already."""
     bench_id = event.payload.bench_id
-    async with pool.connection() as conn:
+    async with pool.connection() as conn, tenant_transaction(conn, event.tenant_id):
         if await db.processed(conn, inbox, event.event_id):
             log.info("bench %s was completed already; skipped", bench_id)
             return None
@@ -48,7 +50,7 @@ async def store_rep(pool: Pool, event: Envelope[BenchRequested], row: RepRow) ->
     The row is written from the event (`projection`), as a rebuild from the stream writes it.
     """
     measured = logic.rep_measured(event, row)
-    async with pool.connection() as conn, conn.transaction():
+    async with pool.connection() as conn, tenant_transaction(conn, event.tenant_id):
         if await projection.project(conn, measured):
             await outbox.add(conn, measured)
 

@@ -4,6 +4,8 @@
 Candidate by candidate, so a process that dies mid-bench resumes with the candidates it
 had not gated yet; a verdict stored already is not gated again (`logic.to_gate`), which
 makes a redelivered bench safe without an inbox. See logic.py for what is published when.
+The verdicts are read and written acting for the bench's tenant: row-level security binds
+them through the run or tune session they judge (schemas/sql/022_rls_children.sql).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from specops_schemas.heads import HeadTrained
 from specops_services.quality_gate import db, logic, projection
 from specops_services.quality_gate.heads import HeadUnusable
 from specops_services.quality_gate.runner import GateRunner
-from specplatform.db import Pool
+from specplatform.db import Pool, tenant_transaction
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +35,7 @@ log = logging.getLogger(__name__)
 async def gate_bench(pool: Pool, runner: GateRunner, event: Envelope[BenchCompleted]) -> None:
     """Gate every measured candidate of the bench that has no stored verdict yet."""
     bench = event.payload
-    async with pool.connection() as conn:
+    async with pool.connection() as conn, tenant_transaction(conn, event.tenant_id):
         todo = logic.to_gate(bench, await db.stored_outcomes(conn, bench.bench_id))
     if not todo:
         log.info("bench %s: no measured candidate left to gate", bench.bench_id)
@@ -66,7 +68,7 @@ async def save_verdict(
     The row is written from the event (`projection`), as a rebuild from the stream writes it.
     """
     verdict = logic.gate_evaluated(event, candidate_id, outcome)
-    async with pool.connection() as conn, conn.transaction():
+    async with pool.connection() as conn, tenant_transaction(conn, event.tenant_id):
         if await projection.project(conn, verdict):
             await outbox.add(conn, verdict)
 

@@ -22,6 +22,10 @@ its own) write nothing: no service wrote a row for them as they are. An event th
 written (as it could not live: a `run.predicted` of a run no gateway opened) is
 counted and named, and the rebuild goes on. The diff then compares the rebuilt tables
 with the live ones (`table_diff`).
+
+Both read every tenant's rows of those tables (the check that --into is fresh, the diff)
+as `READER_ROLE`, which may do that and nothing else: row-level security binds the login
+these tools run as too unless it is a superuser (schemas/sql/018_rls.sql, 022_rls_children.sql).
 """
 
 from __future__ import annotations
@@ -47,9 +51,12 @@ from specops_services.gateway import security_projection as gateway_security_pro
 from specops_services.gateway import tune_projection as gateway_tune_projection
 from specops_services.predictor import projection as predictor_projection
 from specops_services.quality_gate import projection as gate_projection
-from specplatform.db import Connection, connect, migrate, tenant_transaction
+from specplatform.db import Connection, connect, migrate, role_transaction, tenant_transaction
 
 log = logging.getLogger(__name__)
+
+# May SELECT every tenant's rows of the tables in `TABLES`, nothing else (022_rls_children.sql).
+READER_ROLE = "specops_rebuild_reader"
 
 
 class RebuildError(Exception):
@@ -96,11 +103,13 @@ async def _project_owned(conn: Connection, event: Envelope[Any]) -> None:
 
 
 async def _require_fresh(conn: Connection) -> None:
-    for spec in TABLES:
-        cur = await conn.execute(sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(spec.name)))
-        row = await cur.fetchone()
-        if row is not None and row["n"]:
-            raise RebuildError(f"--into must be a fresh database: its {spec.name} has {row['n']} rows")
+    async with role_transaction(conn, READER_ROLE):
+        for spec in TABLES:
+            query = sql.SQL("SELECT count(*) AS n FROM {}").format(sql.Identifier(spec.name))
+            cur = await conn.execute(query)
+            row = await cur.fetchone()
+            if row is not None and row["n"]:
+                raise RebuildError(f"--into must be a fresh database: its {spec.name} has {row['n']} rows")
 
 
 async def rebuild(
@@ -141,8 +150,9 @@ async def rebuild(
 async def _read(conn: Connection, spec: TableSpec) -> list[dict[str, Any]]:
     columns = sql.SQL(", ").join(map(sql.Identifier, (*spec.key, *spec.columns)))
     query = sql.SQL("SELECT {} FROM {}").format(columns, sql.Identifier(spec.name))
-    cur = await conn.execute(query)
-    return await cur.fetchall()
+    async with role_transaction(conn, READER_ROLE):
+        cur = await conn.execute(query)
+        return await cur.fetchall()
 
 
 async def diff(live: str, rebuilt: str) -> list[Difference]:

@@ -42,8 +42,10 @@ FAST = RetryPolicy(max_deliver=3, backoff_s=(0.2, 0.4), ack_wait_s=2.0)
 WAIT_S = 60.0
 
 
-def _bench_requested(*, reps: int, model: str = MODEL) -> Envelope[BenchRequested]:
+def _bench_requested(dsn: str, *, reps: int, model: str = MODEL) -> Envelope[BenchRequested]:
+    """A bench of a run the gateway opened, as the predictor requests it."""
     run_id, bench_id = f"run-{uuid.uuid4().hex[:10]}", f"bench-{uuid.uuid4().hex[:10]}"
+    bus.open_run(dsn, TENANT, run_id)
     plan = BenchPlan(
         run_id=run_id,
         target=Target(model_ref=model, gpu="cpu", engine="speccore"),
@@ -88,7 +90,7 @@ def _rep_rows(dsn: str, bench_id: str) -> dict[tuple[str, int], Any]:
 async def test_each_rep_is_stored_and_announced_once_then_the_bench_completes(
     db: str, nats_url: str, js: JetStreamContext, smollm: LoadedModel
 ) -> None:
-    event = _bench_requested(reps=2)
+    event = _bench_requested(db, reps=2)
     bench_id, run_id = event.payload.bench_id, event.correlation_id
     loads: list[str] = []
     runner = BenchRunner(SETTINGS, ModelCache(loader=_loader(loads, smollm)))
@@ -136,7 +138,7 @@ async def test_a_target_that_cannot_load_fails_the_run_at_once(
 ) -> None:
     # Offline, an unknown Hugging Face id fails at once instead of after the hub's retries.
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    event = _bench_requested(reps=2, model="no-such-org/no-such-model")
+    event = _bench_requested(db, reps=2, model="no-such-org/no-such-model")
     runner = BenchRunner(SETTINGS, ModelCache())
     async with _runner_service(db, nats_url, runner) as service:
         started = time.monotonic()
@@ -171,7 +173,7 @@ async def test_a_runner_killed_mid_bench_resumes_without_storing_or_announcing_a
     db: str, nats_url: str, js: JetStreamContext, tmp_path: Path
 ) -> None:
     reps = 3
-    event = _bench_requested(reps=reps)
+    event = _bench_requested(db, reps=reps)
     bench_id = event.payload.bench_id
     env = os.environ | {
         "NATS_URL": nats_url,

@@ -236,6 +236,7 @@ async def test_runner_measures_a_rest_candidate_on_an_uploaded_corpus(
         max_new_tokens=8,
     )
     bench_id = f"bench-{uuid.uuid4().hex[:10]}"
+    bus.open_run(db, "acme", plan.run_id)
     event = new_event(
         BenchRequested(bench_id=bench_id, plan=plan),
         tenant_id="acme",

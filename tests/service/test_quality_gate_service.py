@@ -51,9 +51,15 @@ def _measurement(candidate_id: str) -> Measurement:
 
 
 def _bench_completed(
-    method: GateMethod, candidates: Sequence[Candidate], measured: Sequence[str], failed: Sequence[str] = ()
+    dsn: str,
+    method: GateMethod,
+    candidates: Sequence[Candidate],
+    measured: Sequence[str],
+    failed: Sequence[str] = (),
 ) -> Envelope[BenchCompleted]:
+    """A bench of a run the gateway opened, as the benchmark-runner completes it."""
     run_id, bench_id = f"run-{uuid.uuid4().hex[:10]}", f"bench-{uuid.uuid4().hex[:10]}"
+    bus.open_run(dsn, TENANT, run_id)
     plan = BenchPlan(
         run_id=run_id,
         target=Target(model_ref=MODEL, gpu="cpu", engine="speccore"),
@@ -127,6 +133,7 @@ async def test_measured_candidates_are_gated_once_on_the_target(
     unusable = Candidate(candidate_id="bad-opt", family="ngram", k=4, options={LOSSY_OPTION: "high"})
     unmeasured = Candidate(candidate_id="self6-k3", family="draft_model", draft="self:6", k=3)
     event = _bench_completed(
+        db,
         GateMethod.TOPK5,
         [good, gated_before, unusable, unmeasured],
         measured=["ngram-k4", "ngram-k8", "bad-opt"],
@@ -175,7 +182,10 @@ async def test_a_skipped_gate_passes_for_the_audit_without_loading_a_model(
     db: str, nats_url: str, js: JetStreamContext
 ) -> None:
     event = _bench_completed(
-        GateMethod.SKIPPED, [Candidate(candidate_id="ngram-k4", family="ngram", k=4)], measured=["ngram-k4"]
+        db,
+        GateMethod.SKIPPED,
+        [Candidate(candidate_id="ngram-k4", family="ngram", k=4)],
+        measured=["ngram-k4"],
     )
     loads: list[str] = []
     async with _gate_service(db, nats_url, GateRunner(SETTINGS, ModelCache(loader=_loader(loads)))):
@@ -194,7 +204,7 @@ async def test_a_target_that_cannot_load_fails_the_run_at_the_quality_gate(
     db: str, nats_url: str, js: JetStreamContext
 ) -> None:
     event = _bench_completed(
-        GateMethod.TOPK5, [Candidate(candidate_id="ngram-k4", family="ngram", k=4)], measured=["ngram-k4"]
+        db, GateMethod.TOPK5, [Candidate(candidate_id="ngram-k4", family="ngram", k=4)], measured=["ngram-k4"]
     )
     loads: list[str] = []
     async with _gate_service(db, nats_url, GateRunner(SETTINGS, ModelCache(loader=_loader(loads)))):

@@ -3,6 +3,8 @@
 Each service that must honour the opt-out (predictor, tuner) owns a table of the same
 shape — `tenant_id` primary key, `version`, `speculation_disabled` — folded from the
 security service's `security.policy_changed` events; these are the two queries on it.
+The table is the caller's, named by it: tests/unit/test_table_ownership.py counts a call of
+`record` with a table's name as that caller's write of the table.
 """
 
 from __future__ import annotations

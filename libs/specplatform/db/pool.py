@@ -72,9 +72,11 @@ async def tenant_transaction(conn: Connection, tenant_id: str) -> AsyncIterator[
 
 @asynccontextmanager
 async def role_transaction(conn: Connection, role: str) -> AsyncIterator[Connection]:
-    """A transaction run as `role`, one of the narrow roles of schemas/sql/018_rls.sql that
-    may see one kind of row of every tenant (a bearer token by its hash, the stalled runs,
-    the expired idempotency keys, the audit log), for back-end work that spans tenants."""
+    """A transaction run as `role`, one of the narrow roles that may see or write one kind of
+    row of every tenant (a bearer token by its hash, the stalled runs, the expired
+    idempotency keys, the audit log: schemas/sql/008_audit_role.sql, 018_rls.sql; the state
+    a rebuild compares: 022_rls_children.sql), for back-end work that spans tenants. The
+    only way specops code takes another role than APP_ROLE."""
     async with conn.transaction():
         await conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
         yield conn
