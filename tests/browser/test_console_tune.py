@@ -1,0 +1,47 @@
+"""Issue 21's acceptance, T2 in the web console: a tune session's card whose best-so-far chart
+grows while the page is open (one point per completed trial, from the session's event
+stream), each trial with its mean ± sigma, and the sessions list. Both widths, no console
+errors, no serious axe-core violations."""
+
+from __future__ import annotations
+
+import pytest
+from fixtures.browser import NEEDS_CHROMIUM, Console
+from fixtures.console_stack import CPU_HOST, Live
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, NEEDS_CHROMIUM, CPU_HOST]
+
+# Three trials of n-gram; the budget is far beyond what they take.
+TRIALS = 3
+BUDGET_MINUTES = 10.0
+
+
+def test_the_best_so_far_chart_grows_live(console: Console, live: Live) -> None:
+    dev = live.stack.clients["dev"]
+    run = dev.runs.wait(live.chat_run_id)
+    assert run.status == "completed", (run.status, run.error)
+    console.sign_in(live.token("dev"))
+    session = dev.tune_sessions.create(
+        run.id, budget_minutes=BUDGET_MINUTES, max_trials=TRIALS, families=["ngram"]
+    )
+    console.open(f"/ui/tune/{session.id}")
+    chart = console.find("best-so-far-chart")
+    assert chart.tag_name == "svg"
+    points_at_load = len(console.all("chart-point", chart))
+    assert points_at_load < TRIALS, "the session had finished before its page could watch it"
+    console.wait(lambda: len(console.all("chart-point", chart)) > points_at_load, "a new point on the chart")
+    console.wait(lambda: len(console.all("chart-point", chart)) == TRIALS, f"{TRIALS} points on the chart")
+
+    done = dev.tune_sessions.get(session.id)
+    console.open(f"/ui/tune/{session.id}")
+    rows = console.all("trial-row")
+    assert len(rows) == len(done.trials) == TRIALS
+    assert all("±" in row.text for row in rows), [row.text for row in rows]
+    assert console.find("tune-card").is_displayed()
+    assert not console.has("tune-terminated"), "a session that ran out of trials was not auto-terminated"
+    console.check(f"/ui/tune/{session.id}")
+    console.find("nav-tune").click()
+    console.wait(lambda: console.path == "/ui/tune", "the tune sessions list")
+    # A row names its session in its link or its data.
+    assert any(session.id in row.get_attribute("outerHTML") for row in console.all("tune-row"))
+    console.check("/ui/tune")
