@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specops_schemas.base import Id, Model, UtcDatetime
 from specops_schemas.candidates import Candidate, CandidateResult, Measurement
-from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, GateMethod, Mode, RunStatus
+from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, GateMethod, Mode, Role, RunStatus
 
 API_PREFIX = "/api/v1/inferenceiq/speculative"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -121,6 +121,41 @@ class RunStatusResponse(Model):
         description="Set (the reason) when the run completed without speculation because the tenant's "
         "security policy opts out (F-S3): nothing was measured and no candidate is offered.",
     )
+
+
+class RunSummary(Model):
+    """One row of `GET runs`: what a list of runs shows without each run's candidates."""
+
+    id: Id = Field(description="Run id.")
+    status: RunStatus = Field(description="Lifecycle stage.")
+    created_at: UtcDatetime = Field(description="When the run was accepted.")
+    target: Target = Field(description="Target model, GPU and engine.")
+    fingerprint: Fingerprint = Field(description="Workload fingerprint.")
+    winner_family: Family | None = Field(None, description="The winner's family once completed.")
+    measured_speedup: float | None = Field(
+        None, description="The winner's measured speedup; None until completed or when predicted only."
+    )
+    cache_hit: bool = Field(False, description="True when answered from the 30-day winner cache.")
+    speculation_disabled: str | None = Field(
+        None, description="Set (the reason) when the tenant's security policy opts out of speculation."
+    )
+
+
+class RunList(Model):
+    """Body of `GET runs`: the tenant's runs, newest first, one page."""
+
+    runs: list[RunSummary] = Field(description="Runs, newest first.")
+    next_before: Id | None = Field(
+        None, description="Pass as `before` for the next (older) page; None on the last page."
+    )
+
+
+class Me(Model):
+    """Body of `GET me`: who the caller is."""
+
+    token_id: str = Field(description="Id of the API token the request was authenticated with.")
+    tenant_id: Id = Field(description="The token's tenant: everything the caller sees is this tenant's.")
+    role: Role = Field(description="The token's role.")
 
 
 class ApplyRequest(Model):

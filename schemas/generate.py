@@ -17,7 +17,15 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 from specbus import subjects
 from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope
-from specops_schemas.api import ApplyRequest, ApplyResponse, Problem, RunCreateRequest, RunStatusResponse
+from specops_schemas.api import (
+    ApplyRequest,
+    ApplyResponse,
+    Me,
+    Problem,
+    RunCreateRequest,
+    RunList,
+    RunStatusResponse,
+)
 from specops_schemas.events import EVENT_TYPES
 from specops_schemas.heads import (
     HeadDataResponse,
@@ -28,15 +36,18 @@ from specops_schemas.heads import (
 )
 from specops_schemas.intake import IntakeAccepted, IntakeRejected, IntakeRequest
 from specops_schemas.registry import DatastoreList, DatastoreResponse
-from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionResponse
+from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionList, TuneSessionResponse
 
 API_MODELS: tuple[type[BaseModel], ...] = (
     RunCreateRequest,
     RunStatusResponse,
+    RunList,
+    Me,
     ApplyRequest,
     ApplyResponse,
     TuneSessionCreateRequest,
     TuneSessionResponse,
+    TuneSessionList,
     DatastoreResponse,
     DatastoreList,
     HeadDataResponse,

@@ -162,6 +162,29 @@ class TuneSessionResponse(Model):
     error: TuneError | None = Field(None, description="Set when status is `failed`.")
 
 
+class TuneSessionSummary(Model):
+    """One row of `GET tune-sessions`: what a list of sessions shows without each one's trials."""
+
+    id: Id = Field(description="Session id.")
+    status: TuneStatus = Field(description="Lifecycle stage.")
+    created_at: UtcDatetime = Field(description="When the session was accepted.")
+    run_id: Id = Field(description="The T1 run it tunes.")
+    best_value: float | None = Field(None, description="Best value so far; None while no trial passed.")
+    best_family: Family | None = Field(None, description="Family of the best trial so far.")
+    trials: int = Field(ge=0, description="Trials ended so far.")
+    auto_terminated: bool = Field(False, description="True when the 80 % rule ended the session early.")
+    termination_reason: str | None = Field(None, description="Why the session ended.")
+
+
+class TuneSessionList(Model):
+    """Body of `GET tune-sessions`: the tenant's sessions, newest first, one page."""
+
+    sessions: list[TuneSessionSummary] = Field(description="Sessions, newest first.")
+    next_before: Id | None = Field(
+        None, description="Pass as `before` for the next (older) page; None on the last page."
+    )
+
+
 # --- events ----------------------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ from specops_services.gateway import (
     tune_projector,
     tune_routes,
 )
+from specops_services.gateway.console import router as console
 from specops_services.gateway.limits import BodyLimit
 from specops_services.gateway.listen import claim_port, deployment_id, listening_socket
 from specops_services.gateway.listener import RunEventsListener
@@ -71,6 +72,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             heads_routes.HEAD_DATA_PATH: settings.datastore_max_bytes,
         },
     )
+    console.install(app)
     # Added last, so outermost: it counts what the body limit refuses too.
     app.add_middleware(HttpMetrics, templates=lambda: app.openapi()["paths"])
     app.include_router(routes.router)

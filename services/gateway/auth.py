@@ -1,4 +1,5 @@
-"""Bearer-token authentication and role checks, as FastAPI dependencies."""
+"""Authentication (a bearer token, or the console's session cookie) and role checks, as FastAPI
+dependencies."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
 
 from specops_schemas.catalog import Role
 from specops_services.gateway import db, logic
@@ -15,8 +16,15 @@ from specops_services.gateway.problems import problem, unauthorized
 from specplatform.db import Pool, role_transaction
 
 # auto_error=False: a missing header must become our 401 problem (with its challenge),
-# not FastAPI's plain 403. The scheme still documents bearer auth in the OpenAPI.
+# not FastAPI's plain 403. The schemes still document the two ways in, in the OpenAPI.
 _bearer = HTTPBearer(auto_error=False, description="An API token from `specops tokens create`.")
+_session = APIKeyCookie(
+    name=logic.SESSION_COOKIE,
+    auto_error=False,
+    description="The console's session (`POST /ui/sign-in`). POST, PUT, PATCH and DELETE with it "
+    f"need the `{logic.CSRF_HEADER}` header equal to the `{logic.CSRF_COOKIE}` cookie (403 otherwise).",
+)
+CSRF_REFUSED = "urn:specops:problem:csrf"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,17 +41,38 @@ def pool_of(request: Request) -> Pool:
     return pool
 
 
+async def principal_of(pool: Pool, token: str) -> Principal | None:
+    """The live token's principal, or None for a token unknown or revoked."""
+    async with pool.connection() as conn, role_transaction(conn, db.TOKEN_READER):
+        row = await db.find_token(conn, logic.hash_token(token))
+    return None if row is None else Principal(token_id=row.token_id, tenant_id=row.tenant_id, role=row.role)
+
+
 async def authenticate(
-    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    session: Annotated[str | None, Depends(_session)],
 ) -> Principal:
-    token = logic.bearer_token(request.headers.get("authorization"))
+    """The bearer token's principal; without an Authorization header, the session cookie's, whose
+    unsafe requests must also pass the CSRF check."""
+    authorization = request.headers.get("authorization")
+    if authorization is None and session:
+        principal = await principal_of(pool_of(request), session)
+        if principal is None:
+            raise unauthorized("the session's token is unknown or revoked: sign in again", invalid=True)
+        refusal = logic.csrf_refusal(
+            request.method, request.cookies.get(logic.CSRF_COOKIE), request.headers.get(logic.CSRF_HEADER)
+        )
+        if refusal is not None:
+            raise problem(403, refusal, type=CSRF_REFUSED)
+        return principal
+    token = logic.bearer_token(authorization)
     if credentials is None or token is None:
         raise unauthorized("send `Authorization: Bearer <token>`", invalid=False)
-    async with pool_of(request).connection() as conn, role_transaction(conn, db.TOKEN_READER):
-        row = await db.find_token(conn, logic.hash_token(token))
-    if row is None:
+    principal = await principal_of(pool_of(request), token)
+    if principal is None:
         raise unauthorized("the bearer token is unknown or revoked", invalid=True)
-    return Principal(token_id=row.token_id, tenant_id=row.tenant_id, role=row.role)
+    return principal
 
 
 def require(role: Role) -> Callable[[Principal], Awaitable[Principal]]:

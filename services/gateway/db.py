@@ -303,6 +303,27 @@ async def get_run(
     return None if row is None else _run_row(row)
 
 
+def page_query(table: str, columns: str) -> str:
+    """A page of a tenant's rows of `table`, newest first: (tenant_id, before, before, limit).
+
+    `before` (an id, or None for the first page) is a keyset cursor: the page starts after that
+    row in (created_at, id) order; an id the tenant has not gives an empty page.
+    """
+    return f"""SELECT {columns} FROM {table} WHERE tenant_id = %(tenant)s
+        AND (%(before)s::text IS NULL
+             OR (created_at, id) < (SELECT created_at, id FROM {table}
+                                    WHERE id = %(before)s AND tenant_id = %(tenant)s))
+        ORDER BY created_at DESC, id DESC LIMIT %(limit)s"""
+
+
+async def list_runs(conn: Connection, tenant_id: str, *, limit: int, before: str | None) -> list[RunRow]:
+    """Up to `limit` of the tenant's runs older than run `before` (all when None), newest first."""
+    cur = await conn.execute(
+        page_query("runs", _RUN_COLUMNS), {"tenant": tenant_id, "before": before, "limit": limit}
+    )
+    return [_run_row(r) for r in await cur.fetchall()]
+
+
 async def update_run(conn: Connection, run_id: str, state: RunState) -> None:
     await conn.execute(
         "UPDATE runs SET status = %s, result = %s, error = %s, cache_hit = %s, measured = %s WHERE id = %s",

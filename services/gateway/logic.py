@@ -11,14 +11,14 @@ import json
 import re
 import secrets
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from specbus.envelope import Envelope
 from specbus.subjects import ID_PATTERN
-from specops_schemas.api import RunCreateRequest, RunError, RunStatusResponse
+from specops_schemas.api import RunCreateRequest, RunError, RunStatusResponse, RunSummary
 from specops_schemas.base import UtcDatetime
 from specops_schemas.candidates import CandidateResult
 from specops_schemas.catalog import ErrorStage, Role, RunStatus
@@ -59,6 +59,33 @@ def bearer_token(authorization: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token or " " in token:
         return None
     return token
+
+
+# --- the console's session (a cookie) and its CSRF check ---------------------------------
+
+# The session cookie holds the API token (HttpOnly, SameSite=Strict); the CSRF cookie a random
+# value the console's script echoes in CSRF_HEADER (double submit), which a page of another
+# origin cannot read.
+SESSION_COOKIE = "specops_session"
+CSRF_COOKIE = "specops_csrf"
+CSRF_HEADER = "X-Specops-CSRF"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def new_csrf_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def csrf_refusal(method: str, cookie: str | None, header: str | None) -> str | None:
+    """Why a request authenticated by the session cookie is refused as a possible cross-site
+    forgery, or None: unsafe methods must echo the CSRF cookie in CSRF_HEADER."""
+    if method.upper() in SAFE_METHODS:
+        return None
+    if not cookie or not header:
+        return f"a request with the session cookie needs the {CSRF_HEADER} header (the {CSRF_COOKIE} cookie)"
+    if not secrets.compare_digest(cookie.encode(), header.encode()):
+        return f"the {CSRF_HEADER} header does not match the {CSRF_COOKIE} cookie"
+    return None
 
 
 # --- idempotency (draft-ietf-httpapi-idempotency-key-header) ------------------------------
@@ -298,6 +325,39 @@ def run_response(
             "speculation_disabled": state.speculation_disabled,
         }
     )
+
+
+def run_summary(run: RunStatusResponse) -> RunSummary:
+    """A run's row in `GET runs`: its target, workload and winner, without the candidates."""
+    winner = run.winner
+    return RunSummary(
+        id=run.id,
+        status=run.status,
+        created_at=run.created_at,
+        target=run.request.target,
+        fingerprint=run.request.workload.fingerprint,
+        winner_family=None if winner is None else winner.candidate.family,
+        measured_speedup=None if winner is None or winner.measurement is None else winner.measurement.speedup,
+        cache_hit=run.cache_hit,
+        speculation_disabled=run.speculation_disabled,
+    )
+
+
+# --- listing pages ------------------------------------------------------------------------
+
+# `GET runs` and `GET tune-sessions`: rows per page by default and at most.
+PAGE_DEFAULT = 50
+PAGE_MAX = 200
+T = TypeVar("T")
+
+
+def next_before(rows: list[T], limit: int, row_id: Callable[[T], str]) -> tuple[list[T], str | None]:
+    """A page from up to `limit + 1` rows read: its rows, and the cursor of the next page (the
+    id of its last row) when the extra row shows there is one."""
+    if len(rows) <= limit:
+        return rows, None
+    page = rows[:limit]
+    return page, row_id(page[-1])
 
 
 def apply_conflict(state: RunState) -> str | None:

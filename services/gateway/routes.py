@@ -7,11 +7,19 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 import psycopg
-from fastapi import APIRouter, Body, Depends, Header, Path, Request
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
-from specops_schemas.api import API_PREFIX, ApplyRequest, ApplyResponse, RunCreateRequest, RunStatusResponse
+from specops_schemas.api import (
+    API_PREFIX,
+    ApplyRequest,
+    ApplyResponse,
+    Me,
+    RunCreateRequest,
+    RunList,
+    RunStatusResponse,
+)
 from specops_services.gateway import logic, runs, sse
 from specops_services.gateway.auth import Developer, Principal, Viewer, pool_of
 from specops_services.gateway.problems import first_line, problem, responses
@@ -34,6 +42,16 @@ LAST_EVENT_ID_DOC = "The `id` of the last event received; the stream resumes aft
 
 IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", description=IDEMPOTENCY_DOC)]
 RunId = Annotated[str, Path(description="Run id, as returned by `POST runs`.")]
+PageLimit = Annotated[
+    int, Query(ge=1, le=logic.PAGE_MAX, description="Most rows in the page (the newest first).")
+]
+Before = Annotated[
+    str | None,
+    Query(
+        max_length=128,
+        description="The previous page's `next_before`: the page starts after that row. Omit for the newest.",
+    ),
+]
 
 
 def _key(raw: str | None) -> str | None:
@@ -75,6 +93,31 @@ async def create_run(
     fingerprint = await _fingerprint(request)
     reply = await runs.create_run(pool_of(request), principal, body, key, fingerprint, max_active_runs=limit)
     return _json(reply)
+
+
+@router.get(
+    "/me",
+    response_model=Me,
+    tags=["auth"],
+    summary="Who the caller is: token id, tenant and role",
+    responses=responses(401, 403, 500, 503),
+)
+async def get_me(principal: Viewer) -> Me:
+    return Me(token_id=principal.token_id, tenant_id=principal.tenant_id, role=principal.role)
+
+
+@router.get(
+    "/runs",
+    response_model=RunList,
+    summary="The tenant's runs, newest first",
+    description="One page of runs without their candidates (`GET runs/{id}` has those); "
+    "follow `next_before` for older ones.",
+    responses=responses(401, 403, 422, 500, 503),
+)
+async def list_runs(
+    request: Request, principal: Viewer, limit: PageLimit = logic.PAGE_DEFAULT, before: Before = None
+) -> RunList:
+    return await runs.list_runs(pool_of(request), principal, limit=limit, before=before)
 
 
 @router.get(

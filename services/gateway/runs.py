@@ -22,6 +22,7 @@ from specops_schemas.api import (
     Problem,
     ProblemFieldError,
     RunCreateRequest,
+    RunList,
     RunStatusResponse,
 )
 from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunRequested
@@ -291,6 +292,14 @@ async def read_run(pool: Pool, principal: Principal, run_id: str) -> RunStatusRe
     if row is None:
         raise not_found("run", run_id)
     return _response(row)
+
+
+async def list_runs(pool: Pool, principal: Principal, *, limit: int, before: str | None) -> RunList:
+    """A page of the tenant's runs, newest first."""
+    async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
+        rows = await db.list_runs(conn, principal.tenant_id, limit=limit + 1, before=before)
+    page, cursor = logic.next_before(rows, limit, lambda row: row.run_id)
+    return RunList(runs=[logic.run_summary(_response(row)) for row in page], next_before=cursor)
 
 
 # --- POST runs/{id}/apply -------------------------------------------------------------------

@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 
 from specbus.envelope import Envelope
 from specops_schemas.tune import TuneSessionResponse, TuneStatus
-from specops_services.gateway.db import EventRow
+from specops_services.gateway.db import EventRow, page_query
 from specops_services.gateway.tune_logic import Source
 from specplatform.db import Connection
 
@@ -82,6 +82,16 @@ async def get_session(
     )
     row = await cur.fetchone()
     return None if row is None else _row(row)
+
+
+async def list_sessions(
+    conn: Connection, tenant_id: str, *, limit: int, before: str | None
+) -> list[SessionRow]:
+    """Up to `limit` of the tenant's sessions older than session `before` (all when None), newest first."""
+    cur = await conn.execute(
+        page_query("tune_sessions", _COLUMNS), {"tenant": tenant_id, "before": before, "limit": limit}
+    )
+    return [_row(r) for r in await cur.fetchall()]
 
 
 async def update_session(conn: Connection, session: TuneSessionResponse) -> None:

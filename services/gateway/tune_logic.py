@@ -28,6 +28,7 @@ from specops_schemas.tune import (
     TuneImproved,
     TuneRequested,
     TuneSessionResponse,
+    TuneSessionSummary,
     TuneSpaceNarrowed,
     TuneStarted,
     TuneStatus,
@@ -218,6 +219,22 @@ def cache_answer(
         winner=winner,
         candidates=[winner, *(c for c in source.candidates if c.candidate.candidate_id != won)],
         pareto_front=[won, *(c for c in source.pareto_front if c != won)],
+    )
+
+
+def session_summary(session: TuneSessionResponse, run_id: str) -> TuneSessionSummary:
+    """A session's row in `GET tune-sessions`: its state and best so far, without the trials."""
+    best = session.best
+    return TuneSessionSummary(
+        id=session.id,
+        status=session.status,
+        created_at=session.created_at,
+        run_id=run_id,
+        best_value=None if best is None else best.value,
+        best_family=None if best is None else best.candidate.family,
+        trials=sum(1 for trial in session.trials if trial.state != "running"),
+        auto_terminated=session.auto_terminated,
+        termination_reason=session.termination_reason,
     )
 
 

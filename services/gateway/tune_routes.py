@@ -10,12 +10,14 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from specops_schemas.api import API_PREFIX, ApplyRequest, ApplyResponse
-from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionResponse
-from specops_services.gateway import tune_sessions
+from specops_schemas.tune import TuneSessionCreateRequest, TuneSessionList, TuneSessionResponse
+from specops_services.gateway import logic, tune_sessions
 from specops_services.gateway.auth import Developer, Viewer, pool_of
 from specops_services.gateway.problems import responses
 from specops_services.gateway.routes import (
+    Before,
     IdempotencyKey,
+    PageLimit,
     _fingerprint,
     _json,
     _key,
@@ -58,6 +60,20 @@ async def create_session(
     fingerprint = await _fingerprint(request)
     reply = await tune_sessions.create_session(pool_of(request), principal, body, key, fingerprint)
     return _json(reply)
+
+
+@router.get(
+    "/tune-sessions",
+    response_model=TuneSessionList,
+    summary="The tenant's tune sessions, newest first",
+    description="One page of sessions without their trials (`GET tune-sessions/{id}` has those); "
+    "follow `next_before` for older ones.",
+    responses=responses(401, 403, 422, 500, 503),
+)
+async def list_sessions(
+    request: Request, principal: Viewer, limit: PageLimit = logic.PAGE_DEFAULT, before: Before = None
+) -> TuneSessionList:
+    return await tune_sessions.list_sessions(pool_of(request), principal, limit=limit, before=before)
 
 
 @router.get(

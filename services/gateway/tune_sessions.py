@@ -14,7 +14,7 @@ from specbus.envelope import new_event
 from specops_schemas import engine_flags
 from specops_schemas.api import ApplyRequest
 from specops_schemas.candidates import CandidateResult
-from specops_schemas.tune import TuneRequested, TuneSessionCreateRequest, TuneSessionResponse
+from specops_schemas.tune import TuneRequested, TuneSessionCreateRequest, TuneSessionList, TuneSessionResponse
 from specops_services.gateway import (
     curve,
     db,
@@ -104,6 +104,18 @@ async def _read(pool: Pool, principal: Principal, session_id: str) -> tune_db.Se
 
 async def read_session(pool: Pool, principal: Principal, session_id: str) -> TuneSessionResponse:
     return response(await _read(pool, principal, session_id))
+
+
+async def list_sessions(
+    pool: Pool, principal: Principal, *, limit: int, before: str | None
+) -> TuneSessionList:
+    """A page of the tenant's tune sessions, newest first."""
+    async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
+        rows = await tune_db.list_sessions(conn, principal.tenant_id, limit=limit + 1, before=before)
+    page, cursor = logic.next_before(rows, limit, lambda row: row.session_id)
+    return TuneSessionList(
+        sessions=[tune_logic.session_summary(row.session, row.run_id) for row in page], next_before=cursor
+    )
 
 
 async def require_session(pool: Pool, principal: Principal, session_id: str) -> None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -21,6 +20,17 @@ import nats
 import psycopg
 import pytest
 from fixtures import bus
+from fixtures.flows import (
+    SESSIONS,
+    T1_OTHER,
+    T1_WINNER,
+    WAIT_S,
+    completed_run,
+    published,
+    start,
+    tuner_flow,
+    wait_session,
+)
 from fixtures.gateway import (
     RUNS,
     Gateway,
@@ -32,202 +42,21 @@ from fixtures.gateway import (
 )
 from fixtures.postgres import PostgresCluster
 
-from specbus.envelope import Envelope, new_event
-from specbus.subjects import RESULTS_STREAM, STREAM, result_subject
+from specbus.envelope import new_event
+from specbus.subjects import RESULTS_STREAM, result_subject
 from specops.client import Retry, SpecopsAPIError, SpeculativeClient
 from specops.commands import tune as tune_cli
 from specops.runtime.rebuild import diff, rebuild
-from specops_schemas.api import API_PREFIX, PROBLEM_MEDIA_TYPE, RunCreateRequest
-from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Measurement, Prediction
-from specops_schemas.catalog import Family, GateMethod
+from specops_schemas.api import PROBLEM_MEDIA_TYPE
+from specops_schemas.catalog import Family
 from specops_schemas.events import RunCompleted
 from specops_schemas.tune import (
-    CurvePoint,
-    Dimension,
-    TrialResult,
-    TuneCompleted,
     TuneFailed,
-    TuneImproved,
-    TuneSpaceNarrowed,
-    TuneStarted,
-    TuneTrialCompleted,
 )
 from specops_services.audit.replay import ReplayStart
 from specops_services.gateway.app import create_app
 
-SESSIONS = f"{API_PREFIX}/tune-sessions"
-WAIT_S = 15.0
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-# --- the T1 run's answer, as the predictor publishes it ---------------------------------------------
-
-NGRAM4 = Candidate(
-    candidate_id="ngram-k4", family=Family.NGRAM, k=4, options={"ngram_min": 1, "ngram_max": 4}
-)
-NGRAM6 = Candidate(
-    candidate_id="ngram-k6", family=Family.NGRAM, k=6, options={"ngram_min": 1, "ngram_max": 4}
-)
-LOOKAHEAD = Candidate(candidate_id="lookahead-k5", family=Family.LOOKAHEAD, k=5)
-PREDICTION = Prediction(
-    rank=1, score=1.0, acceptance_rate=0.5, mean_acceptance_length=1.9, speedup=1.5, extra_memory_bytes=0
-)
-GATE = GateOutcome(method=GateMethod.TOPK5, passed=True, score=0.99, threshold=0.95)
-
-
-def measurement(candidate_id: str, speedup: float) -> Measurement:
-    return Measurement(
-        candidate_id=candidate_id,
-        reps=2,
-        tokens_per_s=30.0 * speedup,
-        tokens_per_s_stdev=0.5,
-        speedup=speedup,
-        acceptance_rate=0.5,
-        mean_acceptance_length=1.9,
-        per_position_acceptance=[0.6, 0.5, 0.4, 0.3],
-        ttft_s=0.1,
-        tpot_s=0.03,
-        extra_memory_bytes=0,
-    )
-
-
-T1_WINNER = CandidateResult(
-    candidate=NGRAM4, prediction=PREDICTION, measurement=measurement("ngram-k4", 1.4), gate=GATE
-)
-T1_OTHER = CandidateResult(candidate=LOOKAHEAD, prediction=PREDICTION.model_copy(update={"rank": 2}))
-TUNED_WINNER = CandidateResult(
-    candidate=NGRAM6, prediction=PREDICTION, measurement=measurement("ngram-k6", 1.6), gate=GATE
-)
-
-
-async def completed_run(gw: Gateway, who: str = "dev", *, measured: bool = True) -> str:
-    """A T1 run of `who`'s tenant, completed by the predictor's run.completed."""
-    run_id: str = (await gw.create(who)).json()["id"]
-    tenant = "globex" if who == "other" else "acme"
-    winner = T1_WINNER if measured else T1_WINNER.model_copy(update={"measurement": None, "gate": None})
-    answer = RunCompleted(
-        run_id=run_id,
-        cache_hit=False,
-        measured=measured,
-        winner=winner,
-        candidates=[winner, T1_OTHER],
-        pareto_front=["ngram-k4", "lookahead-k5"],
-    )
-    event = new_event(answer, tenant_id=tenant, correlation_id=run_id, producer="predictor")
-    # As the predictor would: after the gateway's own events are on the stream.
-    await published(gw.nats_url, f"spec.run.{run_id}.queued")
-    await bus.publish_all(gw.nats_url, [event])
-    await gw.wait_status(run_id, "completed", who)
-    return run_id
-
-
-# --- what the tuner publishes -------------------------------------------------------------------
-
-
-def trial(n: int, candidate: Candidate, value: float | None, *, seeded: bool = False) -> TrialResult:
-    at = datetime(2026, 11, 25, 12, 0, tzinfo=UTC) + timedelta(minutes=n)
-    common: dict[str, Any] = {
-        "trial": n,
-        "bench_id": f"bench-{n:032x}",
-        "candidate": candidate,
-        "params": {"family": str(candidate.family), "k": candidate.k},
-        "seeded": seeded,
-        "started_at": at,
-        "finished_at": at + timedelta(seconds=50),
-    }
-    if value is None:
-        return TrialResult(
-            **common, state="failed", error_stage="quality_gate", error_message="topk5 agreement 0.80 < 0.95"
-        )
-    return TrialResult(
-        **common,
-        state="complete",
-        value=value,
-        speedup=value,
-        speedup_stdev=0.04,
-        measurement=measurement(candidate.candidate_id, value),
-        gate=GATE,
-    )
-
-
-TRIALS = [trial(0, NGRAM4, 1.4, seeded=True), trial(1, LOOKAHEAD, None), trial(2, NGRAM6, 1.6)]
-CURVE = [
-    CurvePoint(trial=0, elapsed_s=60.0, value=1.4, best_value=1.4),
-    CurvePoint(trial=1, elapsed_s=120.0, value=None, best_value=1.4),
-    CurvePoint(trial=2, elapsed_s=180.0, value=1.6, best_value=1.6),
-]
-
-
-def _then(events: list[Envelope[Any]], payload: Any) -> Envelope[Any]:
-    return events[-1].follow(payload, producer="tuner")
-
-
-def tuner_flow(session_id: str, run_id: str, tenant: str = "acme") -> list[Envelope[Any]]:
-    """A short session as the tuner publishes it: start, three trials (one failed), narrowing, end."""
-    t0 = datetime.now(UTC)
-    started = new_event(
-        TuneStarted(
-            session_id=session_id,
-            space=[
-                Dimension(name="family", choices=["ngram", "lookahead"]),
-                Dimension(name="k", choices=[2, 4, 6]),
-                Dimension(name="ngram.ngram_min", choices=[1, 2], family="ngram"),
-            ],
-            seeded=1,
-            budget_s=600.0,
-            started_at=t0,
-            deadline=t0 + timedelta(seconds=600),
-        ),
-        tenant_id=tenant,
-        correlation_id=session_id,
-        producer="tuner",
-    )
-    events: list[Envelope[Any]] = [started]
-    for result, point in zip(TRIALS, CURVE, strict=True):
-        events.append(_then(events, TuneTrialCompleted(session_id=session_id, result=result, point=point)))
-        if result.value is not None:
-            events.append(
-                _then(
-                    events,
-                    TuneImproved(
-                        session_id=session_id,
-                        best=result,
-                        previous_value=None if result.trial == 0 else 1.4,
-                    ),
-                )
-            )
-    events.append(
-        _then(
-            events,
-            TuneSpaceNarrowed(
-                session_id=session_id,
-                importances={"family": 0.7, "k": 0.28, "ngram.ngram_min": 0.02},
-                dropped={"ngram.ngram_min": 1},
-                after_trials=2,
-            ),
-        )
-    )
-    events.append(
-        _then(
-            events,
-            TuneCompleted(
-                session_id=session_id,
-                run_id=run_id,
-                run_request=RunCreateRequest.model_validate(run_body()),
-                winner=TUNED_WINNER,
-                baseline=None,
-                best=TRIALS[2],
-                trials=3,
-                failed_trials=1,
-                curve=CURVE,
-                auto_terminated=False,
-                reason="max_trials: 3 trials run",
-                elapsed_s=185.0,
-                downtime_s=0.0,
-            ),
-        )
-    )
-    return events
-
 
 # --- fixtures and helpers -------------------------------------------------------------------------
 
@@ -244,40 +73,6 @@ def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
     body: dict[str, Any] = response.json()
     assert body["status"] == status and body["title"]
     return body
-
-
-async def start(gw: Gateway, run_id: str, who: str = "dev", **fields: Any) -> httpx.Response:
-    body = {"run_id": run_id, "budget_minutes": 10, "reps": 2} | fields
-    return await gw.client.post(SESSIONS, json=body, headers=gw.auth(who))
-
-
-async def wait_session(gw: Gateway, session_id: str, until: Any, who: str = "dev") -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        body: dict[str, Any] = (await gw.client.get(f"{SESSIONS}/{session_id}", headers=gw.auth(who))).json()
-        if until(body):
-            return body
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"session {session_id} is {body}")
-        await asyncio.sleep(0.05)
-
-
-async def published(nats_url: str, subject: str, stream: str = STREAM) -> dict[str, Any]:
-    """The last event on `subject` of `stream`, once the outbox relay has put it there."""
-    nc = await nats.connect(nats_url)
-    try:
-        deadline = time.monotonic() + WAIT_S
-        while True:
-            try:
-                msg = await nc.jetstream().get_last_msg(stream, subject)
-                event: dict[str, Any] = json.loads(msg.data or b"{}")
-                return event
-            except nats.js.errors.NotFoundError:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
-    finally:
-        await nc.close()
 
 
 def sse_events(text: str) -> list[dict[str, str]]:

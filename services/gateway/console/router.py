@@ -1,0 +1,279 @@
+"""The console's pages under /ui: each loads what it shows through the gateway's own service
+functions (so tenant scoping, roles and 404s are the API's) and renders a template; the pages'
+script then talks to the API itself. `install` mounts it on the gateway app."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, Field
+
+from specops_schemas.api import API_PREFIX, Problem
+from specops_schemas.catalog import Fingerprint, GateMethod, Mode, Role
+from specops_schemas.security import SECURITY_ADR, JitterMode, SecurityTier
+from specops_services.gateway import (
+    db,
+    heads,
+    heads_logic,
+    logic,
+    runs,
+    security,
+    sse,
+    tune_logic,
+    tune_sessions,
+)
+from specops_services.gateway.auth import Principal, Viewer, pool_of, principal_of, require
+from specops_services.gateway.console import fingerprint, session, views
+from specops_services.gateway.console.headers import ConsoleHeaders
+from specops_services.gateway.problems import ProblemError, problem
+from specplatform.db import tenant_transaction
+
+HERE = Path(__file__).parent
+STATIC = f"{views.UI}/static"
+FAVICON = f"{STATIC}/favicon.svg"
+templates = Jinja2Templates(directory=HERE / "templates")
+router = APIRouter(prefix=views.UI, include_in_schema=False)
+
+Load = Callable[[Principal], Awaitable[dict[str, Any]]]
+
+
+def install(app: FastAPI) -> None:
+    """Mount the console on the gateway: pages, static files, favicon, headers."""
+    # The static mount first: the router's catch-all 404 page would otherwise answer its paths.
+    app.mount(STATIC, StaticFiles(directory=HERE / "static"), name="console-static")
+    app.include_router(router)
+    app.add_api_route(
+        "/favicon.ico", lambda: RedirectResponse(FAVICON, status_code=308), include_in_schema=False
+    )
+    app.add_middleware(ConsoleHeaders, prefixes=(views.UI, "/favicon.ico"))
+
+
+# --- rendering --------------------------------------------------------------------------------
+
+
+def _render(
+    request: Request, name: str, principal: Principal | None, context: dict[str, Any], status: int = 200
+) -> Response:
+    common = {
+        "principal": principal,
+        "nav": views.nav(principal.role) if principal else [],
+        "csrf": request.cookies.get(logic.CSRF_COOKIE, ""),
+        "static": STATIC,
+        "favicon": FAVICON,
+        "api": API_PREFIX,
+    }
+    return templates.TemplateResponse(request, name, common | context, status_code=status)
+
+
+def _error(request: Request, principal: Principal | None, body: Problem) -> Response:
+    return _render(request, "error.html", principal, {"problem": body}, status=body.status)
+
+
+async def _page(request: Request, name: str, load: Load) -> Response:
+    """The page for the signed-in principal, its problem as an error page, or the way to sign in."""
+    principal = await session.page_principal(request)
+    if principal is None:
+        return RedirectResponse(views.SIGN_IN, status_code=303)
+    try:
+        context = await load(principal)
+    except ProblemError as exc:
+        return _error(request, principal, exc.problem)
+    return _render(request, name, principal, context)
+
+
+async def _events(request: Request, principal: Principal, feed: sse.Feed) -> list[db.EventRow]:
+    """Every event of a feed so far: the page shows them, and its script follows on after the last."""
+    rows: list[db.EventRow] = []
+    async with pool_of(request).connection() as conn, tenant_transaction(conn, principal.tenant_id):
+        while True:
+            _, batch = await feed.read(conn, rows[-1].seq if rows else 0)
+            if not batch:
+                return rows
+            rows += batch
+
+
+def _last_seq(rows: list[db.EventRow]) -> int:
+    return rows[-1].seq if rows else 0
+
+
+# --- sign-in ----------------------------------------------------------------------------------
+
+
+@router.get("")
+async def home() -> RedirectResponse:
+    return RedirectResponse(f"{views.UI}/runs", status_code=303)
+
+
+@router.get("/sign-in")
+async def sign_in_form(request: Request) -> Response:
+    return _render(request, "sign_in.html", None, {"error": None})
+
+
+@router.post("/sign-in")
+async def sign_in(request: Request) -> Response:
+    token = (await session.form_field(request, "token")).strip()
+    if token and await principal_of(pool_of(request), token) is not None:
+        return session.signed_in(request, token, f"{views.UI}/runs")
+    # 200, not 401: the form is shown again with the reason, as any invalid form is.
+    return _render(request, "sign_in.html", None, {"error": "That token is unknown or revoked."})
+
+
+@router.post("/sign-out")
+async def sign_out(request: Request) -> Response:
+    refusal = await session.form_csrf_refusal(request)
+    if refusal is not None:
+        return _error(request, None, Problem(title="Forbidden", status=403, detail=refusal))
+    return session.signed_out(views.SIGN_IN)
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+
+@router.get("/runs")
+async def runs_page(request: Request) -> Response:
+    async def load(principal: Principal) -> dict[str, Any]:
+        page = await runs.list_runs(pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=None)
+        return {"runs": page.runs, "views": views}
+
+    return await _page(request, "runs.html", load)
+
+
+@router.get("/runs/new")
+async def new_run_page(request: Request) -> Response:
+    async def load(principal: Principal) -> dict[str, Any]:
+        await require(Role.DEVELOPER)(principal)
+        return {
+            "engines": views.engines(),
+            "modes": [mode.value for mode in Mode],
+            "gates": [gate.value for gate in GateMethod],
+            "fingerprints": [value.value for value in Fingerprint],
+            "questions": fingerprint.QUESTIONS,
+            "wizard_table": json.dumps(fingerprint.wizard_table()),
+        }
+
+    return await _page(request, "new_run.html", load)
+
+
+@router.get("/runs/{run_id}")
+async def run_page(request: Request, run_id: str) -> Response:
+    async def load(principal: Principal) -> dict[str, Any]:
+        run = await runs.read_run(pool_of(request), principal, run_id)
+        events = await _events(request, principal, runs.event_feed(run_id))
+        return {
+            "run": run,
+            "events": events,
+            "last_seq": _last_seq(events),
+            "ended": run.status in logic.TERMINAL_STATUSES,
+            "terminal_types": " ".join(sorted(logic.TERMINAL_EVENT_TYPES)),
+            "hero": views.hero(run.winner) if run.winner else None,
+            "can_apply": views.can_apply(principal.role, run),
+            "views": views,
+        }
+
+    return await _page(request, "run.html", load)
+
+
+class SamplePrompts(BaseModel):
+    prompts: str = Field(max_length=1_000_000, description="Sample prompts, separated by blank lines.")
+
+
+@router.post("/fingerprint")
+async def infer_fingerprint(body: SamplePrompts, principal: Viewer) -> JSONResponse:
+    """The fingerprint pasted sample prompts look like (the new-run page's `infer-fingerprint`)."""
+    inference = fingerprint.infer(fingerprint.split_prompts(body.prompts))
+    if inference is None:
+        raise problem(422, "paste at least one sample prompt")
+    return JSONResponse({"fingerprint": inference.fingerprint.value, "votes": inference.votes})
+
+
+# --- tune sessions ------------------------------------------------------------------------------
+
+
+@router.get("/tune")
+async def tune_list_page(request: Request) -> Response:
+    async def load(principal: Principal) -> dict[str, Any]:
+        page = await tune_sessions.list_sessions(
+            pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=None
+        )
+        return {"sessions": page.sessions, "views": views}
+
+    return await _page(request, "tune_list.html", load)
+
+
+@router.get("/tune/{session_id}")
+async def tune_page(request: Request, session_id: str) -> Response:
+    async def load(principal: Principal) -> dict[str, Any]:
+        session_ = await tune_sessions.read_session(pool_of(request), principal, session_id)
+        events = await _events(request, principal, tune_sessions.event_feed(session_id))
+        return {
+            "session": session_,
+            "last_seq": _last_seq(events),
+            "ended": session_.status in tune_logic.TERMINAL_STATUSES,
+            "terminal_types": " ".join(sorted(tune_logic.TERMINAL_EVENT_TYPES)),
+            "curve": views.curve_json(session_),
+            "views": views,
+        }
+
+    return await _page(request, "tune.html", load)
+
+
+# --- heads ------------------------------------------------------------------------------------
+
+
+@router.get("/heads")
+async def heads_page(request: Request) -> Response:
+    async def load(principal: Principal) -> dict[str, Any]:
+        return {"heads": (await heads.list_heads(pool_of(request), principal)).heads}
+
+    return await _page(request, "heads.html", load)
+
+
+@router.get("/heads/{head_id}")
+async def head_page(request: Request, head_id: str) -> Response:
+    async def load(principal: Principal) -> dict[str, Any]:
+        head = await heads.read_head(pool_of(request), principal, head_id)
+        events = await _events(request, principal, heads.event_feed(head_id))
+        moves = views.head_moves(head.state, principal.role)
+        return {
+            "head": head,
+            "last_seq": _last_seq(events),
+            "ended": head.state in heads_logic.FINAL_STATES,
+            "moves": moves,
+            "needs_rationale": views.needs_rationale(moves),
+            "progress": views.train_progress(head),
+            "views": views,
+        }
+
+    return await _page(request, "head.html", load)
+
+
+# --- security ---------------------------------------------------------------------------------
+
+
+@router.get("/security")
+async def security_page(request: Request) -> Response:
+    async def load(principal: Principal) -> dict[str, Any]:
+        await require(Role.ADMIN)(principal)
+        return {
+            "policy": await security.read_policy(pool_of(request), principal),
+            "tiers": [tier.value for tier in SecurityTier],
+            "jitter_modes": [mode.value for mode in JitterMode],
+            "adr": SECURITY_ADR,
+        }
+
+    return await _page(request, "security.html", load)
+
+
+@router.get("/{rest:path}")
+async def not_found(request: Request, rest: str) -> Response:
+    async def load(principal: Principal) -> dict[str, Any]:
+        raise problem(404, f"the console has no page /ui/{rest}")
+
+    return await _page(request, "error.html", load)
