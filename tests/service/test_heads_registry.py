@@ -22,29 +22,31 @@ import psycopg
 import pytest
 from fixtures import bus
 from fixtures.gateway import ServerThread, gateway_settings, issue_tokens, run_body, running_gateway
+from fixtures.head_flows import (
+    ARTIFACT,
+    HEADS,
+    JSONL,
+    SHA,
+    WAIT_S,
+    train_body,
+    trainer_flow,
+    wait_head,
+)
 from fixtures.postgres import PostgresCluster
 from nats.js import JetStreamContext
 
 from specbus import make_broker
 from specbus.dlq import DeadLetter
-from specbus.envelope import Envelope, new_event
+from specbus.envelope import new_event
 from speccatalog.artifacts import head_data_path
 from specops.client import SpecopsAPIError, SpeculativeClient
 from specops.commands import heads as heads_cli
 from specops.runtime.rebuild import diff, rebuild
-from specops_schemas.api import API_PREFIX
 from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Prediction
 from specops_schemas.catalog import ErrorStage, Family, GateMethod, Role
 from specops_schemas.events import RunCompleted
 from specops_schemas.heads import (
-    HeadArtifact,
-    HeadEpoch,
-    HeadEpochCompleted,
     HeadFailed,
-    HeadGated,
-    HeadGateResult,
-    HeadTrained,
-    HeadTrainingStarted,
     HeadTrainRequest,
 )
 from specops_services.audit.app import subscribe as subscribe_audit
@@ -53,97 +55,10 @@ from specops_services.gateway.app import create_app
 from specops_services.gateway.tokens import issue_token
 from specplatform.db import create_pool
 
-HEADS = f"{API_PREFIX}/heads"
-WAIT_S = 15.0
-SHA = "c" * 64
-EXAMPLES = [{"prompt": f"Q{i}: what is {i} + {i}?", "completion": f" {2 * i}."} for i in range(6)]
-JSONL = "".join(json.dumps(e) + "\n" for e in EXAMPLES)
-ARTIFACT = HeadArtifact(
-    sha256=SHA, path=f"heads/acme/{SHA}", weights_sha256=SHA, target_weights="fp", num_heads=2, params=1000
-)
 PREDICTION = Prediction(
     rank=1, score=1.0, acceptance_rate=0.5, mean_acceptance_length=1.9, speedup=1.5, extra_memory_bytes=0
 )
 GATE = GateOutcome(method=GateMethod.TOPK5, passed=True, score=0.99, threshold=0.95)
-
-
-def gate_result(passed: bool) -> HeadGateResult:
-    return HeadGateResult(
-        passed=passed,
-        reason="lossless; acceptance 0.41 >= 0.20" if passed else "lossless; acceptance 0.05 < 0.20",
-        lossless=True,
-        acceptance_rate=0.41 if passed else 0.05,
-        mean_acceptance_length=1.8,
-        speedup=1.1,
-        tokens_per_s=40.0,
-        baseline_tokens_per_s=36.0,
-        n_prompts=2,
-        max_new_tokens=16,
-        hardware="cpu",
-    )
-
-
-def train_body(train: str, **fields: Any) -> dict[str, Any]:
-    return {
-        "target": "smollm2-135m-instruct",
-        "family": "medusa",
-        "train_data": train,
-        "num_heads": 2,
-    } | fields
-
-
-def trainer_flow(
-    head_id: str, request: dict[str, Any], *, passed: bool, tenant: str = "acme"
-) -> list[Envelope[Any]]:
-    """What the head-trainer and the quality gate would publish for a head."""
-
-    def ev(payload: Any, producer: str) -> Envelope[Any]:
-        return new_event(payload, tenant_id=tenant, correlation_id=head_id, producer=producer)
-
-    point = HeadEpoch(
-        epoch=1,
-        steps=4,
-        tokens_seen=300,
-        train_loss=3.2,
-        heldout={"chain_mean_acceptance_length": 1.4},
-        elapsed_s=2.0,
-    )
-    return [
-        ev(HeadTrainingStarted(head_id=head_id, resumed_from_step=None, hardware="cpu"), "head-trainer"),
-        ev(
-            HeadEpochCompleted(
-                head_id=head_id, epoch=point.model_copy(update={"epoch": 0, "train_loss": None, "steps": 0})
-            ),
-            "head-trainer",
-        ),
-        ev(HeadEpochCompleted(head_id=head_id, epoch=point), "head-trainer"),
-        ev(
-            HeadTrained(
-                head_id=head_id,
-                request=HeadTrainRequest.model_validate(request),
-                heldout_path=None,
-                train_path="head-data/acme/x.jsonl",
-                artifact=ARTIFACT,
-                stopped_by="epochs",
-                steps=4,
-                tokens_seen=300,
-                train_seconds=2.0,
-            ),
-            "head-trainer",
-        ),
-        ev(HeadGated(head_id=head_id, artifact=ARTIFACT, result=gate_result(passed)), "quality-gate"),
-    ]
-
-
-async def wait_head(gw: Any, head_id: str, state: str, who: str = "dev") -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        body: dict[str, Any] = (await gw.client.get(f"{HEADS}/{head_id}", headers=gw.auth(who))).json()
-        if body.get("state") == state:
-            return body
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"head {head_id} is {body.get('state')}, not {state}: {body}")
-        await asyncio.sleep(0.05)
 
 
 def sse_events(text: str) -> list[dict[str, str]]:

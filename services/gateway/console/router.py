@@ -13,6 +13,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from pydantic import BaseModel, Field
 
 from specops_schemas.api import API_PREFIX, Problem
@@ -38,7 +39,12 @@ from specplatform.db import tenant_transaction
 HERE = Path(__file__).parent
 STATIC = f"{views.UI}/static"
 FAVICON = f"{STATIC}/favicon.svg"
-templates = Jinja2Templates(directory=HERE / "templates")
+# Strict: a name a template uses but its page did not pass is an error, not an empty string.
+templates = Jinja2Templates(
+    env=Environment(
+        loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(), undefined=StrictUndefined
+    )
+)
 router = APIRouter(prefix=views.UI, include_in_schema=False)
 
 Load = Callable[[Principal], Awaitable[dict[str, Any]]]
@@ -68,6 +74,7 @@ def _render(
         "static": STATIC,
         "favicon": FAVICON,
         "api": API_PREFIX,
+        "views": views,
     }
     return templates.TemplateResponse(request, name, common | context, status_code=status)
 
@@ -140,7 +147,7 @@ async def sign_out(request: Request) -> Response:
 async def runs_page(request: Request) -> Response:
     async def load(principal: Principal) -> dict[str, Any]:
         page = await runs.list_runs(pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=None)
-        return {"runs": page.runs, "views": views}
+        return {"runs": page.runs}
 
     return await _page(request, "runs.html", load)
 
@@ -174,7 +181,6 @@ async def run_page(request: Request, run_id: str) -> Response:
             "terminal_types": " ".join(sorted(logic.TERMINAL_EVENT_TYPES)),
             "hero": views.hero(run.winner) if run.winner else None,
             "can_apply": views.can_apply(principal.role, run),
-            "views": views,
         }
 
     return await _page(request, "run.html", load)
@@ -202,7 +208,7 @@ async def tune_list_page(request: Request) -> Response:
         page = await tune_sessions.list_sessions(
             pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=None
         )
-        return {"sessions": page.sessions, "views": views}
+        return {"sessions": page.sessions}
 
     return await _page(request, "tune_list.html", load)
 
@@ -218,7 +224,6 @@ async def tune_page(request: Request, session_id: str) -> Response:
             "ended": session_.status in tune_logic.TERMINAL_STATUSES,
             "terminal_types": " ".join(sorted(tune_logic.TERMINAL_EVENT_TYPES)),
             "curve": views.curve_json(session_),
-            "views": views,
         }
 
     return await _page(request, "tune.html", load)
@@ -248,7 +253,6 @@ async def head_page(request: Request, head_id: str) -> Response:
             "moves": moves,
             "needs_rationale": views.needs_rationale(moves),
             "progress": views.train_progress(head),
-            "views": views,
         }
 
     return await _page(request, "head.html", load)
@@ -269,6 +273,19 @@ async def security_page(request: Request) -> Response:
         }
 
     return await _page(request, "security.html", load)
+
+
+# The ADR ships with the source tree (docs/), not with an installed package.
+ADR_PATH = HERE.parents[2] / SECURITY_ADR
+
+
+@router.get("/security/adr")
+async def adr_page(request: Request) -> Response:
+    async def load(principal: Principal) -> dict[str, Any]:
+        text = ADR_PATH.read_text(encoding="utf-8") if ADR_PATH.is_file() else None
+        return {"adr": SECURITY_ADR, "text": text}
+
+    return await _page(request, "adr.html", load)
 
 
 @router.get("/{rest:path}")
