@@ -1,7 +1,8 @@
 """Issue 21's acceptance, the head registry in the web console: a head moves through its
 lifecycle by the buttons of the roles that may make each move (a developer: validated -> uat;
-a head reviewer: uat -> production, with the rationale box required), and nobody sees a button
-their role may not use. Both widths, no console errors, no serious axe-core violations."""
+a head reviewer: uat -> production, with the rationale box required; a developer: production ->
+deprecated, with its reason), and nobody sees a button their role may not use or a move the
+lifecycle has not. Both widths, no console errors, no serious axe-core violations."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fixtures.console_stack import CPU_HOST, Live, trained_head
 pytestmark = [pytest.mark.browser, pytest.mark.slow, NEEDS_CHROMIUM, CPU_HOST]
 
 RATIONALE = "held-out acceptance checked by hand"
+RETIRED = "replaced by a head trained on more data"
 
 
 def _state(console: Console) -> str:
@@ -61,3 +63,13 @@ def test_a_head_moves_through_its_lifecycle_by_role(console: Console, live: Live
     moved = dev.heads.get(head.id)
     assert moved.state == "production" and moved.transitions[-1].rationale == RATIONALE
     console.check(page)
+
+    # Retired by a developer, with its reason: later T1 runs of the tenant no longer offer it.
+    console.sign_in(live.token("dev"))
+    console.open(page)
+    assert not console.has("transition-uat") and not console.has("transition-production")
+    console.fill("rationale", RETIRED)
+    console.find("transition-deprecated").click()
+    console.wait(lambda: "deprecated" in _state(console), "the head deprecated")
+    assert not any(console.has(f"transition-{to}") for to in ("uat", "production", "deprecated"))
+    assert dev.heads.get(head.id).transitions[-1].rationale == RETIRED

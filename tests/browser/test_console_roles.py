@@ -67,7 +67,8 @@ def test_the_session_cookie_needs_the_csrf_header(console: Console, live: Live) 
 def test_the_security_page_is_an_admins(console: Console, live: Live) -> None:
     console.sign_in(live.token("dev"))
     console.open("/ui/security")
-    assert console.find("error-page").is_displayed() and not console.has("security-form")
+    console.shown("error-page")
+    assert not console.has("security-form")
     console.check("/ui/security", status=403)
 
     console.sign_in(live.token("admin"))
@@ -78,7 +79,7 @@ def test_the_security_page_is_an_admins(console: Console, live: Live) -> None:
     assert console.find("security-adr").get_attribute("href")
     console.fill("gpu-budget-s", GPU_BUDGET_S)
     console.find("security-save").click()
-    assert console.find("security-saved").is_displayed()
+    console.shown("security-saved")
     admin = live.stack.clients["admin"]
     console.wait(
         lambda: (
@@ -95,5 +96,5 @@ def test_another_tenants_run_is_not_found(console: Console, live: Live) -> None:
     assert "globex" in console.text("whoami")
     assert live.chat_run_id not in {r.get_attribute("data-run-id") for r in console.all("run-row")}
     console.open(f"/ui/runs/{live.chat_run_id}")
-    assert console.find("error-page").is_displayed()
+    console.shown("error-page")
     console.check(f"/ui/runs/{live.chat_run_id}", status=404)

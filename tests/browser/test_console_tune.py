@@ -8,12 +8,17 @@ from __future__ import annotations
 import pytest
 from fixtures.browser import NEEDS_CHROMIUM, Console
 from fixtures.console_stack import CPU_HOST, Live
+from selenium.webdriver.remote.webelement import WebElement
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, NEEDS_CHROMIUM, CPU_HOST]
 
 # Three trials of n-gram; the budget is far beyond what they take.
 TRIALS = 3
 BUDGET_MINUTES = 10.0
+
+
+def _points(console: Console) -> list[WebElement]:
+    return console.all("chart-point", console.find("best-so-far-chart"))
 
 
 def test_the_best_so_far_chart_grows_live(console: Console, live: Live) -> None:
@@ -25,12 +30,15 @@ def test_the_best_so_far_chart_grows_live(console: Console, live: Live) -> None:
         run.id, budget_minutes=BUDGET_MINUTES, max_trials=TRIALS, families=["ngram"]
     )
     console.open(f"/ui/tune/{session.id}")
-    chart = console.find("best-so-far-chart")
-    assert chart.tag_name == "svg"
-    points_at_load = len(console.all("chart-point", chart))
+    assert console.find("best-so-far-chart").tag_name == "svg"
+    console.mark()
+    points_at_load = len(_points(console))
     assert points_at_load < TRIALS, "the session had finished before its page could watch it"
-    console.wait(lambda: len(console.all("chart-point", chart)) > points_at_load, "a new point on the chart")
-    console.wait(lambda: len(console.all("chart-point", chart)) == TRIALS, f"{TRIALS} points on the chart")
+    console.wait(
+        lambda: console.same_document() and len(_points(console)) > points_at_load,
+        "a new point on the open page's chart",
+    )
+    console.wait(lambda: len(_points(console)) == TRIALS, f"{TRIALS} points on the chart")
 
     done = dev.tune_sessions.get(session.id)
     console.open(f"/ui/tune/{session.id}")
