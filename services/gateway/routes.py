@@ -11,6 +11,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
+from specbus.subjects import ID_PATTERN
 from specops_schemas.api import (
     API_PREFIX,
     ApplyRequest,
@@ -48,7 +49,7 @@ PageLimit = Annotated[
 Before = Annotated[
     str | None,
     Query(
-        max_length=128,
+        pattern=f"^{ID_PATTERN}$",
         description="The previous page's `next_before`: the page starts after that row. Omit for the newest.",
     ),
 ]

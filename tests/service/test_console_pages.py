@@ -37,11 +37,18 @@ def browser(gw: Gateway) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app), base_url="http://gateway.test")
 
 
+async def submit_sign_in(client: httpx.AsyncClient, token: str) -> httpx.Response:
+    """The sign-in form, shown and submitted."""
+    form = await client.get(f"{UI}/sign-in")
+    assert {"token-input", "sign-in-submit"} <= ids_in(form.text)
+    return await client.post(f"{UI}/sign-in", data={"token": token, "csrf": client.cookies["specops_csrf"]})
+
+
 @asynccontextmanager
 async def sign_in(gw: Gateway, who: str) -> AsyncIterator[httpx.AsyncClient]:
     """A browser signed in with `who`'s token."""
     async with browser(gw) as client:
-        response = await client.post(f"{UI}/sign-in", data={"token": gw.tokens[who]})
+        response = await submit_sign_in(client, gw.tokens[who])
         assert response.status_code == 303 and response.headers["location"] == f"{UI}/runs"
         yield client
 
@@ -54,17 +61,19 @@ async def test_sign_in_sets_the_session_and_a_bad_token_is_refused(gw: Gateway) 
     async with browser(gw) as anonymous:
         page = await anonymous.get(f"{UI}/runs")
         assert page.status_code == 303 and page.headers["location"] == f"{UI}/sign-in"
-        form = await anonymous.get(f"{UI}/sign-in")
-        assert {"token-input", "sign-in-submit"} <= ids_in(form.text)
-        bad = await anonymous.post(f"{UI}/sign-in", data={"token": "spk_not-a-token"})
-        assert "sign-in-error" in ids_in(bad.text)
+        bad = await submit_sign_in(anonymous, "spk_not-a-token")
+        assert bad.status_code == 200 and "sign-in-error" in ids_in(bad.text)
+        assert "specops_session" not in anonymous.cookies
+        # Another site's form (no CSRF field) cannot sign the browser in, even with a good token.
+        forged = await anonymous.post(f"{UI}/sign-in", data={"token": gw.tokens["dev"]})
+        assert forged.status_code == 200 and "sign-in-error" in ids_in(forged.text)
         assert "specops_session" not in anonymous.cookies
 
     async with sign_in(gw, "dev") as dev:
         cookies = dev.cookies
         assert cookies["specops_session"] and cookies["specops_csrf"]
         page = await dev.get(f"{UI}/runs")
-        assert page.status_code == 200
+        assert page.status_code == 200 and page.headers["cache-control"] == "no-store"
         assert {"nav", "whoami", "sign-out", "runs-table"} <= ids_in(page.text)
         assert "acme" in page.text and "developer" in page.text
 
@@ -104,9 +113,19 @@ async def test_runs_and_run_page_show_the_winner_and_apply_for_developers(gw: Ga
             "copy-flags",
         } <= ids_in(page)
         assert "1.40×" in page
+        assert "cache-hit-badge" not in ids_in(page)
         seen = (await viewer.get(f"{UI}/runs/{run_id}")).text
         assert "winner-hero" in ids_in(seen)
         assert not {"apply-submit", "apply-engine", "nav-new-run", "start-run"} & ids_in(seen)
+        # The same request again is answered from the winner cache.
+        hit = await gw.create()
+        assert hit.status_code == 200 and hit.json()["cache_hit"], hit.text
+        cached = (await viewer.get(f"{UI}/runs/{hit.json()['id']}")).text
+        assert {"winner-hero", "cache-hit-badge"} <= ids_in(cached)
+        row = re.search(
+            rf'data-run-id="{hit.json()["id"]}".*?</tr>', (await viewer.get(f"{UI}/runs")).text, re.S
+        )
+        assert row is not None and "cache hit" in row.group(0)
 
 
 async def test_every_page_renders_for_every_role_with_its_navigation(gw: Gateway) -> None:
@@ -260,3 +279,17 @@ async def test_sign_out_needs_the_csrf_field_and_ends_the_session(gw: Gateway) -
         assert out.status_code == 303 and out.headers["location"] == f"{UI}/sign-in"
         again = await client.get(f"{UI}/runs")
         assert again.status_code == 303 and again.headers["location"] == f"{UI}/sign-in"
+
+
+async def test_fingerprint_inference_answers_the_signed_in_page_only(gw: Gateway) -> None:
+    prompts = {"prompts": "def f(x):\n    return x\n\nSummarize this article: ...\n\nimport os"}
+    async with sign_in(gw, "viewer") as client:
+        refused = await client.post(f"{UI}/fingerprint", json=prompts)
+        assert refused.status_code == 403  # the cookie without the CSRF header
+        csrf = {"X-Specops-CSRF": client.cookies["specops_csrf"]}
+        inferred = await client.post(f"{UI}/fingerprint", json=prompts, headers=csrf)
+        assert inferred.json() == {"fingerprint": "code", "votes": {"code": 2, "summarization": 1}}
+        empty = await client.post(f"{UI}/fingerprint", json={"prompts": "  "}, headers=csrf)
+        assert empty.status_code == 422
+    async with browser(gw) as anonymous:
+        assert (await anonymous.post(f"{UI}/fingerprint", json=prompts)).status_code == 401

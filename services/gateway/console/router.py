@@ -76,7 +76,10 @@ def _render(
         "api": API_PREFIX,
         "views": views,
     }
-    return templates.TemplateResponse(request, name, common | context, status_code=status)
+    response = templates.TemplateResponse(request, name, common | context, status_code=status)
+    # A page shows a tenant's data: no cache keeps it once signed out.
+    response.headers["Cache-Control"] = "no-store"
+    return response
 
 
 def _error(request: Request, principal: Principal | None, body: Problem) -> Response:
@@ -120,16 +123,25 @@ async def home() -> RedirectResponse:
 
 @router.get("/sign-in")
 async def sign_in_form(request: Request) -> Response:
-    return _render(request, "sign_in.html", None, {"error": None})
+    return _sign_in_page(request, None)
 
 
 @router.post("/sign-in")
 async def sign_in(request: Request) -> Response:
+    if await session.form_csrf_refusal(request) is not None:
+        return _sign_in_page(request, "The sign-in form had expired; sign in again.")
     token = (await session.form_field(request, "token")).strip()
     if token and await principal_of(pool_of(request), token) is not None:
         return session.signed_in(request, token, f"{views.UI}/runs")
-    # 200, not 401: the form is shown again with the reason, as any invalid form is.
-    return _render(request, "sign_in.html", None, {"error": "That token is unknown or revoked."})
+    return _sign_in_page(request, "That token is unknown or revoked.")
+
+
+def _sign_in_page(request: Request, error: str | None) -> Response:
+    # 200 with an error too: the form is shown again with the reason, as any invalid form is.
+    csrf = session.form_csrf(request)
+    response = _render(request, "sign_in.html", None, {"error": error, "csrf": csrf})
+    session.set_csrf(request, response, csrf)
+    return response
 
 
 @router.post("/sign-out")
@@ -143,11 +155,19 @@ async def sign_out(request: Request) -> Response:
 # --- runs -------------------------------------------------------------------------------------
 
 
+def _before(request: Request) -> str | None:
+    """The list page's cursor (`?before=`); one that is no id starts at the newest."""
+    before = request.query_params.get("before")
+    return before if before and logic.is_spec_id(before) else None
+
+
 @router.get("/runs")
 async def runs_page(request: Request) -> Response:
     async def load(principal: Principal) -> dict[str, Any]:
-        page = await runs.list_runs(pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=None)
-        return {"runs": page.runs}
+        page = await runs.list_runs(
+            pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=_before(request)
+        )
+        return {"runs": page.runs, "next_before": page.next_before}
 
     return await _page(request, "runs.html", load)
 
@@ -206,9 +226,9 @@ async def infer_fingerprint(body: SamplePrompts, principal: Viewer) -> JSONRespo
 async def tune_list_page(request: Request) -> Response:
     async def load(principal: Principal) -> dict[str, Any]:
         page = await tune_sessions.list_sessions(
-            pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=None
+            pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=_before(request)
         )
-        return {"sessions": page.sessions}
+        return {"sessions": page.sessions, "next_before": page.next_before}
 
     return await _page(request, "tune_list.html", load)
 
@@ -252,6 +272,7 @@ async def head_page(request: Request, head_id: str) -> Response:
             "ended": head.state in heads_logic.FINAL_STATES,
             "moves": moves,
             "needs_rationale": views.needs_rationale(moves),
+            "rationale_required": heads_logic.RATIONALE_REQUIRED,
             "progress": views.train_progress(head),
         }
 
@@ -290,6 +311,9 @@ async def adr_page(request: Request) -> Response:
 
 @router.get("/{rest:path}")
 async def not_found(request: Request, rest: str) -> Response:
+    if not rest:
+        return await home()
+
     async def load(principal: Principal) -> dict[str, Any]:
         raise problem(404, f"the console has no page /ui/{rest}")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from urllib.parse import parse_qs
 
 from fastapi import Request
-from fastapi.responses import RedirectResponse
+from fastapi.responses import RedirectResponse, Response
 
 from specops_services.gateway import logic
 from specops_services.gateway.auth import Principal, pool_of, principal_of
@@ -25,17 +25,30 @@ async def form_field(request: Request, name: str) -> str:
     return fields.get(name, [""])[0]
 
 
+def set_csrf(request: Request, response: Response, value: str) -> None:
+    response.set_cookie(
+        logic.CSRF_COOKIE, value, httponly=False, samesite="strict", secure=_secure(request), path="/"
+    )
+
+
+def form_csrf(request: Request) -> str:
+    """The CSRF value of a form shown before sign-in: the browser's, or a new one (then the page
+    sets it with `set_csrf`), so another site cannot sign the browser in with its own token."""
+    return request.cookies.get(logic.CSRF_COOKIE) or logic.new_csrf_token()
+
+
 def signed_in(request: Request, token: str, to: str) -> RedirectResponse:
-    """See other `to`, with the session's two cookies set (Secure over https)."""
+    """See other `to`, with the session cookie set and a fresh CSRF cookie (Secure over https)."""
     response = RedirectResponse(to, status_code=303)
-    secure = request.url.scheme == "https"
     response.set_cookie(
-        logic.SESSION_COOKIE, token, httponly=True, samesite="strict", secure=secure, path="/"
+        logic.SESSION_COOKIE, token, httponly=True, samesite="strict", secure=_secure(request), path="/"
     )
-    response.set_cookie(
-        logic.CSRF_COOKIE, logic.new_csrf_token(), httponly=False, samesite="strict", secure=secure, path="/"
-    )
+    set_csrf(request, response, logic.new_csrf_token())
     return response
+
+
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https"
 
 
 def signed_out(to: str) -> RedirectResponse:

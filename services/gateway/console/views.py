@@ -159,14 +159,15 @@ class Progress:
 
 
 def train_progress(head: HeadResponse) -> Progress:
-    """Epochs done of those asked for, and the last epoch's loss."""
+    """Epochs done of those asked for, and the last epoch's loss; full once training has ended."""
     done = [epoch for epoch in head.epochs if epoch.epoch > 0]
+    last = done[-1] if done else None
+    loss = MISSING if last is None or last.train_loss is None else f"{last.train_loss:.3f}"
+    epoch = 0 if last is None else last.epoch
+    if head.state != "training":
+        return Progress(epoch, max(epoch, 1), f"training ended after {epoch} epochs, loss {loss}")
     total = head.request.epochs
-    if not done:
-        return Progress(0, total, f"epoch 0 of {total}")
-    last = done[-1]
-    loss = MISSING if last.train_loss is None else f"{last.train_loss:.3f}"
-    return Progress(last.epoch, total, f"epoch {last.epoch} of {total}, loss {loss}")
+    return Progress(epoch, total, f"epoch {epoch} of {total}, loss {loss}")
 
 
 def sse_url(kind: str, resource_id: str) -> str:

@@ -65,7 +65,8 @@
       credentials: "same-origin",
       headers: { Accept: "text/event-stream", "Last-Event-ID": String(state.after) },
     });
-    if (!response.ok || !response.body) return false;
+    // A refusal (401, 404) ends the following; an outage (503) is tried again.
+    if (!response.ok || !response.body) return response.status >= 500;
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
     for (;;) {
@@ -123,15 +124,22 @@
     });
   }
 
-  // The run's status badge follows the run.* events that name a status.
-  const status = byId("run-status");
-  if (status) {
-    const statuses = new Set(["queued", "running", "predicted", "completed", "failed"]);
+  // A status badge follows the events that name the status they lead to.
+  const STATUS_AFTER = {
+    "run.queued": "queued",
+    "run.running": "running",
+    "run.predicted": "predicted",
+    "run.completed": "completed",
+    "run.failed": "failed",
+    "tune.started": "running",
+  };
+  const badge = document.querySelector("[data-live-status]");
+  if (badge) {
     document.addEventListener("specops:event", ({ detail }) => {
-      const [aggregate, name] = detail.type.split(".");
-      if (aggregate === "run" && statuses.has(name)) {
-        status.textContent = name;
-        status.className = `state state-${name}`;
+      const status = STATUS_AFTER[detail.type];
+      if (status) {
+        badge.textContent = status;
+        badge.className = `state state-${status}`;
       }
     });
   }
@@ -261,11 +269,14 @@
       svg("line", { class: "axis", x1: left, y1: top, x2: left, y2: H - bottom }),
       svg("text", { x: 4, y: top + 10 }, `${hi.toFixed(2)}×`),
       svg("text", { x: 4, y: H - bottom }, `${lo.toFixed(2)}×`),
+      svg("text", { x: left, y: H - bottom + 16, "text-anchor": "middle" }, "0"),
+      svg("text", { x: W - right, y: H - bottom + 16, "text-anchor": "end" }, String(lastTrial)),
       svg("text", { x: W / 2, y: H - 8, "text-anchor": "middle" }, "trial"),
     );
     const best = points.filter((p) => p.best_value !== null);
     if (best.length) {
-      const path = best.map((p, i) => `${i ? "L" : "M"}${x(p.trial)},${y(p.best_value)}`).join(" ");
+      // A step line: the best holds until a trial beats it.
+      const path = best.map((p, i) => (i ? `H${x(p.trial)} V${y(p.best_value)}` : `M${x(p.trial)},${y(p.best_value)}`)).join(" ");
       plot.append(svg("path", { class: "best", d: path }));
     }
     for (const p of points) {
@@ -340,8 +351,15 @@
       const error = byId("transition-error");
       error.hidden = true;
       const rationale = byId("rationale");
+      const given = rationale ? rationale.value.trim() : "";
+      if (button.dataset.rationaleRequired === "true" && !given) {
+        // The API would refuse it (422); say so without the round trip.
+        show(error, `Moving a head to ${button.dataset.move} needs a rationale.`);
+        rationale.focus();
+        return;
+      }
       const body = { to: button.dataset.move };
-      if (rationale && rationale.value.trim()) body.rationale = rationale.value.trim();
+      if (given) body.rationale = given;
       try {
         await call("POST", button.dataset.url, body);
         window.location.reload();
