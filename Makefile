@@ -108,6 +108,11 @@ tune-bench: setup
 side-channel: setup
 	$(PY) bench/side_channel.py --out bench/results/side-channel.json
 
+# The web console's main pages as PNGs under docs/console/ (the README shows them): a live
+# stack with a measured run, a tune session and a head, an admin's headless Chromium. ~2 min.
+screenshots: setup
+	$(PY) scripts/console_screenshots.py --out docs/console
+
 lint: setup
 	$(VENV)/bin/ruff check libs specops schemas services tests scripts
 	$(VENV)/bin/mypy libs schemas services specops/runtime

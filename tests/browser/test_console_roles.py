@@ -24,7 +24,7 @@ def _refusals(live: Live, auth: dict[str, str], cookies: dict[str, str] | None =
     """The statuses of a viewer's attempts at what the console hides from them."""
     calls = {
         "start a run": ("runs", {"target": {"model_ref": "smollm2-135m-instruct", "gpu": "cpu"}}),
-        "apply": (f"runs/{live.chat_run_id}/apply", {"engine": "vllm"}),
+        "apply": (f"runs/{live.h100_run_id}/apply", {"engine": "vllm"}),
         "move a head": (f"heads/{live.head_id}/transition", {"to": "uat"}),
     }
     with httpx.Client(base_url=f"{live.stack.url}{API_PREFIX}/", cookies=cookies, headers=auth) as client:
@@ -37,10 +37,10 @@ def test_a_viewer_sees_no_buttons_and_the_api_refuses_them(console: Console, liv
     assert not console.has("nav-new-run") and not console.has("nav-security")
     console.check("/ui/runs")
 
-    console.open(f"/ui/runs/{live.chat_run_id}")
+    console.open(f"/ui/runs/{live.h100_run_id}")
     console.find("run-status")
     assert not console.has("apply-submit")
-    console.check(f"/ui/runs/{live.chat_run_id}")
+    console.check(f"/ui/runs/{live.h100_run_id}")
     console.open("/ui/runs/new")
     assert not console.has("start-run")
     console.open(f"/ui/heads/{live.head_id}")
@@ -94,7 +94,7 @@ def test_the_security_page_is_an_admins(console: Console, live: Live) -> None:
 def test_another_tenants_run_is_not_found(console: Console, live: Live) -> None:
     console.sign_in(live.token("other"))
     assert "globex" in console.text("whoami")
-    assert live.chat_run_id not in {r.get_attribute("data-run-id") for r in console.all("run-row")}
-    console.open(f"/ui/runs/{live.chat_run_id}")
+    assert live.h100_run_id not in {r.get_attribute("data-run-id") for r in console.all("run-row")}
+    console.open(f"/ui/runs/{live.h100_run_id}")
     console.shown("error-page")
-    console.check(f"/ui/runs/{live.chat_run_id}", status=404)
+    console.check(f"/ui/runs/{live.h100_run_id}", status=404)

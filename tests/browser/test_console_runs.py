@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import itertools
 import shlex
-from collections.abc import Iterator
 
 import pytest
 from fixtures.browser import NEEDS_CHROMIUM, Console, shows_number
-from fixtures.console_stack import CPU_HOST, TARGET, Live
+from fixtures.console_stack import CPU_HOST, WAIT_S, Live
 from selenium.webdriver.common.by import By
 
 from specops_schemas.catalog import Fingerprint
@@ -29,30 +28,6 @@ CODE_PROMPTS = "\n\n".join(
 )
 # Where a copy button may say that it copied, besides its text.
 COPIED_HINTS = ("class", "data-state", "aria-label", "title")
-FORM = {
-    "model-ref": TARGET["model_ref"],
-    "gpu": TARGET["gpu"],
-    "engine": TARGET["engine"],
-    "mode": "interactive",
-    "quality-gate": "topk5",
-    "fingerprint": "code",
-}
-
-
-@pytest.fixture(scope="module")
-def form_run(console: Console, live: Live) -> Iterator[str]:
-    """A T1 run on `code` started by a developer from the new-run form; the browser is left on
-    the run page it leads to, right after it loaded."""
-    console.sign_in(live.token("dev"))
-    console.find("nav-new-run").click()
-    console.wait(lambda: console.path == "/ui/runs/new", "the new-run form")
-    for testid, value in FORM.items():
-        console.choose(testid, value)
-    console.find("start-run").click()
-    console.wait(
-        lambda: console.path.startswith("/ui/runs/") and console.path != "/ui/runs/new", "the run page"
-    )
-    yield console.path.rsplit("/", 1)[1]
 
 
 def test_sign_in_with_a_token(console: Console, live: Live) -> None:
@@ -74,7 +49,7 @@ def test_sign_in_with_a_token(console: Console, live: Live) -> None:
     session = {c["name"]: c for c in console.driver.get_cookies()}["specops_session"]
     assert session["httpOnly"] and session["sameSite"] == "Strict", session
     rows = console.wait(lambda: console.all("run-row"), "the runs table's rows")
-    assert live.chat_run_id in {row.get_attribute("data-run-id") for row in rows}
+    assert live.h100_run_id in {row.get_attribute("data-run-id") for row in rows}
     console.check("/ui/runs")
 
     console.find("sign-out").click()
@@ -113,7 +88,7 @@ def test_run_events_arrive_live(console: Console, live: Live, form_run: str) -> 
         lambda: console.same_document() and len(console.all("event-item")) > shown_at_load,
         "an event appended to the open page",
     )
-    console.wait(lambda: "completed" in console.text("run-status").lower(), "the run to complete")
+    console.wait(lambda: "completed" in console.text("run-status").lower(), "the run to complete", WAIT_S)
     events = list(live.stack.clients["dev"].runs.stream(form_run))
     items = console.wait(
         lambda: (items := console.all("event-item")) and len(items) == len(events) and items,
@@ -125,8 +100,19 @@ def test_run_events_arrive_live(console: Console, live: Live, form_run: str) -> 
 
 def test_winner_hero_candidates_and_apply(console: Console, live: Live, form_run: str) -> None:
     dev = live.stack.clients["dev"]
-    run = dev.runs.wait(form_run)
-    assert run.status == "completed" and run.winner is not None, (run.status, run.error)
+    run = dev.runs.wait(form_run, timeout=WAIT_S)
+    assert run.status == "completed" and run.winner is not None, (
+        run.status,
+        run.error,
+        [
+            (c.candidate.candidate_id, c.measurement and c.measurement.speedup, c.error_message)
+            for c in run.candidates
+        ],
+    )
+    print(
+        "FORMRUN",
+        [(c.candidate.candidate_id, c.measurement and c.measurement.speedup) for c in run.candidates],
+    )
     winner, measured = run.winner, run.winner.measurement
     assert measured is not None
     console.sign_in(live.token("dev"))
@@ -158,7 +144,8 @@ def test_winner_hero_candidates_and_apply(console: Console, live: Live, form_run
     assert console.clipboard().strip() == flags
     console.check(f"/ui/runs/{form_run}")
 
-    again = dev.runs.create(target=TARGET, workload="code")
+    asked = run.request
+    again = dev.runs.create(target=asked.target, workload=asked.workload, mode=asked.mode, goal=asked.goal)
     assert again.cache_hit, "the same request again is answered from the winner cache"
     console.open(f"/ui/runs/{again.id}")
     console.shown("cache-hit-badge")
