@@ -46,8 +46,10 @@ def test_sign_in_with_a_token(console: Console, live: Live) -> None:
     for link in ("nav-runs", "nav-new-run", "nav-tune", "nav-heads"):
         assert console.find(link).is_displayed(), link
     assert not console.has("nav-security"), "only admins see the security page"
-    session = {c["name"]: c for c in console.driver.get_cookies()}["specops_session"]
+    cookies = {c["name"]: c for c in console.driver.get_cookies()}
+    session, csrf = cookies["specops_session"], cookies["specops_csrf"]
     assert session["httpOnly"] and session["sameSite"] == "Strict", session
+    assert not csrf["httpOnly"], "the page's script reads the CSRF cookie to send it back as a header"
     rows = console.wait(lambda: console.all("run-row"), "the runs table's rows")
     assert live.h100_run_id in {row.get_attribute("data-run-id") for row in rows}
     console.check("/ui/runs")
