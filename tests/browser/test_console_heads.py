@@ -2,13 +2,14 @@
 lifecycle by the buttons of the roles that may make each move (a developer: validated -> uat;
 a head reviewer: uat -> production, with the rationale box required; a developer: production ->
 deprecated, with its reason), and nobody sees a button their role may not use or a move the
-lifecycle has not. Both widths, no console errors, no serious axe-core violations."""
+lifecycle has not. The head is watched training first: its page follows it to `validated`.
+Both widths, no console errors, no serious axe-core violations."""
 
 from __future__ import annotations
 
 import pytest
 from fixtures.browser import NEEDS_CHROMIUM, Console
-from fixtures.console_stack import CPU_HOST, Live, trained_head
+from fixtures.console_stack import CPU_HOST, WAIT_S, Live, trained_head
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, NEEDS_CHROMIUM, CPU_HOST]
 
@@ -22,11 +23,16 @@ def _state(console: Console) -> str:
 
 def test_a_head_moves_through_its_lifecycle_by_role(console: Console, live: Live) -> None:
     dev = live.stack.clients["dev"]
+    page = f"/ui/heads/{live.head_id}"
+    # Submitted when the stack came up: opened while it trains, the page follows it to its verdict.
+    console.sign_in(live.token("dev"))
+    console.open(page)
+    assert "training" in _state(console)
+    console.find("train-progress")
+    console.wait(lambda: "validated" in _state(console), "the page to show the head validated", WAIT_S)
     head = trained_head(dev, live.head_id)
     assert head.state == "validated", (head.state, head.error)
-    page = f"/ui/heads/{head.id}"
 
-    console.sign_in(live.token("dev"))
     console.find("nav-heads").click()
     console.wait(lambda: console.path == "/ui/heads", "the head registry")
     rows = {row.get_attribute("data-head-id"): row for row in console.all("head-row")}
