@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from fixtures.browser import NEEDS_CHROMIUM, Console
-from fixtures.console_stack import CPU_HOST, Live
+from fixtures.console_stack import CPU_HOST, H100_TARGET, Live
 
 from specops_schemas.api import API_PREFIX
 
@@ -23,7 +23,7 @@ GPU_BUDGET_S = "7200"
 def _refusals(live: Live, auth: dict[str, str], cookies: dict[str, str] | None = None) -> dict[str, int]:
     """The statuses of a viewer's attempts at what the console hides from them."""
     calls = {
-        "start a run": ("runs", {"target": {"model_ref": "smollm2-135m-instruct", "gpu": "cpu"}}),
+        "start a run": ("runs", {"target": H100_TARGET, "workload": {"fingerprint": "chat"}}),
         "apply": (f"runs/{live.h100_run_id}/apply", {"engine": "vllm"}),
         "move a head": (f"heads/{live.head_id}/transition", {"to": "uat"}),
     }
