@@ -4,9 +4,9 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo bench gpu-bench report lint asyncapi scale-check chaos tune-bench t3-bench side-channel
+.PHONY: setup chromium screenshots test demo bench gpu-bench report lint asyncapi scale-check chaos tune-bench t3-bench side-channel
 
-setup: $(STAMP)
+setup: $(STAMP) chromium
 
 $(STAMP): pyproject.toml scripts/fetch_data.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +19,21 @@ $(STAMP): pyproject.toml scripts/fetch_data.py
 	$(PIP) install --no-deps speculators==0.9.0
 	$(PY) scripts/fetch_data.py
 	touch $@
+
+# The browser tests' Chromium (tests/browser/, scripts/console_screenshots.py): Debian's
+# chromium and chromium-driver, installed with apt-get when missing and this is root;
+# otherwise the browser tests skip, saying why.
+chromium:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing chromium and chromium-driver with apt-get"; \
+		{ DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			chromium chromium-driver >/dev/null; } \
+		|| echo "apt-get could not install chromium: the browser tests will skip"; \
+	else \
+		echo "no chromium and chromedriver, and not root with apt-get: the browser tests will skip"; \
+	fi
 
 test: setup
 	$(PY) -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
@@ -94,6 +109,11 @@ tune-bench: setup
 # the pace).
 side-channel: setup
 	$(PY) bench/side_channel.py --out bench/results/side-channel.json
+
+# The web console's main pages as PNGs under docs/console/ (the README shows them): a live
+# stack with a measured run, a tune session and a head, an admin's headless Chromium. ~2 min.
+screenshots: setup
+	$(PY) scripts/console_screenshots.py --out docs/console
 
 lint: setup
 	$(VENV)/bin/ruff check libs specops schemas services tests scripts
