@@ -13,21 +13,18 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fixtures import bus
 from fixtures.gateway import RUNS, run_body, running_gateway
+from fixtures.tuner import FAST, running_tuner
 from nats.js import JetStreamContext
 from psycopg.types.json import Jsonb
 
 from specbus import (
-    OutboxRelay,
-    RetryPolicy,
     SpecBroker,
     consumer_name,
-    make_broker,
     process_once_queued,
     publish,
 )
@@ -42,14 +39,12 @@ from specops_services.predictor import steps as predictor_steps
 from specops_services.predictor.app import subscribe as subscribe_predictor
 from specops_services.predictor.plan import HostInfo, plan_run
 from specops_services.predictor.steps import Planner
-from specops_services.tuner import app as tuner_app
 from specops_services.tuner import db as tuner_db
 from specops_services.tuner import logic as tuner_logic
 from specops_services.tuner import steps as tuner_steps
 from specplatform.db import Connection, Pool, create_pool, tenant_transaction
 
 TENANT = "acme"  # the tenant of fixtures.gateway's dev token
-FAST = RetryPolicy(max_deliver=3, backoff_s=(0.2, 0.5), ack_wait_s=10.0)
 CPU = HostInfo(cuda=False)
 SMOLLM = {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"}
 TUNER = tuner_steps.Tuner(
@@ -249,29 +244,6 @@ def _tune_requested() -> Envelope[TuneRequested]:
     return new_event(payload, tenant_id=TENANT, correlation_id=session_id, producer="gateway")
 
 
-@asynccontextmanager
-async def _tuner(db: str, nats_url: str) -> AsyncIterator[str]:
-    """The tuner's consumers, outbox relay and budget ticker on this test's database; its name."""
-    service = f"tuner_{uuid.uuid4().hex[:8]}"
-    tuner = dataclasses.replace(TUNER, dsn=db)
-    pool = create_pool(db, max_size=4)
-    broker = make_broker(nats_url, service=service)
-    tuner_app.subscribe(broker, pool, tuner, service=service, retry=FAST, fetch_timeout_s=0.5)
-    relay = OutboxRelay(pool, broker, poll_interval_s=bus.RELAY_POLL_S)
-    await pool.open()
-    await broker.start()
-    await relay.start()
-    ticker = asyncio.get_running_loop().create_task(tuner_app.run_ticker(pool, tuner))
-    try:
-        yield service
-    finally:
-        ticker.cancel()
-        await asyncio.gather(ticker, return_exceptions=True)
-        await relay.stop()
-        await broker.stop()
-        await pool.close()
-
-
 async def _session_events(js: JetStreamContext, session_id: str) -> list[Envelope[Any]]:
     """The session's events once it completed."""
     await bus.events(js, f"spec.tune.{session_id}.completed")
@@ -287,7 +259,7 @@ async def test_a_running_tune_session_ends_as_speculation_disabled_when_its_tena
 ) -> None:
     requested = _tune_requested()
     session_id = requested.payload.session_id
-    async with _tuner(db, nats_url) as tuner:
+    async with running_tuner(db, nats_url, TUNER) as tuner:
         await publish(js, requested)
         [bench] = await bus.events(js, "spec.bench.*.requested")  # trial 0, not answered yet
 
@@ -313,7 +285,7 @@ async def test_a_session_whose_tenant_was_found_opted_out_starts_no_further_tria
     session ends at its next step instead of asking the next trial."""
     requested = _tune_requested()
     session_id = requested.payload.session_id
-    async with _tuner(db, nats_url):
+    async with running_tuner(db, nats_url, TUNER):
         await publish(js, requested)
         [bench] = await bus.events(js, "spec.bench.*.requested")
         pool = create_pool(db, max_size=1)

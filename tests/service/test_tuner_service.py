@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -17,9 +16,10 @@ from typing import Any
 import nats
 import optuna
 from fixtures import bus
+from fixtures.tuner import running_tuner
 from nats.js import JetStreamContext
 
-from specbus import OutboxRelay, RetryPolicy, make_broker, publish
+from specbus import publish
 from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope, new_event
 from specbus.publish import publish_raw
@@ -31,12 +31,10 @@ from specops_schemas.events import BenchCompleted, BenchRequested, GateEvaluated
 from specops_schemas.security import OPT_OUT_REASON, PolicyChanged, SecurityPolicy
 from specops_schemas.tune import TuneRequested, TuneSessionCreateRequest
 from specops_services.predictor.plan import HostInfo, plan_run
-from specops_services.tuner import app, logic, steps, study
+from specops_services.tuner import logic, steps, study
 from specops_services.tuner import space as search
-from specplatform.db import create_pool
 
 TENANT = "acme"
-FAST = RetryPolicy(max_deliver=3, backoff_s=(0.2, 0.5), ack_wait_s=10.0)
 TUNER = steps.Tuner(
     dsn="", bench=logic.BenchSize(reps=3, n_prompts=1, max_new_tokens=8), tick_s=0.5, grace_s=3.0
 )
@@ -144,32 +142,6 @@ class Lab:
             await nc.close()
 
 
-@asynccontextmanager
-async def _tuner(
-    db: str, nats_url: str, service: str | None = None, *, tuner: steps.Tuner = TUNER
-) -> AsyncIterator[str]:
-    """The tuner's consumers, outbox relay and budget ticker on this test's database."""
-    service = service or f"tuner_{uuid.uuid4().hex[:8]}"
-    tuner = dataclasses.replace(tuner, dsn=db)
-    pool = create_pool(db, max_size=4)
-    broker = make_broker(nats_url, service=service)
-    app.subscribe(broker, pool, tuner, service=service, retry=FAST, fetch_timeout_s=0.5)
-    relay = OutboxRelay(pool, broker, poll_interval_s=bus.RELAY_POLL_S)
-    await pool.open()
-    await broker.start()
-    await relay.start()
-    ticker = asyncio.get_running_loop().create_task(app.run_ticker(pool, tuner))
-    try:
-        yield service
-    finally:
-        ticker.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await ticker
-        await relay.stop()
-        await broker.stop()
-        await pool.close()
-
-
 async def _session_events(
     js: JetStreamContext, session_id: str, end: str = "completed"
 ) -> list[Envelope[Any]]:
@@ -191,7 +163,7 @@ async def test_a_short_session_completes_with_a_best_so_far_curve(
     def script(trial: int, cid: str) -> tuple[float, float, bool]:
         return (1.1, 1.4, 1.2, 1.3)[trial], 0.02, True
 
-    async with Lab(nats_url, script).running() as lab, _tuner(db, nats_url):
+    async with Lab(nats_url, script).running() as lab, running_tuner(db, nats_url, TUNER):
         await publish(js, requested)
         events = await _session_events(js, session_id)
 
@@ -229,7 +201,7 @@ async def test_a_gate_failing_candidate_is_a_failed_trial_with_its_reason(
     def script(trial: int, cid: str) -> tuple[float, float, bool]:
         return 1.5, 0.02, trial != 1
 
-    async with Lab(nats_url, script).running(), _tuner(db, nats_url):
+    async with Lab(nats_url, script).running(), running_tuner(db, nats_url, TUNER):
         await publish(js, requested)
         events = await _session_events(js, session_id)
 
@@ -251,7 +223,7 @@ async def test_a_plateau_is_auto_terminated(db: str, nats_url: str, js: JetStrea
     def script(trial: int, cid: str) -> tuple[float, float, bool]:
         return 1.2 + 0.01 * (trial % 3), 0.05, True
 
-    async with Lab(nats_url, script).running(), _tuner(db, nats_url):
+    async with Lab(nats_url, script).running(), running_tuner(db, nats_url, TUNER):
         await publish(js, requested)
         events = await _session_events(js, session_id)
 
@@ -270,7 +242,7 @@ async def test_a_steady_climber_runs_to_its_budget(db: str, nats_url: str, js: J
     def script(trial: int, cid: str) -> tuple[float, float, bool]:
         return 1.0 + 0.1 * trial, 0.01, True
 
-    async with Lab(nats_url, script).running(), _tuner(db, nats_url):
+    async with Lab(nats_url, script).running(), running_tuner(db, nats_url, TUNER):
         await publish(js, requested)
         events = await _session_events(js, session_id)
 
@@ -294,7 +266,7 @@ async def test_a_restarted_tuner_resumes_without_losing_or_doubling_a_trial(
 
     lab = Lab(nats_url, script, hold={2})
     async with lab.running():
-        async with _tuner(db, nats_url, service):
+        async with running_tuner(db, nats_url, TUNER, service):
             await publish(js, requested)
             # Trial 2's bench is requested; the tuner stops while it is being measured.
             await bus.events(js, f"spec.tune.{session_id}.trial_completed", at_least=2)
@@ -303,7 +275,7 @@ async def test_a_restarted_tuner_resumes_without_losing_or_doubling_a_trial(
         # Measured while no tuner runs: its answer waits on the stream.
         await lab.answer(js, lab.requested[2])
         await asyncio.sleep(2.0)
-        async with _tuner(db, nats_url, service):
+        async with running_tuner(db, nats_url, TUNER, service):
             events = await _session_events(js, session_id)
 
     trials = [t.result for t in _of(events, "trial_completed")]
@@ -353,7 +325,7 @@ async def test_benches_that_cannot_run_fail_their_trial_and_the_session_goes_on(
     requested = _requested(budget_minutes=0.5, max_trials=3)
     session_id = requested.payload.session_id
     lab = Lab(nats_url, lambda trial, cid: (1.3, 0.02, True), hold={0, 1})
-    async with lab.running(), _tuner(db, nats_url):
+    async with lab.running(), running_tuner(db, nats_url, TUNER):
         await publish(js, requested)
         first = await _bench_requested(lab, 0)
         # The benchmark-runner could not run trial 0's bench at all.
@@ -390,7 +362,7 @@ async def test_a_target_that_cannot_load_fails_the_session(
     requested = _requested(budget_minutes=0.5)
     session_id = requested.payload.session_id
     lab = Lab(nats_url, lambda trial, cid: (1.3, 0.02, True), hold={0})
-    async with lab.running(), _tuner(db, nats_url):
+    async with lab.running(), running_tuner(db, nats_url, TUNER):
         await publish(js, requested)
         first = await _bench_requested(lab, 0)
         cannot = RunFailed(run_id=session_id, error_stage=ErrorStage.MODEL_LOAD, message="no such model")
@@ -409,7 +381,7 @@ async def test_a_trial_still_running_past_the_deadline_is_cut(
     requested = _requested(budget_minutes=0.05)  # 3 s; the test tuner's grace is 3 s more
     session_id = requested.payload.session_id
     lab = Lab(nats_url, lambda trial, cid: (1.3, 0.02, True), hold={0})
-    async with lab.running(), _tuner(db, nats_url):
+    async with lab.running(), running_tuner(db, nats_url, TUNER):
         await publish(js, requested)
         events = await _session_events(js, session_id)
 
@@ -433,7 +405,7 @@ async def test_the_session_says_which_dimensions_it_found_insensitive(
         return speed_of_k.setdefault(k, 1.0 + 0.03 * k), 0.01, True
 
     tuner = dataclasses.replace(TUNER, narrow_after=3)
-    async with Lab(nats_url, script).running(), _tuner(db, nats_url, tuner=tuner):
+    async with Lab(nats_url, script).running(), running_tuner(db, nats_url, tuner):
         await publish(js, requested)
         events = await _session_events(js, session_id)
 
@@ -465,7 +437,10 @@ async def test_an_opted_out_tenants_session_completes_as_speculation_disabled(
     requested = _requested(budget_minutes=0.5, max_trials=4)
     session_id = requested.payload.session_id
 
-    async with Lab(nats_url, lambda trial, cid: (1.5, 0.02, True)).running() as lab, _tuner(db, nats_url):
+    async with (
+        Lab(nats_url, lambda trial, cid: (1.5, 0.02, True)).running() as lab,
+        running_tuner(db, nats_url, TUNER),
+    ):
         await publish(js, changed)
         await _until_folded(db)
         await publish(js, requested)
