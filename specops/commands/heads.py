@@ -44,8 +44,17 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr = actions.add_parser("train", help="train a Medusa or EAGLE head, or a distilled draft model")
     tr.add_argument("--target", required=True, help="alias, local dir, .gguf file or Hugging Face id")
     tr.add_argument("--family", required=True, choices=("medusa", "eagle", "eagle3", "draft"))
-    tr.add_argument("--data", required=True, type=Path, help='JSONL of {"prompt", "completion"} lines')
-    tr.add_argument("--heldout", type=Path, help="held-out JSONL (default: 5%% of --data by prompt hash)")
+    tr.add_argument(
+        "--data",
+        required=True,
+        type=Path,
+        help='JSONL of {"prompt", "completion"} lines, or a chunk directory (`heads data --chunks-dir`)',
+    )
+    tr.add_argument(
+        "--heldout",
+        type=Path,
+        help="held-out JSONL (default: a chunk directory's heldout.jsonl, else 5%% of --data by prompt hash)",
+    )
     tr.add_argument("--epochs", type=int, default=2)
     tr.add_argument("--budget-minutes", type=float, help="stop with a checkpoint after this much training")
     tr.add_argument("--lr", type=float, help="peak learning rate (default: the family's)")
@@ -53,6 +62,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head scores")
     tr.add_argument("--num-heads", type=int, default=4, help="medusa heads")
     tr.add_argument("--draft-layers", type=int, default=6, help="draft: the target's first N layers")
+    tr.add_argument(
+        "--ttt-steps",
+        type=int,
+        help="EAGLE training-time test: unroll the head on its own outputs this deep (eagle 1, eagle3 3)",
+    )
     tr.add_argument("--max-len", type=int, default=512, help="tokens per training sequence")
     tr.add_argument("--batch-tokens", type=int, default=4096, help="tokens per training batch")
     tr.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
@@ -271,6 +285,7 @@ def run_train(args: argparse.Namespace) -> int:
         draft_vocab=args.draft_vocab,
         num_heads=args.num_heads,
         draft_layers=args.draft_layers,
+        ttt_steps=args.ttt_steps,
         checkpoint_every=args.checkpoint_every,
         extra={"command": " ".join(["specops", *sys.argv[1:]])},
     )

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from speccore.errors import SpecError
-from speccore.models import LoadedModel
+from speccore.models import LoadedModel, file_sha256
 from speccore.training.chunks import HELDOUT, MANIFEST, train_name
 from speccore.training.data import Example, is_heldout, read_examples
 from speccore.training.prepare import DataPlan, prepare_chunks
+from speccore.training.run import HeadPlan, train_head
 
 PROMPTS = [
     f"Name {n} things that are {c}."
@@ -57,3 +58,26 @@ def test_a_directory_of_another_plan_is_refused(smollm: LoadedModel, tmp_path: P
     prepare_chunks(smollm, DataPlan(limit=4, distill=False), _source, out, chunk_examples=2)
     with pytest.raises(SpecError, match="another plan"):
         prepare_chunks(smollm, DataPlan(limit=4, distill=False), _source, out, chunk_examples=3)
+
+
+def test_a_head_trains_on_a_chunk_directory_and_refuses_a_changed_file(
+    smollm: LoadedModel, tmp_path: Path
+) -> None:
+    out = tmp_path / "chunks"
+    prepare_chunks(
+        smollm, DataPlan(limit=12, heldout_fraction=0.2, distill=False), _source, out, chunk_examples=4
+    )
+    train_prompts = [ex.prompt for path in sorted(out.glob("train-*.jsonl")) for ex in read_examples(path)]
+    heldout = list(read_examples(out / HELDOUT))
+    plan = HeadPlan(family="eagle", epochs=1, draft_vocab=512, max_len=96, batch_tokens=200, ttt_steps=2)
+    result = train_head(smollm, plan, out, None, tmp_path / "head", progress=False)
+    provenance = json.loads((tmp_path / "head" / "config.json").read_text())["provenance"]
+    assert provenance["data"]["sha256"] == file_sha256(out / MANIFEST)
+    assert provenance["data"]["examples"] == len(train_prompts)
+    assert provenance["heldout"]["examples"] == len(heldout) == 12 - len(train_prompts) > 0
+    assert provenance["plan"]["ttt_steps"] == 2
+    assert result.stopped_by == "epochs"
+
+    (out / train_name(1)).write_text((out / train_name(1)).read_text().replace("Name", "List"))
+    with pytest.raises(SpecError, match="differs from"):
+        train_head(smollm, plan, out, None, tmp_path / "again", progress=False)

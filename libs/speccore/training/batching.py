@@ -25,5 +25,5 @@ def sequence_batches(lengths: list[int], batch_tokens: int, gen: torch.Generator
 def draft_index(draft_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[vocab] position of each token in the draft vocabulary, -100 (ignored) if absent."""
     index = torch.full((vocab_size,), -100, dtype=torch.long)
-    index[draft_ids] = torch.arange(len(draft_ids))
+    index[draft_ids.cpu()] = torch.arange(len(draft_ids))  # labels are made on the CPU
     return index

@@ -149,5 +149,23 @@ def distiller(tokenizer: Any, regenerate: Regenerate, batch_size: int) -> Distil
     return distill
 
 
+def chunk_files(root: Path) -> tuple[list[Path], Path]:
+    """A chunk directory's training files (in order) and its held-out file, each checked
+    against the manifest; SpecError when the manifest is missing or a file differs."""
+    path = root / MANIFEST
+    if not path.is_file():
+        raise SpecError(f"{root} is not a chunk directory: it has no {MANIFEST} (see `specops heads data`)")
+    entries = {f["file"]: f for f in json.loads(path.read_text())["files"]}
+    if HELDOUT not in entries:
+        raise SpecError(f"{root}: the manifest lists no {HELDOUT}")
+    for name, entry in entries.items():
+        if not (root / name).is_file() or _sha256(root / name) != entry["sha256"]:
+            raise SpecError(f"{root / name} is missing or differs from {path} (sha256 {entry['sha256']})")
+    train = sorted(name for name in entries if name != HELDOUT)
+    if not train:
+        raise SpecError(f"{root}: the manifest lists no training file yet")
+    return [root / name for name in train], root / HELDOUT
+
+
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()

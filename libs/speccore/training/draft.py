@@ -35,8 +35,10 @@ class DraftObjective:
         vocab_size: int,
         draft_ids: torch.Tensor,
         batch_tokens: int = 4096,
+        device: torch.device | None = None,
     ) -> None:
         self.module = module
+        self.device = device or torch.device("cpu")
         self.backbone = draft.base_model
         self.out_weight = out_weight.float()
         self.train_set, self.heldout = train, heldout
@@ -63,6 +65,7 @@ class DraftObjective:
             target[r, :n] = data.hidden[i].float()
             valid[r, : n - 1] = data.loss_mask[i][1:]
             labels[r, : n - 1] = torch.where(valid[r, : n - 1], self.index[data.input_ids[i][1:]], -100)
+        ids, attn, target, labels, valid = (t.to(self.device) for t in (ids, attn, target, labels, valid))
         hidden = self.backbone(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
         return hidden, target, labels, valid
 

@@ -62,8 +62,8 @@ def unroll(head: EagleHead, embeds: torch.Tensor, features: torch.Tensor, steps:
     fed = [head.inputs(embeds, head.target_feature(features))]
     outputs = torch.empty(0)
     for s in range(1, steps + 1):
-        mask = unroll_mask(length, s)[None, None]
-        pos = torch.arange(length).repeat(s)[None]
+        mask = unroll_mask(length, s).to(embeds.device)[None, None]
+        pos = torch.arange(length, device=embeds.device).repeat(s)[None]
         outputs = head.layer(
             inputs_embeds=torch.cat(fed)[None], attention_mask=mask, position_ids=pos
         ).last_hidden_state[0]
@@ -87,8 +87,10 @@ class EagleObjective:
         train_steps: int = 1,
         eval_steps: int = 5,
         batch_tokens: int = 4096,
+        device: torch.device | None = None,
     ) -> None:
         self.module = module
+        self.device = device or torch.device("cpu")
         self.embedding = embedding
         self.out_weight = out_weight.float() if out_weight is not None else None
         self.train_set, self.heldout = train, heldout
@@ -110,16 +112,17 @@ class EagleObjective:
         """embeds [L, h] of x_1.., features [L, F] at 0.., labels [L] (x_{j+2} in draft ids or
         -100), target next features [L, h] (f_{j+1}); L = T-1."""
         ids, mask = data.input_ids[i], data.loss_mask[i]
-        feats = (data.taps[i] if self.eagle3 and data.taps is not None else data.hidden[i]).float()
+        feats = (data.taps[i] if self.eagle3 and data.taps is not None else data.hidden[i]).to(self.device)
         with torch.no_grad():
-            embeds = self.embedding(ids[1:]).float()
+            embeds = self.embedding(ids[1:].to(self.device)).float()
         labels = torch.full((len(ids) - 1,), -100, dtype=torch.long)
         keep = mask[2:]
         labels[:-1] = torch.where(keep, self.index[ids[2:]], -100)
-        return embeds, feats[:-1], labels, data.hidden[i][1:].float()
+        next_feats = data.hidden[i][1:].to(self.device).float()
+        return embeds, feats[:-1].float(), labels.to(self.device), next_feats
 
     def loss(self, batch: Any, gen: torch.Generator) -> tuple[torch.Tensor, int]:
-        total = torch.zeros(())
+        total = torch.zeros((), device=self.device)
         tokens = 0
         for i in batch:
             embeds, feats, labels, next_feats = self._inputs(self.train_set, i)
@@ -128,7 +131,9 @@ class EagleObjective:
                 continue
             if not self.eagle3:
                 scale = feats.abs().mean(-1, keepdim=True)
-                feats = feats + (torch.rand(feats.shape, generator=gen) - 0.5) * 2 * FEATURE_NOISE * scale
+                # drawn on the CPU: the same noise, so the same run, on any device
+                uniform = torch.rand(feats.shape, generator=gen).to(self.device)
+                feats = feats + (uniform - 0.5) * 2 * FEATURE_NOISE * scale
             outs = unroll(self.module, embeds, feats, self.train_steps)
             n = int(valid.sum())
             for s in range(self.train_steps):
@@ -157,16 +162,22 @@ class EagleObjective:
             embeds, feats, labels, _ = self._inputs(self.heldout, i)
             outs = unroll(self.module, embeds, feats, steps)
             correct = self._logits(outs).argmax(-1) == labels[None]  # [steps, L]
-            length = labels.shape[0]
-            starts = torch.nonzero(labels >= 0).flatten()
-            for q in starts.tolist():
-                m = 0
-                while m < steps and q + m < length and bool(correct[m, q + m]):
-                    m += 1
-                runs.append(m)
+            runs.append(chain_runs(correct)[labels >= 0])
             top1.append(correct[0][labels >= 0].float())
+        run = torch.cat(runs).float()
         return {
-            "chain_mean_acceptance_length": 1.0 + sum(runs) / max(len(runs), 1),
+            "chain_mean_acceptance_length": 1.0 + (float(run.mean()) if len(run) else 0.0),
             "step1_top1": float(torch.cat(top1).mean()) if top1 else 0.0,
             "chain_depth": steps,
         }
+
+
+def chain_runs(correct: torch.Tensor) -> torch.Tensor:
+    """[L] draft tokens a greedy chain drafted from entry q gets accepted, from ``correct``
+    [steps, L] (step m at position q + m right): the run of m = 0, 1, ... with
+    ``correct[m, q + m]``; a chain stops at the sequence's end."""
+    steps, length = correct.shape
+    diagonal = torch.zeros_like(correct)
+    for m in range(steps):
+        diagonal[m, : length - m] = correct[m, m:]
+    return torch.cumprod(diagonal.long(), dim=0).sum(0)

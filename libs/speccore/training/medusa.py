@@ -23,6 +23,7 @@ from speccore.training.batching import draft_index, sequence_batches
 from speccore.training.features import Sequences
 
 HEAD_DECAY = 0.8
+EVAL_SEQUENCES = 32  # held-out sequences scored at once
 
 
 class MedusaObjective:
@@ -34,8 +35,10 @@ class MedusaObjective:
         heldout: Sequences,
         vocab_size: int,
         batch_tokens: int = 4096,
+        device: torch.device | None = None,
     ) -> None:
         self.module = module
+        self.device = device or torch.device("cpu")
         self.out_weight = out_weight.float()
         self.train_set, self.heldout = train, heldout
         self.index = draft_index(module.get_buffer("draft_ids"), vocab_size)
@@ -72,7 +75,12 @@ class MedusaObjective:
             labels.append(lab)
             teachers.append(teach)
             valid.append(ok_k)
-        return torch.cat(feats), torch.cat(labels), torch.cat(teachers), torch.cat(valid)
+        return (
+            torch.cat(feats).to(self.device),
+            torch.cat(labels).to(self.device),
+            torch.cat(teachers).to(self.device),
+            torch.cat(valid).to(self.device),
+        )
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         return F.linear(self.module(feats), self.out_weight)  # [N, K, draft vocab]
@@ -97,8 +105,13 @@ class MedusaObjective:
     def evaluate(self) -> dict[str, float]:
         if not len(self.heldout):
             return {}
-        feats, labels, _, _ = self._positions(self.heldout, list(range(len(self.heldout))))
-        correct = self._logits(feats).argmax(-1) == labels  # [N, K]; -100 never matches
+        n, parts = len(self.heldout), []
+        for start in range(0, n, EVAL_SEQUENCES):  # N x K x draft vocab logits: a slice at a time
+            feats, labels, _, _ = self._positions(
+                self.heldout, list(range(start, min(start + EVAL_SEQUENCES, n)))
+            )
+            parts.append(self._logits(feats).argmax(-1) == labels)  # -100 never matches
+        correct = torch.cat(parts)  # [N, K]
         run = torch.cumprod(correct.long(), dim=1).sum(1)  # heads in a row that are right
         out = {"chain_mean_acceptance_length": 1.0 + float(run.float().mean()), "chain_depth": self.k}
         for k in range(self.k):

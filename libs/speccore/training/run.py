@@ -25,6 +25,7 @@ from speccore.heads.eagle import EagleHead
 from speccore.heads.loading import output_weight
 from speccore.heads.medusa import MedusaHeads
 from speccore.models import LoadedModel, file_sha256
+from speccore.training.chunks import HELDOUT, MANIFEST, chunk_files
 from speccore.training.data import (
     TokenizedExample,
     check_disjoint,
@@ -43,6 +44,8 @@ HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "draft")
 HELDOUT_FRACTION = 0.05
 # New heads learn fast; a distilled draft starts from trained layers and must not forget them.
 DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4, "eagle3": 5e-4, "draft": 5e-5}
+# EAGLE-3 trains on its own unrolled outputs by design; EAGLE-1 may (it triples the cost).
+DEFAULT_TTT = {"eagle": 1, "eagle3": 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +61,14 @@ class HeadPlan:
     num_heads: int = 4  # medusa
     draft_layers: int = 6  # draft: the target's first layers, distilled
     feature_layers: tuple[int, ...] | None = None  # eagle3; default: low, middle, high
-    ttt_steps: int = 3  # eagle3 training-time test depth
+    ttt_steps: int | None = None  # eagle/eagle3 training-time test depth; None: DEFAULT_TTT
     checkpoint_every: int = 25
     extra: dict[str, str] = field(default_factory=dict)  # provenance to record as given (command line)
+
+    @property
+    def unroll_steps(self) -> int:
+        """The training-time test depth the EAGLE families train with (1: none)."""
+        return self.ttt_steps or DEFAULT_TTT.get(self.family, 1)
 
     def __post_init__(self) -> None:
         if self.family not in HEAD_FAMILIES:
@@ -74,7 +82,11 @@ class HeadPlan:
             raise SpecError(f"EAGLE-3 training is behind a feature flag: set {EAGLE3_FLAG}=1 to use it")
         if self.budget_minutes is not None and self.budget_minutes <= 0:
             raise SpecError(f"--budget-minutes must be positive, got {self.budget_minutes}")
-        if self.num_heads <= 0 or self.ttt_steps <= 0 or self.draft_layers <= 0:
+        if (
+            self.num_heads <= 0
+            or (self.ttt_steps is not None and self.ttt_steps <= 0)
+            or self.draft_layers <= 0
+        ):
             raise SpecError("num_heads, ttt_steps and draft_layers must be positive")
 
 
@@ -111,7 +123,7 @@ def train_head(
         checkpoint_every=plan.checkpoint_every,
     )
     fingerprint = target_fingerprint(target)
-    data_digest = file_sha256(data)
+    data_digest = data_sha256(data)
     run_key = hashlib.sha256(
         repr((asdict(plan) | {"budget_minutes": None, "extra": None}, fingerprint, data_digest)).encode()
     ).hexdigest()
@@ -126,10 +138,11 @@ def train_head(
             "completion_tokens": train_seq.completion_tokens,
         },
         "heldout": {
-            "path": str(heldout) if heldout else f"{HELDOUT_FRACTION:g} of data by prompt hash",
+            "path": _heldout_source(data, heldout),
             "examples": len(held_seq),
         },
-        "plan": {k: v for k, v in asdict(plan).items() if k != "extra"} | {"feature_layers": list(layers)},
+        "plan": {k: v for k, v in asdict(plan).items() if k != "extra"}
+        | {"feature_layers": list(layers), "ttt_steps": plan.unroll_steps},
         "steps": result.steps,
         "tokens_seen": result.tokens_seen,
         "stopped_by": result.stopped_by,
@@ -140,10 +153,15 @@ def train_head(
         "heldout_acceptance": result.reports[-1].heldout if result.reports else {},
         **plan.extra,
     }
-    save_head(out, config, module)
+    save_head(out, config, module.to("cpu"))
     if result.stopped_by == "epochs":
         (out / CHECKPOINT).unlink(missing_ok=True)
     return result
+
+
+def data_sha256(data: Path) -> str:
+    """What the training data is: a file's hash, or a chunk directory's manifest's."""
+    return file_sha256(data / MANIFEST if data.is_dir() else data)
 
 
 def hardware(target: LoadedModel) -> str:
@@ -163,7 +181,14 @@ def hardware(target: LoadedModel) -> str:
 def _examples(
     target: LoadedModel, plan: HeadPlan, data: Path, heldout: Path | None
 ) -> tuple[list[TokenizedExample], list[TokenizedExample]]:
-    if heldout is not None:
+    if data.is_dir():  # a chunk directory (`specops heads data --chunks-dir`)
+        train_files, held_file = chunk_files(data)
+        held_file = heldout or held_file
+        for path in train_files:
+            check_disjoint(path, held_file)
+        train_rows = [ex for path in train_files for ex in read_examples(path)]
+        held_rows = list(read_examples(held_file))
+    elif heldout is not None:
         check_disjoint(data, heldout)
         train_rows, held_rows = list(read_examples(data)), list(read_examples(heldout))
     else:
@@ -177,6 +202,12 @@ def _examples(
     if not train_ex:
         raise SpecError(f"{data}: no example leaves room for a completion within {plan.max_len} tokens")
     return train_ex, held_ex
+
+
+def _heldout_source(data: Path, heldout: Path | None) -> str:
+    if heldout is not None:
+        return str(heldout)
+    return str(data / HELDOUT) if data.is_dir() else f"{HELDOUT_FRACTION:g} of data by prompt hash"
 
 
 def _layers(plan: HeadPlan, n_layers: int) -> tuple[int, ...]:
@@ -214,23 +245,29 @@ def _objective(
     held_seq: Sequences,
     vocab_size: int,
 ) -> tuple[torch.nn.Module, Objective]:
-    out_weight = output_weight(target).detach().float()[draft_ids]
+    device = target.device  # the head trains where the target runs
+    out_weight = output_weight(target).detach().float()[draft_ids.to(device)]
     if plan.family == "draft":
         part = initial_layers(target.model, plan.draft_layers)
         draft = draft_with(target.model, part)
         return part, DraftObjective(
-            part, draft, out_weight, train_seq, held_seq, vocab_size, draft_ids, plan.batch_tokens
+            part, draft, out_weight, train_seq, held_seq, vocab_size, draft_ids, plan.batch_tokens, device
         )
     if plan.family == "medusa":
         medusa = MedusaHeads(config)
         medusa.get_buffer("draft_ids").copy_(draft_ids)
-        return medusa, MedusaObjective(medusa, out_weight, train_seq, held_seq, vocab_size, plan.batch_tokens)
+        medusa.to(device)
+        objective = MedusaObjective(
+            medusa, out_weight, train_seq, held_seq, vocab_size, plan.batch_tokens, device
+        )
+        return medusa, objective
     eagle = EagleHead(config)
     eagle.get_buffer("draft_ids").copy_(draft_ids)
     eagle3 = plan.family == "eagle3"
     if eagle.lm_head is not None:
         with torch.no_grad():
             eagle.lm_head.weight.copy_(out_weight)  # start from the target's own output rows
+    eagle.to(device)
     objective = EagleObjective(
         eagle,
         target.model.get_input_embeddings(),
@@ -238,7 +275,8 @@ def _objective(
         train_seq,
         held_seq,
         vocab_size,
-        train_steps=plan.ttt_steps if eagle3 else 1,
+        train_steps=plan.unroll_steps,
         batch_tokens=plan.batch_tokens,
+        device=device,
     )
     return eagle, objective
