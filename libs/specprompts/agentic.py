@@ -5,11 +5,11 @@ every call, and each step of a loop carries what the previous step produced. Two
 kinds of session, built from the packaged data and taken in turn:
 
 - tool session: TOOL_SESSION_STEPS ShareGPT requests to one agent whose tools
-  (:data:`specprompts.structured.TOOLS` and ``reply``) and call schema are the same in
-  every prompt; step j shows the session so far (the earlier requests, each answered
-  by a ``reply`` call carrying the real ShareGPT answer, shortened) and asks for the
-  next call. Every reply is one JSON object of one schema, so it is checkable as the
-  ``structured`` tasks are (:func:`agentic_tasks`).
+  (:data:`specprompts.structured.TOOLS` and ``reply``) are the same in every prompt; a
+  raw transcript (no chat template) whose step j shows the session so far (the earlier
+  requests, each answered by a ``reply`` call carrying the real ShareGPT answer,
+  shortened) and ends where the next call begins. Every call is one JSON object of one
+  schema, so replies are checkable as the ``structured`` tasks are (:func:`agentic_tasks`).
 - code-edit loop: a HumanEval function (stub and canonical solution) edited in
   CODE_EDIT_STEPS steps (rename a variable, rename the function, shorten the
   docstring); step j shows the file as the steps before it left it and asks for the
@@ -49,10 +49,11 @@ KIND_CODE = "code_edit"
 
 AGENT_SCHEMA = tool_call_schema([*TOOLS, REPLY_TOOL])
 AGENT_SYSTEM = (
-    "You are an agent that acts only through tools. Answer each user message with one JSON object "
-    "that calls one tool and validates against this JSON Schema, and nothing else (no prose, no code "
-    f"fences):\n{json.dumps(AGENT_SCHEMA)}\n\n"
-    "Example:\n"
+    "A transcript of an agent that acts only through tools. Its tools, each with the JSON Schema of "
+    "its arguments:\n"
+    + "".join(f"- {t.name}: {t.description} {json.dumps(t.arguments)}\n" for t in (*TOOLS, REPLY_TOOL))
+    + 'Each answer of the assistant is one JSON object, {"name": <tool>, "arguments": {...}}, and '
+    "nothing else.\n\nExample:\n"
     "User: What's the weather in Lisbon right now, in celsius?\n"
     'Assistant: {"name": "get_weather", "arguments": {"city": "Lisbon", "unit": "celsius"}}'
 )
@@ -127,7 +128,9 @@ def _tool_step(step: _ToolStep) -> StructuredTask:
     ]
     history = "Session so far:\n" + "\n\n".join(turns) + "\n\n" if turns else ""
     text = f"{AGENT_SYSTEM}\n\n{history}User: {step.session[step.step].question}\nAssistant:"
-    prompt = Prompt(id=step.id, text=text, chat=True, source="sharegpt")
+    # A transcript to continue, as completion-style agents prompt: a chat template around it
+    # made the small models here answer in prose or repeat the example, not call a tool.
+    prompt = Prompt(id=step.id, text=text, chat=False, source="sharegpt")
     return StructuredTask(prompt, AGENT_SCHEMA, KIND_TOOL)
 
 

@@ -91,7 +91,8 @@ def test_a_prompt_is_the_same_text_whatever_the_seed_or_the_exclusions():
 def test_the_kinds_alternate_and_each_runs_its_sessions_step_by_step():
     prompts = load_prompts("agentic", 4 * TOOL_SESSION_STEPS, seed=2)
     assert [_is_edit(p) for p in prompts] == [False, True] * (2 * TOOL_SESSION_STEPS)
-    assert all(p.chat for p in prompts)
+    # code edits ask a chat model; tool sessions are transcripts for it to continue
+    assert [p.chat for p in prompts] == [_is_edit(p) for p in prompts]
     edits = [_EDIT_ID.match(p.id) for p in prompts if _is_edit(p)]
     steps = [int(m[2]) for m in edits if m]
     assert steps[:CODE_EDIT_STEPS] == list(range(1, CODE_EDIT_STEPS + 1))
