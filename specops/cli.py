@@ -10,6 +10,7 @@ from typing import NoReturn
 
 from speccatalog import families
 from speccatalog.families.base import DraftSource, FamilyError
+from speccatalog.workloads import WORKLOADS
 from speccore.errors import SpecError
 from specops.commands.decoding import (
     draft_args,
@@ -60,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="interleaved benchmark of methods on a prompt set")
     model_args(bench)
     bench.add_argument(
-        "--workload", required=True, choices=("chat", "code"), help="prompt set (with --prompts: the label)"
+        "--workload", required=True, choices=WORKLOADS, help="prompt set (with --prompts: the label)"
     )
     bench.add_argument(
         "--prompts", type=Path, help='JSONL of {"prompt", "completion"} lines: their prompts, as chat'

@@ -99,7 +99,7 @@ RAG_INSTRUCTION = (
 
 def rag_prompts(n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()) -> list[Prompt]:
     """A question after RAG_PASSAGES passages, one of them the answer it really got."""
-    docs = _select(_documents(), "rag", n, seed, exclude_ids)
+    docs = _select(documents(), "rag", n, seed, exclude_ids)
     return [_rag_prompt(doc) for doc in docs]
 
 
@@ -122,7 +122,7 @@ def summarization_prompts(
 
 
 @dataclass(frozen=True, slots=True)
-class _Document:
+class Document:
     id: str  # "sharegpt:<conv id>"
     question: str  # first user turn
     answer: str  # first assistant reply
@@ -130,9 +130,9 @@ class _Document:
 
 
 @functools.cache
-def _documents() -> tuple[_Document, ...]:
+def documents() -> tuple[Document, ...]:
     """Conversations whose first exchange is a plain-text question and a mid-length answer."""
-    docs: list[_Document] = []
+    docs: list[Document] = []
     conversations = itertools.islice(sharegpt_conversations(), DOCUMENT_SKIP, DOCUMENT_SKIP + DOCUMENT_SCAN)
     for conv_id, turns in conversations:
         part = _PART_SUFFIX.search(conv_id)
@@ -144,15 +144,15 @@ def _documents() -> tuple[_Document, ...]:
             continue
         if not (_fits(question, QUESTION_CHARS) and _fits(answer, ANSWER_CHARS) and _complete(answer)):
             continue
-        docs.append(_Document(conv_id, question, answer, _transcript(turns)))
+        docs.append(Document(conv_id, question, answer, _transcript(turns)))
     if len(docs) < RAG_PASSAGES:
         raise SpecError(f"only {len(docs)} ShareGPT conversations are usable as documents")
     return tuple(docs)
 
 
 @functools.cache
-def _summarizable() -> tuple[_Document, ...]:
-    return tuple(d for d in _documents() if len(d.transcript) >= SUMMARY_MIN_CHARS)
+def _summarizable() -> tuple[Document, ...]:
+    return tuple(d for d in documents() if len(d.transcript) >= SUMMARY_MIN_CHARS)
 
 
 def _fits(text: str, bounds: tuple[int, int]) -> bool:
@@ -177,8 +177,8 @@ def _transcript(turns: Sequence[tuple[str, str]]) -> str:
     return "\n\n".join(parts)
 
 
-def _rag_prompt(doc: _Document) -> Prompt:
-    pool = _documents()
+def _rag_prompt(doc: Document) -> Prompt:
+    pool = documents()
     rng = random.Random(f"rag:{doc.id}")
     passages = [doc.answer]
     while len(passages) < RAG_PASSAGES:
@@ -191,7 +191,7 @@ def _rag_prompt(doc: _Document) -> Prompt:
     return Prompt(id=f"rag:{doc.id}", text=text, chat=True, source="sharegpt")
 
 
-def _summary_prompt(doc: _Document) -> Prompt:
+def _summary_prompt(doc: Document) -> Prompt:
     rng = random.Random(f"summarization:{doc.id}")
     if len(doc.answer) >= SUMMARY_MIN_CHARS and rng.random() < 0.5:
         task, body = rng.choice(SUMMARY_ANSWER_TASKS), doc.answer
@@ -358,12 +358,12 @@ def long_context_prompts(
     Each prompt asks about one anchor conversation, hidden at a random depth among
     fillers drawn in an order seeded by the anchor.
     """
-    docs = _select(_documents(), "long_context", n, seed, exclude_ids)
+    docs = _select(documents(), "long_context", n, seed, exclude_ids)
     return [_long_context_prompt(doc, max_tokens, count_tokens) for doc in docs]
 
 
-def _long_context_prompt(anchor: _Document, max_tokens: int, count: Callable[[str], int]) -> Prompt:
-    pool = _documents()
+def _long_context_prompt(anchor: Document, max_tokens: int, count: Callable[[str], int]) -> Prompt:
+    pool = documents()
     rng = random.Random(f"long_context:{anchor.id}")
     chosen = [anchor]
     used = count(_long_context_text(chosen, 1))
@@ -396,7 +396,7 @@ def _long_context_prompt(anchor: _Document, max_tokens: int, count: Callable[[st
     return Prompt(id=f"long_context:{anchor.id}", text=text, chat=True, source="sharegpt")
 
 
-def _long_context_text(docs: Sequence[_Document], target: int) -> str:
+def _long_context_text(docs: Sequence[Document], target: int) -> str:
     body = "".join(f"### Document {i}\n{d.transcript}\n\n" for i, d in enumerate(docs, 1))
     question = (
         f"Above are {len(docs)} documents, each a conversation between a user and an AI assistant. "
@@ -410,8 +410,8 @@ def _long_context_text(docs: Sequence[_Document], target: int) -> str:
 
 
 def _select(
-    docs: Sequence[_Document], workload: str, n: int, seed: int, exclude_ids: frozenset[str]
-) -> list[_Document]:
+    docs: Sequence[Document], workload: str, n: int, seed: int, exclude_ids: frozenset[str]
+) -> list[Document]:
     """The first `n` items of a seeded shuffle whose derived ids are not excluded."""
     check_n(n)
     kept = [d for d in seeded_shuffle(docs, seed, workload) if f"{workload}:{d.id}" not in exclude_ids]

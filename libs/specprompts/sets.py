@@ -1,7 +1,8 @@
 """A workload's prompt set: which source builds it, and the set sized for one model.
 
-``load_prompts`` picks a fingerprint's set (``chat`` and ``code`` from
-:mod:`specprompts.sources`, the six others from :mod:`specprompts.derived`);
+``load_prompts`` picks a workload's set (``chat`` and ``code`` from
+:mod:`specprompts.sources`, the six other fingerprints' from :mod:`specprompts.derived`,
+``agentic`` from :mod:`specprompts.agentic`; speccatalog.workloads names them);
 ``prompts_for_model`` checks that each fits a model's context and fills
 ``long_context`` prompts up to the model's budget. Measurement and the quality gate
 both call it, so they see the same prompts.
@@ -14,22 +15,28 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from speccatalog.workloads import WORKLOADS
 from speccore.errors import SpecError
 from speccore.training.data import read_examples
-from specprompts.derived import DERIVED_WORKLOADS, derived_prompts, long_context_prompts
+from specprompts.agentic import agentic_prompts, agentic_tasks
+from specprompts.derived import derived_prompts, long_context_prompts
 from specprompts.sources import Prompt, chat_prompts, check_n, humaneval_prompts
+from specprompts.structured import StructuredTask, structured_tasks
 
 if TYPE_CHECKING:
     from speccore.models import LoadedModel
 
-WORKLOADS = ("chat", "code", *DERIVED_WORKLOADS)
 # prompts_for_model fills at most this many tokens, by device type: prefill cost grows
 # faster than linearly with length and a bench repeats it for every method and rep.
 # On this project's 2-core CPUs smollm2 took 8 s to prefill 1024 tokens, 40 s for 2048
 # and 160 s for 4096 (a loaded machine), so CPU benches stop at 2048.
 LONG_CONTEXT_CAP = {"cpu": 2048, "cuda": 8192}
 
-_SOURCES: dict[str, Callable[..., list[Prompt]]] = {"chat": chat_prompts, "code": humaneval_prompts}
+_SOURCES: dict[str, Callable[..., list[Prompt]]] = {
+    "chat": chat_prompts,
+    "code": humaneval_prompts,
+    "agentic": agentic_prompts,
+}
 
 
 def load_prompts(
@@ -40,13 +47,25 @@ def load_prompts(
     long_context prompts come sized for the default budget here; use
     :func:`prompts_for_model` to size them to a model's context.
     """
-    if workload not in WORKLOADS:
-        raise SpecError(f"unknown workload {workload!r}; valid workloads: {', '.join(WORKLOADS)}")
+    check_workload(workload)
     check_n(n)
     source = _SOURCES.get(workload)
     if source is None:
         return derived_prompts(workload, n, seed, exclude_ids=exclude_ids)
     return source(n, seed, exclude_ids=exclude_ids)
+
+
+def check_workload(workload: str) -> None:
+    """SpecError naming the valid workloads unless `workload` is one."""
+    if workload not in WORKLOADS:
+        raise SpecError(f"unknown workload {workload!r}; valid workloads: {', '.join(WORKLOADS)}")
+
+
+def constraint_tasks(workload: str, n: int, seed: int = 0) -> list[StructuredTask]:
+    """`n` tasks whose replies a JSON Schema checks, for a workload: the agentic set's own
+    tool-session steps for ``agentic``, the structured-output tasks for every other one."""
+    check_workload(workload)
+    return agentic_tasks(n, seed) if workload == "agentic" else structured_tasks(n, seed)
 
 
 def prompts_for_model(

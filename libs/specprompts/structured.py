@@ -104,21 +104,21 @@ def _object(properties: dict[str, Any], required: list[str] | None = None) -> di
 
 
 @dataclass(frozen=True, slots=True)
-class _Tool:
+class Tool:
     name: str
     description: str
     arguments: dict[str, Any]  # JSON Schema of the arguments object
 
 
 _TEXT = {"type": "string", "minLength": 1}
-_TOOLS = (
-    _Tool(
+TOOLS = (
+    Tool(
         "web_search",
         "Search the web and return the top results.",
         _object({"query": _TEXT, "max_results": {"type": "integer", "minimum": 1, "maximum": 10}}, ["query"]),
     ),
-    _Tool("run_python", "Run a Python snippet and return its output.", _object({"code": _TEXT})),
-    _Tool(
+    Tool("run_python", "Run a Python snippet and return its output.", _object({"code": _TEXT})),
+    Tool(
         "send_email",
         "Send an email.",
         _object(
@@ -129,7 +129,7 @@ _TOOLS = (
             }
         ),
     ),
-    _Tool(
+    Tool(
         "create_calendar_event",
         "Add an event to the user's calendar.",
         _object(
@@ -141,19 +141,18 @@ _TOOLS = (
             ["title", "date"],
         ),
     ),
-    _Tool(
+    Tool(
         "get_weather",
         "Current weather for a city.",
         _object({"city": _TEXT, "unit": {"enum": ["celsius", "fahrenheit"]}}, ["city"]),
     ),
 )
-_REPLY = _Tool("reply", "Answer the user directly when no other tool fits.", _object({"text": _TEXT}))
+REPLY_TOOL = Tool("reply", "Answer the user directly when no other tool fits.", _object({"text": _TEXT}))
 
 
-def _tool_call(request: Prompt) -> StructuredTask:
-    rng = random.Random(_id(request))
-    tools = [*rng.sample(_TOOLS, TOOLS_OFFERED), _REPLY]
-    schema = {
+def tool_call_schema(tools: Sequence[Tool]) -> JsonSchema:
+    """The schema of one call of one of `tools`: ``{"name": <tool>, "arguments": {...}}``."""
+    return {
         "$schema": JSON_SCHEMA_DIALECT,
         "oneOf": [
             {
@@ -163,6 +162,12 @@ def _tool_call(request: Prompt) -> StructuredTask:
             for tool in tools
         ],
     }
+
+
+def _tool_call(request: Prompt) -> StructuredTask:
+    rng = random.Random(_id(request))
+    tools = [*rng.sample(TOOLS, TOOLS_OFFERED), REPLY_TOOL]
+    schema = tool_call_schema(tools)
     instruction = (
         f"You are an agent with these tools: {', '.join(t.name for t in tools)}. Call the most suitable "
         f"tool for the user's request below.\n\nUser request: {request.text}"

@@ -21,8 +21,8 @@ from speccore.sampling import SamplingParams
 from speccore.tracing import traced_generate
 from specops_schemas.candidates import Candidate
 from specops_services.quality_gate.sample import GateSample
-from specprompts.sets import load_prompts
-from specprompts.structured import StructuredTask, structured_tasks
+from specprompts.sets import constraint_tasks, load_prompts
+from specprompts.structured import StructuredTask
 
 # Candidate.options key of speccore's lossy acceptance rule (verify.py); never set by the catalog.
 LOSSY_OPTION = "lossy_accept_threshold"
@@ -72,9 +72,12 @@ class Reference:
         return self._prompts
 
     def tasks(self) -> list[StructuredTask]:
-        """The structured-output tasks: given ones, or speccore's set, seeded."""
+        """The tasks a JSON Schema checks: given ones, or the sample's workload's, seeded
+        (specprompts.sets.constraint_tasks: the agentic set's own tool calls for ``agentic``)."""
         if self._tasks is None:
-            self._tasks = structured_tasks(self.sample.structured_tasks, self.sample.seed)
+            self._tasks = constraint_tasks(
+                self.sample.workload, self.sample.structured_tasks, self.sample.seed
+            )
         return self._tasks
 
     def baseline(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from speccatalog.workloads import WORKLOADS
 from speccore.errors import SpecError
 from speccore.sampling import SamplingParams
 from specops_schemas.candidates import Sampling
@@ -40,7 +41,7 @@ class Thresholds:
 class GateSample:
     """What the gate decodes. The defaults are sized for CPU (seconds per method on 135M)."""
 
-    workload: str = "chat"  # prompt set of exact / topk5 / logit_kl (specprompts.sources.WORKLOADS)
+    workload: str = "chat"  # prompt set of exact / topk5 / logit_kl (speccatalog.workloads.WORKLOADS)
     n_prompts: int = 4
     max_new_tokens: int = 32
     seed: int = 0  # prompt selection and sampled decoding
@@ -51,6 +52,10 @@ class GateSample:
     structured_new_tokens: int = 96  # enough for a small JSON object
 
     def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise SpecError(
+                f"gate sample workload must be one of {', '.join(WORKLOADS)}, got {self.workload!r}"
+            )
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name not in ("workload", "seed") and value <= 0:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from speccatalog.workloads import WORKLOADS
 from speccore.errors import SpecError
 from specops.commands import decoding
 
@@ -53,8 +54,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--workloads", default=DEFAULT_WORKLOADS,
-        help="comma-separated: sharegpt, mtbench, humaneval or a specprompts workload (chat, code, rag, "
-        f"summarization, structured, reasoning, creative) (default {DEFAULT_WORKLOADS})",
+        help="comma-separated: sharegpt, mtbench, humaneval or a specprompts workload "
+        f"({', '.join(WORKLOADS)}) (default {DEFAULT_WORKLOADS})",
     )  # fmt: skip
     positive = decoding.positive
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated levels (default 1,8,32)")

@@ -11,6 +11,7 @@ import sys
 import pytest
 from jsonschema import Draft202012Validator
 
+from speccatalog.workloads import EXTRA_WORKLOADS, FINGERPRINTS
 from speccore.errors import SpecError
 from specops_schemas.catalog import Fingerprint
 from specprompts.corpora import CHAT_CONVERSATIONS
@@ -199,12 +200,15 @@ def test_missing_fetched_data_says_how_to_fetch_it(tmp_path):
 
 # --- the six derived fingerprints (specprompts.derived, specprompts.structured) --------------
 
-DERIVED = [w for w in WORKLOADS if w not in ("chat", "code")]
+DERIVED = list(DERIVED_WORKLOADS)
 
 
 def test_there_is_a_prompt_set_for_every_fingerprint():
-    assert set(WORKLOADS) == {f.value for f in Fingerprint}
-    assert set(DERIVED) == set(DERIVED_WORKLOADS)
+    fingerprints = {f.value for f in Fingerprint}
+    assert set(FINGERPRINTS) == fingerprints
+    assert set(WORKLOADS) == fingerprints | set(EXTRA_WORKLOADS)
+    assert set(WORKLOADS) == {"chat", "code", *DERIVED, *EXTRA_WORKLOADS}
+    assert set(EXTRA_WORKLOADS.values()) <= fingerprints
 
 
 @pytest.mark.parametrize("workload", DERIVED)
