@@ -33,8 +33,9 @@ FACTOR = "suffix_decoding_max_spec_factor"
 MIN_PROB = "suffix_decoding_min_token_prob"
 TREE = "use_tree_spec"
 # Host-side work per step, speccore's trees in Python: a match walk per match length over
-# two trees (measured 0.2-0.6 ms on the project machines; see speccore.suffix_tree).
-LOOKUP_S = 0.6e-3
+# two trees; measured 1.4 ms a step (ngram: 0.34) on HumanEval, smollm2, 2 CPU threads
+# (`specops bench --workload code`: draft_time_s / verify_steps).
+LOOKUP_S = 1.4e-3
 # Budgets: drafts are cut by the match length first, so a large budget costs only where
 # matches are long (vLLM's docs suggest 16-32; its default is the tree depth, 24).
 K_GRID = (8, 16)

@@ -16,8 +16,8 @@ from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepCon
 from speccore.state import Sequence
 from speccore.suffix_tree import NODE_BYTES, Draft, DraftRule, OutputTree, SuffixTree
 
-# Nodes one scope's global tree may hold (about 36 MB at NODE_BYTES), beside the
-# max_cached_requests bound: on top of the outputs count, Python nodes must stay bounded.
+# Nodes one scope's global tree may hold (about 58 MB at NODE_BYTES, about 12k output tokens
+# at depth 24), beside the max_cached_requests bound: Python nodes must stay bounded too.
 POOL_MAX_NODES = 200_000
 _OWN = 0  # the row's sequence id in its own tree
 
