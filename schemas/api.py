@@ -175,6 +175,18 @@ class VllmConfig(Model):
     prompt_lookup_max: int | None = Field(None, ge=1, description="Longest n-gram matched (ngram only).")
     prompt_lookup_min: int | None = Field(None, ge=1, description="Shortest n-gram matched (ngram only).")
     draft_tensor_parallel_size: int | None = Field(None, ge=1, description="TP degree of the draft model.")
+    suffix_decoding_max_tree_depth: int | None = Field(
+        None, ge=1, description="suffix only: deepest pattern plus draft its suffix trees hold."
+    )
+    suffix_decoding_max_cached_requests: int | None = Field(
+        None, ge=0, description="suffix only: earlier outputs its global tree keeps (0: no global tree)."
+    )
+    suffix_decoding_max_spec_factor: float | None = Field(
+        None, ge=0, description="suffix only: draft at most this many tokens per matched token."
+    )
+    suffix_decoding_min_token_prob: float | None = Field(
+        None, ge=0, le=1, description="suffix only: smallest estimated probability of a draft token."
+    )
 
 
 class SglangConfig(Model):

@@ -6,6 +6,12 @@ all of them alike; before the first rep each method decodes once to warm up its
 allocator, kernels and caches. A method's speedup in a rep is its tokens/s over the
 baseline's in that same rep; summaries take the median across reps.
 
+Fair to cross-request drafting (a family whose spec is ``cross_request``, e.g. suffix):
+each rep's requests name their own draft scope, and the warm-up another, so such a
+method's pool holds only what other, earlier prompts of the same rep wrote (and, in a
+batch, what batch-mates that finished first wrote) — never an earlier rep's output of the
+same prompt, nor the warm-up's. :func:`bench_engine` gives it one pool at a time.
+
 :func:`interleave` is the protocol with its hooks (a callback per measured rep,
 resume from stored reps, a failing method dropped while the others go on); the
 CLI's ``specops bench`` (:func:`run_bench`) and the benchmark-runner service both
@@ -30,6 +36,7 @@ import torch
 
 from speccore import __version__
 from speccore.bandwidth import decode_limit_tokens_per_s, measure_read_bandwidth
+from speccore.draft_pool import DraftPools
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.heads.loading import head_for
@@ -37,13 +44,16 @@ from speccore.hf_baselines import HF_DEFAULT_K, HF_METHODS, HFGenerator
 from speccore.metrics import GenerationMetrics
 from speccore.model_cache import release_memory
 from speccore.models import LoadedModel, load_model
-from speccore.proposers import default_k
+from speccore.proposers import NONE, default_k, spec_of
 from speccore.proposers.base import ProposerConfig
 from speccore.sampling import SamplingParams
 from speccore.tracing import traced_generate
 
 # The warm-up decodes the first prompt cut to this many tokens.
 WARMUP_PROMPT_TOKENS = 64
+# Draft scopes of the warm-up and of rep n (REP_SCOPE + n): no rep drafts from another's outputs.
+WARMUP_SCOPE = "warm-up"
+REP_SCOPE = "rep-"
 
 
 # --- the protocol -----------------------------------------------------------------------
@@ -95,11 +105,12 @@ class Schedule:
         if self.reps <= 0 or self.batch_size <= 0 or self.max_new_tokens <= 0:
             raise SpecError("reps, batch size and max new tokens must be positive")
 
-    def batches(self) -> list[list[Request]]:
+    def batches(self, rep: int) -> list[list[Request]]:
         size = self.batch_size
+        scope = f"{REP_SCOPE}{rep}"
         return [
             [
-                Request(ids, self.max_new_tokens, self.sampling, self.seed + first + i)
+                Request(ids, self.max_new_tokens, self.sampling, self.seed + first + i, draft_scope=scope)
                 for i, ids in enumerate(self.prompts[first : first + size])
             ]
             for first in range(0, len(self.prompts), size)
@@ -108,7 +119,7 @@ class Schedule:
     def warm_up(self) -> list[Request]:
         # A short prompt but every new token: caches and allocator reach the sizes the reps use.
         first = self.prompts[0][:WARMUP_PROMPT_TOKENS]
-        return [Request(first, self.max_new_tokens, self.sampling, self.seed)]
+        return [Request(first, self.max_new_tokens, self.sampling, self.seed, draft_scope=WARMUP_SCOPE)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +203,6 @@ class _Bench:
         self, schedule: Schedule, methods: dict[str, Method], baseline: str, log: Callable[[str], None]
     ) -> None:
         self.schedule = schedule
-        self.batches = schedule.batches()
         self.methods = methods
         self.baseline = baseline
         self.log = log
@@ -214,7 +224,8 @@ class _Bench:
         token_ids: dict[str, list[list[int]]] = {m: [] for m in todo}
         metrics: dict[str, list[GenerationMetrics]] = {m: [] for m in todo}
         seconds = dict.fromkeys(todo, 0.0)
-        for b, requests in enumerate(self.batches):
+        batches = self.schedule.batches(rep)
+        for b, requests in enumerate(batches):
             shift = (rep + b) % len(todo)
             for method in todo[shift:] + todo[:shift]:
                 if method not in self.methods:
@@ -226,7 +237,7 @@ class _Bench:
                     seconds[method] -= decoded.overhead_s
                     token_ids[method].extend(decoded.token_ids)
                     metrics[method].extend(decoded.metrics)
-            self.log(f"rep {rep + 1}/{self.schedule.reps} batch {b + 1}/{len(self.batches)} done")
+            self.log(f"rep {rep + 1}/{self.schedule.reps} batch {b + 1}/{len(batches)} done")
 
         def run(method: str, speedup: float | None) -> RepRun:
             return RepRun(method, rep, token_ids[method], metrics[method], seconds[method], speedup)
@@ -315,8 +326,15 @@ def build_methods(target: LoadedModel, spec: BenchSpec) -> dict[str, Method]:
         k = spec.k or default_k(method)
         head = head_for(method, spec.heads, target.ref)
         cfg = ProposerConfig(k=k, draft=spec.draft, datastore=spec.datastore, head=head, **spec.tree)
-        methods[method] = engine_method(Engine(target, method, cfg))
+        methods[method] = engine_method(bench_engine(target, method, cfg))
     return methods
+
+
+def bench_engine(target: LoadedModel, method: str, config: ProposerConfig | None = None) -> Engine:
+    """The engine that measures ``method``: a cross-request family gets draft pools that keep
+    one scope (the rep's), so each rep starts with an empty pool (see the module's docstring)."""
+    cross_request = method != NONE and spec_of(method).cross_request
+    return Engine(target, method, config, draft_pools=DraftPools(max_scopes=1) if cross_request else None)
 
 
 def run_bench(

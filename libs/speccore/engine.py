@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -118,12 +118,13 @@ class Engine:
         *,
         lossy_accept_threshold: float | None = None,
         adaptive: bool = False,
-        draft_pools: DraftPools | None = None,
+        draft_pools: DraftPools[Any] | None = None,
     ) -> None:
         """``adaptive``: choose each step's draft size from the batch and the measured
         acceptance (speccore.adaptive) instead of always drafting the configured size.
-        ``draft_pools``: cross-request n-gram pools the proposer drafts from and finished
-        requests feed, per ``Request.draft_scope`` (a family that reads them: n-gram)."""
+        ``draft_pools``: cross-request pools the proposer drafts from and finished requests
+        feed, per ``Request.draft_scope`` (families that read them: ngram, suffix); the engine
+        binds them to its proposer's kind of pool."""
         if lossy_accept_threshold is not None and not 0.0 < lossy_accept_threshold <= 1.0:
             raise SpecError(f"lossy_accept_threshold must be in (0, 1], got {lossy_accept_threshold}")
         self.target = target
@@ -145,7 +146,8 @@ class Engine:
         self.draft_pools = draft_pools
         if draft_pools is not None:
             if self.proposer is None or not self.proposer.reads_draft_pools:
-                raise SpecError(f"{method} does not draft from a cross-request pool (ngram does)")
+                raise SpecError(f"{method} does not draft from a cross-request pool (ngram and suffix do)")
+            draft_pools.bind(method, self.proposer.new_draft_pool)
             self.proposer.draft_pools = draft_pools
 
     @torch.inference_mode()
@@ -326,7 +328,7 @@ class Engine:
         if run.on_tokens is not None and kept:
             run.on_tokens(row, kept)
         if seq.finished and self.draft_pools is not None and seq.draft_scope is not None:
-            self.draft_pools.add(seq.draft_scope, seq.token_ids)
+            self.draft_pools.add(seq.draft_scope, seq.prompt_ids, seq.output_ids)
         run.metrics[row].mark_emitted(time.perf_counter() - run.starts[row], finished=seq.finished)
 
 

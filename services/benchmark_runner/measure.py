@@ -28,7 +28,16 @@ from pathlib import Path
 
 from speccatalog.artifacts import find_head, is_head_id
 from speccatalog.families.base import DraftSource
-from speccore.bench import BaselineFailed, Method, RepRun, Schedule, describe, engine_method, interleave
+from speccore.bench import (
+    BaselineFailed,
+    Method,
+    RepRun,
+    Schedule,
+    bench_engine,
+    describe,
+    engine_method,
+    interleave,
+)
 from speccore.candidates import speccore_candidate
 from speccore.engine import Engine
 from speccore.errors import SpecError
@@ -328,7 +337,7 @@ def _engine(
         elif spec.source == DraftSource.HEAD and is_head_id(config.head):
             # A tenant's registry head (T3): its trained artifact in the tenant's part of the store.
             config = dataclasses.replace(config, head=str(registry_head(str(config.head), corpora)))
-        return Engine(target, spec.family, config)
+        return bench_engine(target, spec.family, config)
     except (SpecError, OSError, RuntimeError, MemoryError) as err:
         release_memory()
         raise _CandidateFailed(

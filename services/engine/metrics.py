@@ -26,7 +26,7 @@ than the engine's step); with a cross-request draft pool (F-S1), summed over the
 (never per tenant): counters `draft_pool_lookups`, `draft_pool_hits` and
 `draft_pool_draft_tokens` (steps that asked a pool, those it drafted for, the tokens it
 drafted) and gauges `draft_pool_scopes`, `draft_pool_entries` and `draft_pool_requests` (the
-pools kept, the n-grams they hold, the finished requests they indexed), read from the pools
+pools kept, the n-grams or suffix-tree nodes they hold, the finished requests they keep), read from the pools
 when scraped.
 
 The registry is the server's own (not prometheus_client's global one), so that two servers
@@ -197,7 +197,11 @@ class _PoolCollector(Collector):
         pools = list(self.pools.pools.values())
         for name, help_text, value in (
             ("draft_pool_scopes", "Pools kept (one per scope).", len(pools)),
-            ("draft_pool_entries", "n-grams the pools hold.", sum(len(p) for p in pools)),
+            (
+                "draft_pool_entries",
+                "Entries the pools hold (n-grams, suffix-tree nodes).",
+                sum(len(p) for p in pools),
+            ),
             (
                 "draft_pool_requests",
                 "Finished requests the pools kept indexed.",

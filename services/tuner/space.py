@@ -31,7 +31,7 @@ from specops_schemas.tune import Dimension
 MAX_K = 16
 NO_DRAFT = "none"
 CHAIN = "chain"
-Value = str | int
+Value = str | int | float
 
 
 class Suggester(Protocol):
@@ -143,7 +143,7 @@ def to_candidate(params: Mapping[str, Any], space: Space, trial: int) -> Candida
     tree = [int(n) for n in tree_value.split("x")] if tree_value != CHAIN else None
     k = len(tree) if tree else int(params[f"{family}.k"])
     knobs = {
-        knob.name: int(params[f"{family}.{knob.name}"])
+        knob.name: knob.coerce(params[f"{family}.{knob.name}"])
         for knob in spec.knobs
         if f"{family}.{knob.name}" in params
     }
@@ -153,7 +153,8 @@ def to_candidate(params: Mapping[str, Any], space: Space, trial: int) -> Candida
         parts.append(shape_label(tree))
     if draft:
         parts.append(slug(draft))
-    parts += [str(v) for v in knobs.values()]
+    # Ids take no dots: a float knob of 0.5 reads 0p5.
+    parts += [str(v) if isinstance(v, int) else f"{v:g}".replace(".", "p") for v in knobs.values()]
     candidate_id = "-".join(parts)[:128]
     return Candidate(
         candidate_id=candidate_id, family=Family(family), draft=draft, k=k, tree=tree, options=options

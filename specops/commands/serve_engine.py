@@ -95,7 +95,8 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         help="ngram: also draft from a pool of earlier requests' prompts and outputs, shared in the "
-        "single_tenant tier, per tenant in the others (F-S1)",
+        "single_tenant tier, per tenant in the others (F-S1); suffix always drafts from such a pool "
+        "of earlier outputs (its global suffix tree)",
     )
     g.add_argument(
         "--jitter",
@@ -198,7 +199,7 @@ def run(args: argparse.Namespace, served: Served) -> int:
     """Load the target, build the engine and serve until SIGTERM / SIGINT."""
     from speccore.draft_pool import DraftPools
     from speccore.engine import Engine
-    from speccore.proposers import ProposerConfig, default_k
+    from speccore.proposers import NONE, ProposerConfig, default_k, spec_of
     from specops_services.engine.app import serve
     from specops_services.engine.serving import ServerOptions
 
@@ -210,7 +211,8 @@ def run(args: argparse.Namespace, served: Served) -> int:
     )
     target = decoding.load_target(load)
     adaptive = adaptive_k(args)
-    pools = DraftPools() if args.draft_pool else None
+    cross_request = served.method != NONE and spec_of(served.method).cross_request
+    pools = DraftPools() if args.draft_pool or cross_request else None
     config = _builtin_datastore(target, served.config)
     engine = Engine(target, served.method, config, adaptive=adaptive, draft_pools=pools)
     engines = {engine.method: engine}

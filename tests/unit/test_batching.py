@@ -37,6 +37,7 @@ SETTINGS = [
     ("medusa", ProposerConfig(head="builtin:medusa")),
     ("eagle", ProposerConfig(k=3, head="builtin:eagle")),
     ("draft_model", ProposerConfig(k=3, draft="self:8")),
+    ("suffix", ProposerConfig(k=6)),
 ]
 GREEDY = SamplingParams()
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9)
@@ -178,7 +179,7 @@ def test_requests_of_different_methods_share_a_step(smollm, prompts) -> None:
         batcher.add(requests[0], "eagle")
 
 
-ADAPTIVE = [s for s in SETTINGS if s[0] in ("ngram", "eagle", "draft_model")]
+ADAPTIVE = [s for s in SETTINGS if s[0] in ("ngram", "eagle", "draft_model", "suffix")]
 
 
 @pytest.mark.parametrize(("method", "config"), ADAPTIVE, ids=[m for m, _ in ADAPTIVE])

@@ -20,10 +20,14 @@ TEXTS = [
 ]
 
 
+def _ngram_pools(max_scopes: int = 64) -> DraftPools[DraftPool]:
+    return DraftPools(DraftPool, max_scopes=max_scopes, kind="ngram")
+
+
 def test_the_pool_drafts_what_followed_the_longest_suffix() -> None:
     pool = DraftPool(ngram_min=2, ngram_max=4, span=5)
-    pool.add([1, 2, 3, 4, 5, 6, 7, 8, 9])
-    pool.add([7, 2, 3, 40, 41])  # later: (2, 3) now continues with 40
+    pool.add([1, 2, 3, 4], [5, 6, 7, 8, 9])  # prompt and output both indexed, across the seam
+    pool.add([7, 2], [3, 40, 41])  # later: (2, 3) now continues with 40
     match = pool.lookup([9, 9, 1, 2, 3], k=3)
     assert match is not None and (match.length, match.tokens) == (3, [4, 5, 6])  # (1, 2, 3) is longer
     match = pool.lookup([9, 2, 3], k=8)
@@ -34,32 +38,42 @@ def test_the_pool_drafts_what_followed_the_longest_suffix() -> None:
 
 def test_the_pool_keeps_at_most_its_size_dropping_the_oldest() -> None:
     pool = DraftPool(ngram_min=2, ngram_max=2, span=2, max_entries=3)
-    pool.add([1, 2, 3, 4, 5, 6])  # (1,2) (2,3) (3,4) (4,5)
+    pool.add([1, 2, 3], [4, 5, 6])  # (1,2) (2,3) (3,4) (4,5)
     assert len(pool) == 3
     assert pool.lookup([1, 2], k=2) is None
     assert pool.lookup([4, 5], k=2).tokens == [6]  # type: ignore[union-attr]
 
 
 def test_a_scope_sees_none_of_another_scopes_entries() -> None:
-    pools = DraftPools()
-    pools.add("tenant-a", [5, 6, 7, 8, 9, 10])
-    assert pools.lookup("tenant-a", [5, 6, 7], k=3).tokens == [8, 9, 10]  # type: ignore[union-attr]
-    assert pools.lookup("tenant-b", [5, 6, 7], k=3) is None
+    pools = _ngram_pools()
+    pools.add("tenant-a", [5, 6], [7, 8, 9, 10])
+    assert pools.pool("tenant-a").lookup([5, 6, 7], k=3).tokens == [8, 9, 10]  # type: ignore[union-attr]
+    assert pools.pool("tenant-b").lookup([5, 6, 7], k=3) is None
     assert len(pools.pool("tenant-b")) == 0
+    pools.record("tenant-a", 3)
+    pools.record("tenant-b", None)
     assert (pools.stats["tenant-a"].hits, pools.stats["tenant-a"].draft_tokens) == (1, 3)
     assert (pools.stats["tenant-b"].lookups, pools.stats["tenant-b"].hits) == (1, 0)
     assert (pools.totals.lookups, pools.totals.hits, pools.totals.draft_tokens) == (2, 1, 3)
 
 
 def test_past_max_scopes_the_least_recently_used_scopes_pool_is_dropped() -> None:
-    pools = DraftPools(max_scopes=2)
-    pools.add("a", [1, 2, 3, 4])
-    pools.add("b", [1, 2, 3, 5])
-    assert pools.lookup("a", [1, 2], k=2) is not None  # a used after b
-    pools.add("c", [1, 2, 3, 6])  # one scope too many: b's pool goes
+    pools = _ngram_pools(max_scopes=2)
+    pools.add("a", [1, 2], [3, 4])
+    pools.add("b", [1, 2], [3, 5])
+    assert pools.pool("a").lookup([1, 2], k=2) is not None  # a used after b
+    pools.add("c", [1, 2], [3, 6])  # one scope too many: b's pool goes
     assert list(pools.pools) == ["a", "c"] and set(pools.stats) == {"a", "c"}
-    assert pools.lookup("b", [1, 2], k=2) is None  # b starts over, empty
+    assert pools.pool("b").lookup([1, 2], k=2) is None  # b starts over, empty
     assert list(pools.pools) == ["c", "b"]
+
+
+def test_pools_serve_one_kind_of_proposer() -> None:
+    pools = _ngram_pools()
+    with pytest.raises(SpecError, match="hold ngram pools, not suffix"):
+        pools.bind("suffix", DraftPool)
+    with pytest.raises(SpecError, match="bound to no proposer"):
+        DraftPools().pool("a")
 
 
 @pytest.mark.slow

@@ -67,6 +67,7 @@ def _configs(datastore: str) -> dict[str, ProposerConfig]:
         "rest": ProposerConfig(k=6, datastore=datastore),
         "draft_model": ProposerConfig(k=4, draft="self:12"),
         "lookahead": ProposerConfig(k=4),
+        "suffix": ProposerConfig(k=8),
     }
 
 
@@ -123,7 +124,7 @@ def greedy_reference(smollm, greedy_prompts):
     return _greedy(Engine(smollm, "none"), greedy_prompts, batch=20)
 
 
-@pytest.mark.parametrize("method", ["ngram", "rest", "draft_model", "lookahead"])
+@pytest.mark.parametrize("method", ["ngram", "rest", "draft_model", "lookahead", "suffix"])
 def test_greedy_output_is_identical_to_plain_decoding(
     smollm, greedy_prompts, greedy_reference, datastore, method
 ):
@@ -205,7 +206,7 @@ def test_accepted_eagle_tree_paths_keep_greedy_identity(smollm, sampling_prompt,
         torch.testing.assert_close(out, expected[n - 1], atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("method", ["ngram", "rest", "draft_model", "lookahead"])
+@pytest.mark.parametrize("method", ["ngram", "rest", "draft_model", "lookahead", "suffix"])
 def test_gemma_greedy_identity(gemma, method, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text((PATTERN + " ") * 20 + "\n\ndef add(a, b):\n    return a + b\n")
@@ -254,7 +255,7 @@ def sampling_prompt(smollm):
 
 
 @pytest.mark.parametrize(
-    "method", ["none", "ngram", "rest", "draft_model", "lookahead", "medusa", "eagle", DISTILLED]
+    "method", ["none", "ngram", "rest", "draft_model", "lookahead", "suffix", "medusa", "eagle", DISTILLED]
 )
 def test_sampled_output_follows_target_distribution(smollm, sampling_prompt, datastore, method, request):
     if method in (*HEADS, DISTILLED):

@@ -149,8 +149,11 @@ def test_engines_only_get_families_and_shapes_they_run() -> None:
         host=CPU_HOST,
         available_heads=[head, medusa],
     )
-    assert families(vllm) == {Family.NGRAM, Family.DRAFT_MODEL, Family.EAGLE, Family.MEDUSA}
+    assert families(vllm) == {Family.NGRAM, Family.DRAFT_MODEL, Family.EAGLE, Family.MEDUSA, Family.SUFFIX}
     assert all(r.candidate.tree is None for r in vllm.ranked)
+    # vLLM's suffix method drafts a path: the greedy-tree candidates are speccore's only.
+    assert not any(r.candidate.options.get("use_tree_spec") for r in vllm.ranked)
+    assert Family.SUFFIX not in families(sglang)
     assert Family.MEDUSA not in families(sglang)
     assert any(r.candidate.tree for r in sglang.ranked if r.candidate.family == Family.EAGLE)
     assert not any((r.candidate.draft or "").startswith("self:") for r in vllm.ranked + sglang.ranked)

@@ -23,7 +23,7 @@ from speccatalog.families.base import FamilyError, FamilySpec, check_name
 
 ENTRY_POINT_GROUP = "specops.families"
 # In the catalog's enumeration order.
-BUILTIN = ("ngram", "rest", "draft_model", "lookahead", "medusa", "eagle", "mtp", "cascade")
+BUILTIN = ("ngram", "rest", "draft_model", "lookahead", "medusa", "eagle", "mtp", "cascade", "suffix")
 
 
 @functools.cache

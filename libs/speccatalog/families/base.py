@@ -14,8 +14,9 @@ Glossary:
   ``specops_schemas.candidates.Candidate`` on the wire, :class:`Shape` while the
   catalog builds it, :class:`CandidateLike` where either will do.
 - *draft source*: what ``Candidate.draft`` names for the family (:class:`DraftSource`).
-- *knob*: an integer option the family's proposer reads (``ngram_min``), with its
-  default and its search grid; *aliases* are other engines' or users' names for it.
+- *knob*: a number the family's proposer reads (``ngram_min``), an integer unless its
+  default is a float (``suffix_decoding_min_token_prob``), with its default and its search
+  grid; *aliases* are other engines' or users' names for it.
 - *prior*: the per-token acceptance ``a`` the predictor starts from for a greedy
   workload, before measured history refines it (``predictor.model`` explains ``a``).
 - *refusal*: a one-line reason why a target, a workload or an engine rules a
@@ -45,6 +46,7 @@ BUILTIN_PREFIX = "builtin:"
 SPECCORE, VLLM, SGLANG = "speccore", "vllm", "sglang"
 
 Option = str | int | float | bool
+KnobValue = int | float
 
 _ID_SAFE = re.compile(r"[A-Za-z0-9_-]{1,40}")
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
@@ -102,12 +104,21 @@ class Shape:
 
 @dataclass(frozen=True, slots=True)
 class Knob:
-    """An integer option a family's proposer reads."""
+    """A numeric option a family's proposer reads: an integer, or a float where the default is one."""
 
     name: str  # the option's name on a candidate and in the proposer's config
-    default: int
-    grid: tuple[int, ...]  # values a search (T2) tries
+    default: KnobValue
+    grid: tuple[KnobValue, ...]  # values a search (T2) tries
     help: str
+
+    def coerce(self, value: object) -> KnobValue:
+        """``value`` as this knob's type; FamilyError if it is not one (a float knob takes integers)."""
+        if isinstance(self.default, float) and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            kind = "a number" if isinstance(self.default, float) else "an integer"
+            raise FamilyError(f"option '{self.name}' must be {kind}, got {value!r}")
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +175,9 @@ class FamilySpec:
     # lowers their acceptance more, and history rows of any draft describe them.
     copies_input: ClassVar[bool] = False
     takes_tree: ClassVar[bool] = False  # a static tree shape (Candidate.tree) is a valid choice
+    # Drafts from earlier requests' outputs by design (a scope's cross-request pool, F-S1):
+    # measured with one, which holds only other, earlier prompts' outputs (speccore.bench).
+    cross_request: ClassVar[bool] = False
     # Head families: the trained-head artifacts (speccore.heads.artifact families) it
     # decodes, each with the version of the family it is (EAGLE-1 layer: 2, decoded with
     # EAGLE-2's dynamic tree; EAGLE-3: 3).
@@ -237,7 +251,7 @@ class FamilySpec:
 
     # --- speccore's configuration ------------------------------------------------------------
 
-    def knob_values(self, options: Mapping[str, Option]) -> dict[str, int]:
+    def knob_values(self, options: Mapping[str, Option]) -> dict[str, KnobValue]:
         """The proposer's knobs: the candidate's options (aliases resolved) over the defaults.
 
         Options for other engines are skipped; any other unknown name is refused, so
@@ -252,13 +266,11 @@ class FamilySpec:
             if name not in known:
                 names = ", ".join(sorted({*known, *self.aliases})) or "none"
                 raise FamilyError(f"unknown option '{key}' for {self.name}; it reads {names}")
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise FamilyError(f"option '{key}' must be an integer, got {value!r}")
-            values[name] = value
+            values[name] = known[name].coerce(value)
         self.check_knobs(values)
         return values
 
-    def check_knobs(self, values: Mapping[str, int]) -> None:
+    def check_knobs(self, values: Mapping[str, KnobValue]) -> None:
         """FamilyError if the knob values do not make sense together (the proposer may check more)."""
 
 

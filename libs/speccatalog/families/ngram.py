@@ -15,6 +15,7 @@ from speccatalog.families.base import (
     FamilyError,
     FamilySpec,
     Knob,
+    KnobValue,
     Known,
     Shape,
     int_option,
@@ -106,7 +107,7 @@ class Ngram(FamilySpec):
             "speculative_ngram_max_bfs_breadth": 1,
         }
 
-    def check_knobs(self, values: Mapping[str, int]) -> None:
+    def check_knobs(self, values: Mapping[str, KnobValue]) -> None:
         lo, hi = values["ngram_min"], values["ngram_max"]
         if not 1 <= lo <= hi:
             raise FamilyError(f"need 1 <= ngram_min <= ngram_max, got {lo}, {hi}")

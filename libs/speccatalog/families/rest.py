@@ -14,6 +14,7 @@ from speccatalog.families.base import (
     FamilyError,
     FamilySpec,
     Knob,
+    KnobValue,
     Known,
     Shape,
     slug,
@@ -75,12 +76,12 @@ class Rest(FamilySpec):
 
     def draft_cost(self, candidate: CandidateLike, known: Known) -> DraftCost:
         store = known.datastore(candidate)
-        width = self.knob_values(candidate.options)["nodes_per_depth"]
+        width = int(self.knob_values(candidate.options)["nodes_per_depth"])
         return DraftCost(
             fixed_bytes=store.size_bytes, lookup_s=LOOKUP_S, verify_nodes=tree_nodes(width, candidate.k)
         )
 
-    def check_knobs(self, values: Mapping[str, int]) -> None:
+    def check_knobs(self, values: Mapping[str, KnobValue]) -> None:
         lo, hi = values["min_suffix"], values["max_suffix"]
         if not 1 <= lo <= hi:
             raise FamilyError(f"need 1 <= min_suffix <= max_suffix, got {lo}, {hi}")

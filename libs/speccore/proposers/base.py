@@ -10,14 +10,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from speccatalog import families
-from speccatalog.families.base import FamilyError
+from speccatalog.families.base import FamilyError, KnobValue
 from speccatalog.shapes import shape_nodes
-from speccore.draft_pool import DraftPools
+from speccore.draft_pool import DraftPools, ScopePool
 from speccore.errors import SpecError
 from speccore.sampling import SamplingParams
 from speccore.state import Sequence
@@ -120,7 +120,7 @@ class ProposerConfig:
     # medusa and eagle: a static shape instead, (4, 2, 1) = 4 children of the pending token,
     # 2 below each, 1 below each (heads.trees.shape_choices)
     tree_shape: tuple[int, ...] | None = None
-    knobs: Mapping[str, int] = field(default_factory=dict)  # family knobs by name (FamilySpec.knobs)
+    knobs: Mapping[str, KnobValue] = field(default_factory=dict)  # family knobs by name (FamilySpec.knobs)
 
     def __post_init__(self) -> None:
         if self.k <= 0:
@@ -160,7 +160,7 @@ class Proposer(ABC):
     # Whether propose drafts from a cross-request pool (speccore.draft_pool) when the engine
     # hands it one in ``draft_pools``; an engine refuses pools for a family that does not.
     reads_draft_pools: ClassVar[bool] = False
-    draft_pools: DraftPools | None = None
+    draft_pools: DraftPools[Any] | None = None
 
     @property
     def draft_nodes(self) -> int:
@@ -187,13 +187,17 @@ class Proposer(ABC):
         """Memory this proposer holds beyond the target (weights, caches, indexes)."""
         return 0
 
+    def new_draft_pool(self) -> ScopePool:
+        """One scope's empty cross-request pool, of the kind propose reads (reads_draft_pools only)."""
+        raise SpecError(f"{self.family} does not draft from a cross-request pool")
+
 
 def capped(size: int, ctx: StepContext) -> int:
     """``size`` draft nodes (or depth), or fewer when the step's context caps them."""
     return size if ctx.max_draft is None else min(size, ctx.max_draft)
 
 
-def knob_values(family: str, config: ProposerConfig) -> dict[str, int]:
+def knob_values(family: str, config: ProposerConfig) -> dict[str, KnobValue]:
     """A family's knobs: ``config.knobs`` over its spec's defaults, checked (SpecError if they do not fit)."""
     try:
         return families.family(family).knob_values(config.knobs)

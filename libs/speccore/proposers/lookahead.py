@@ -165,8 +165,8 @@ class LookaheadProposer(Proposer):
 
     def __init__(self, cfg: ProposerConfig) -> None:
         knobs = knob_values(self.family, cfg)
-        width, ngram = knobs["lookahead_window"], knobs["lookahead_ngram"]
-        guesses = knobs["lookahead_guesses"]
+        width, ngram = int(knobs["lookahead_window"]), int(knobs["lookahead_ngram"])
+        guesses = int(knobs["lookahead_guesses"])
         if width < 1 or ngram < 2 or guesses < 1:
             raise SpecError(
                 f"lookahead needs window >= 1, ngram >= 2 and guesses >= 1, got {width}, {ngram}, {guesses}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from speccore.draft_pool import DraftPool
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, capped, knob_values
 from speccore.state import Sequence
 
@@ -61,8 +62,8 @@ class NgramProposer(Proposer):
     def __init__(self, cfg: ProposerConfig) -> None:
         knobs = knob_values(self.family, cfg)
         self.k = cfg.k
-        self.ngram_min = knobs["ngram_min"]
-        self.ngram_max = knobs["ngram_max"]
+        self.ngram_min = int(knobs["ngram_min"])
+        self.ngram_max = int(knobs["ngram_max"])
         self.indexes: list[NgramIndex] = []
 
     @property
@@ -86,8 +87,12 @@ class NgramProposer(Proposer):
         length, own = index.match(tokens, budget)
         if self.draft_pools is None or seq.draft_scope is None:
             return own
-        pooled = self.draft_pools.lookup(seq.draft_scope, tokens, budget)
+        pooled = self.draft_pools.pool(seq.draft_scope).lookup(tokens, budget)
+        self.draft_pools.record(seq.draft_scope, len(pooled.tokens) if pooled is not None else None)
         return pooled.tokens if pooled is not None and pooled.length > length else own
+
+    def new_draft_pool(self) -> DraftPool:
+        return DraftPool()
 
 
 def make_ngram(cfg: ProposerConfig, target: object) -> Proposer:

@@ -136,7 +136,7 @@ def make_rest(cfg: ProposerConfig, target: LoadedModel) -> RestProposer:
     return RestProposer(
         store,
         depth=cfg.k,
-        max_nodes=tree_nodes(knobs["nodes_per_depth"], cfg.k),
-        max_suffix=knobs["max_suffix"],
-        min_suffix=knobs["min_suffix"],
+        max_nodes=tree_nodes(int(knobs["nodes_per_depth"]), cfg.k),
+        max_suffix=int(knobs["max_suffix"]),
+        min_suffix=int(knobs["min_suffix"]),
     )

@@ -11,7 +11,7 @@ class ToyProposer(Proposer):
 
     def __init__(self, cfg: ProposerConfig) -> None:
         self.k = cfg.k
-        self.stride = knob_values(self.family, cfg)["toy_stride"]
+        self.stride = int(knob_values(self.family, cfg)["toy_stride"])
 
     def propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
         chains = []
