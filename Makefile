@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup chromium screenshots test demo bench gpu-bench report lint asyncapi scale-check chaos tune-bench t3-bench side-channel
+.PHONY: setup chromium screenshots test demo bench speedups gpu-bench report lint asyncapi scale-check chaos tune-bench t3-bench side-channel
 
 setup: $(STAMP) chromium
 
@@ -63,6 +63,23 @@ bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(BENCH) --workload chat --methods none,hf --n-prompts 5 --reps 2 \
 		--json $(RESULTS)-chat-passive-greedy-cpu2.json
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
+
+# Issue 22's speedups (README "Suffix decoding and heads trained at scale"): suffix against
+# ngram on the repetitive agentic set and on chat and code, and the heads trained on the
+# 1.6M-token distill-256 chunks on held-out chat (default and dynamic EAGLE trees). About
+# 50 minutes on a quiet 2-core CPU.
+TRAINED := artifacts/heads/smollm2-135m-instruct/trained-distill-256
+speedups: setup
+	$(BENCH) --workload agentic --methods none,ngram,suffix --n-prompts 8 --reps 3 \
+		--json $(RESULTS)-agentic-suffix-greedy-cpu2.json
+	for wl in chat code; do \
+		$(BENCH) --workload $$wl --methods none,ngram,suffix --n-prompts 8 --reps 2 \
+			--json $(RESULTS)-$$wl-suffix-greedy-cpu2.json || exit 1; \
+	done
+	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,medusa,eagle \
+		--head $(TRAINED)/medusa --head $(TRAINED)/eagle --n-prompts 10 --reps 2 \
+		--json $(RESULTS)-trained-heads-heldout-greedy-cpu2.json
+	$(PY) bench/report.py $(RESULTS)-*-suffix-greedy-cpu2.json $(RESULTS)-trained-heads-heldout-greedy-cpu2.json
 
 # On a CUDA host (README "speccore on a GPU"): greedy identity per family, batch-1 speedups
 # and the continuous batcher at 32 rows, bfloat16; GPU_BENCH_ARGS adds options.
