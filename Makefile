@@ -67,7 +67,7 @@ bench: setup
 # gemma-3-270m (a base model: its chat prompts go in as plain text): none, n-gram, suffix and
 # its own Medusa head (artifacts/heads/gemma-3-270m/README.md), chat on the head's held-out
 # prompts, code on HumanEval. About 25 minutes on the shared 2-core CPU. `gemma-head` remakes
-# the head: the self-distilled chunks (resumable), then 15 minutes of training (a rerun goes on
+# the head: the self-distilled chunks (resumable), then 12 minutes of training (a rerun goes on
 # from its checkpoint).
 GEMMA := artifacts/heads/gemma-3-270m
 GEMMA_BENCH := $(VENV)/bin/specops bench --model gemma-3-270m --max-new-tokens 128 --threads 2 --reps 1 \
@@ -76,7 +76,7 @@ gemma-head: setup
 	$(VENV)/bin/specops heads data --target gemma-3-270m --limit 160 --self-distill --max-new-tokens 128 \
 		--chunks-dir $(GEMMA)/distill-128 --chunk-examples 50 --threads 2
 	$(VENV)/bin/specops heads train --target gemma-3-270m --family medusa --data $(GEMMA)/distill-128 \
-		--epochs 12 --budget-minutes 15 --device cpu --threads 2 --out $(GEMMA)/medusa
+		--epochs 30 --budget-minutes 12 --device cpu --threads 2 --out $(GEMMA)/medusa
 gemma-bench: setup
 	$(GEMMA_BENCH) --workload chat --prompts $(GEMMA)/distill-128/heldout.jsonl --n-prompts 4 \
 		--json bench/results/gemma-3-270m-chat-greedy-cpu2.json
