@@ -65,12 +65,13 @@ bench: setup
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
 
 # gemma-3-270m (a base model: its chat prompts go in as plain text): none, n-gram, suffix and
-# its own Medusa head (artifacts/heads/gemma-3-270m/README.md), chat on the head's held-out
-# prompts, code on HumanEval. About 25 minutes on the shared 2-core CPU. `gemma-head` remakes
+# its own Medusa head (artifacts/heads/gemma-3-270m/README.md), chat on the head's 4 held-out
+# prompts, code on HumanEval. 64 new tokens and 1 thread: on the shared 2-core CPU (load ~10)
+# gemma decoded below 1 token/s with 2 threads; about 15 minutes. `gemma-head` remakes
 # the head: the self-distilled chunks (resumable), then 12 minutes of training (a rerun goes on
 # from its checkpoint).
 GEMMA := artifacts/heads/gemma-3-270m
-GEMMA_BENCH := $(VENV)/bin/specops bench --model gemma-3-270m --max-new-tokens 128 --threads 2 --reps 1 \
+GEMMA_BENCH := $(VENV)/bin/specops bench --model gemma-3-270m --max-new-tokens 64 --threads 1 --reps 1 \
 	--methods none,ngram,suffix,medusa --head $(GEMMA)/medusa
 gemma-head: setup
 	$(VENV)/bin/specops heads data --target gemma-3-270m --limit 160 --self-distill --max-new-tokens 128 \
@@ -80,7 +81,7 @@ gemma-head: setup
 gemma-bench: setup
 	$(GEMMA_BENCH) --workload chat --prompts $(GEMMA)/distill-128/heldout.jsonl --n-prompts 4 \
 		--json bench/results/gemma-3-270m-chat-greedy-cpu2.json
-	$(GEMMA_BENCH) --workload code --n-prompts 6 --json bench/results/gemma-3-270m-code-greedy-cpu2.json
+	$(GEMMA_BENCH) --workload code --n-prompts 4 --json bench/results/gemma-3-270m-code-greedy-cpu2.json
 
 # On a CUDA host (README "speccore on a GPU"): greedy identity per family, batch-1 speedups
 # and the continuous batcher at 32 rows, bfloat16; GPU_BENCH_ARGS adds options.
