@@ -349,7 +349,7 @@ def run_bench(
     with its error; the others are measured as usual.
     """
     schedule = Schedule(
-        prompts=[target.encode_prompt(p.text, p.chat) for p in prompts],
+        prompts=[target.encode_user_prompt(p.text, p.chat) for p in prompts],
         reps=spec.reps,
         max_new_tokens=spec.max_new_tokens,
         sampling=spec.sampling,

@@ -140,6 +140,11 @@ class LoadedModel:
             return list(self.tokenizer(text).input_ids)
         return chat_prompt_ids(self.tokenizer, text, self.ref)
 
+    def encode_user_prompt(self, text: str, chat: bool) -> list[int]:
+        """Token ids of a workload's prompt: a chat prompt as one user turn where the model
+        has a chat template, as plain text where it has none (see :func:`user_prompt_ids`)."""
+        return user_prompt_ids(self.tokenizer, text, self.ref) if chat else self.encode_prompt(text, False)
+
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of a conversation (``{"role", "content"}`` turns) through the chat template."""
         return chat_messages_ids(self.tokenizer, messages, self.ref)
@@ -148,6 +153,17 @@ class LoadedModel:
 def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str, model: str) -> list[int]:
     """Token ids of ``text`` as one user turn of ``model``'s chat template, ready for the reply."""
     return chat_messages_ids(tokenizer, [{"role": "user", "content": text}], model)
+
+
+def user_prompt_ids(tokenizer: PreTrainedTokenizerBase, text: str, model: str) -> list[int]:
+    """Token ids of a user's prompt as ``model`` is prompted: one user turn of its chat
+    template, or the plain text for a base model that has none (gemma-3-270m's GGUF), the
+    way such a model is used. Workloads, self-distillation and head training share this
+    rule so a head learns on the prompts it is measured on; an explicit chat request
+    (``encode_prompt(text, chat=True)``) still fails on such a model."""
+    if not tokenizer.chat_template:
+        return list(tokenizer(text).input_ids)
+    return chat_prompt_ids(tokenizer, text, model)
 
 
 def chat_messages_ids(

@@ -95,7 +95,7 @@ def prompts_for_model(
             seed,
             exclude_ids=exclude_ids,
             max_tokens=long_context_budget(target, max_new_tokens),
-            count_tokens=lambda text: len(target.encode_prompt(text, _has_chat_template(target))),
+            count_tokens=lambda text: len(target.encode_user_prompt(text, True)),
         )
     else:
         prompts = load_prompts(workload, n, seed, exclude_ids=exclude_ids)
@@ -117,11 +117,7 @@ def long_context_budget(target: LoadedModel, max_new_tokens: int) -> int:
 
 def encode_for(target: LoadedModel, prompt: Prompt) -> list[int]:
     """A prompt's token ids for `target`: a chat prompt goes through its chat template if it has one."""
-    return target.encode_prompt(prompt.text, prompt.chat and _has_chat_template(target))
-
-
-def _has_chat_template(target: LoadedModel) -> bool:
-    return bool(target.tokenizer.chat_template)
+    return target.encode_user_prompt(prompt.text, prompt.chat)
 
 
 def file_prompts(path: Path, n: int) -> list[Prompt]:

@@ -130,6 +130,8 @@ def test_gemma_loads_and_generates(gemma: LoadedModel) -> None:
 def test_gemma_has_no_chat_template(gemma: LoadedModel) -> None:
     with pytest.raises(SpecError, match="no chat template"):
         gemma.encode_prompt("hello", chat=True)
+    # A workload's chat prompt reaches this base model as its plain text, as it is used.
+    assert gemma.encode_user_prompt("hello", chat=True) == gemma.encode_prompt("hello", chat=False)
 
 
 def test_aliases_are_the_offline_models() -> None:

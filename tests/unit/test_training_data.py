@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from speccore.errors import SpecError
-from speccore.models import chat_prompt_ids, resolve_alias
+from speccore.models import chat_prompt_ids, resolve_alias, user_prompt_ids
 from speccore.training.data import (
     Example,
     check_disjoint,
@@ -235,3 +236,28 @@ def test_self_distillation_replaces_completions_with_the_targets_output(tokenize
         Example("First?", f"{len(seen[0])} tokens in", "a"),
         Example("Third?", f"{len(seen[2])} tokens in", "c"),
     ]
+
+
+def test_a_base_model_without_chat_template_learns_on_its_plain_prompts(tokenizer):
+    # gemma-3-270m's GGUF has no chat template: it is prompted with the text itself, so its
+    # self-distilled data and its head's training see the prompts the bench sends it.
+    base = copy.deepcopy(tokenizer)
+    base.chat_template = None
+    ex = Example("Name a prime.", "Seven.")
+    tok = tokenize_example(base, ex, max_len=512)
+    assert tok is not None
+    n_prompt = tok.loss_mask.count(False)
+    assert tok.input_ids[:n_prompt] == base(ex.prompt).input_ids
+    assert "<|im_start|>" not in base.decode(tok.input_ids)
+
+    seen: list[list[int]] = []
+
+    def regenerate(batch: list[list[int]]) -> list[list[int]]:
+        seen.extend(batch)
+        return [base("Seven.", add_special_tokens=False).input_ids for _ in batch]
+
+    assert list(self_distill([ex], base, regenerate)) == [ex]
+    assert seen == [base(ex.prompt).input_ids]
+    # A model with a template keeps it.
+    templated = chat_prompt_ids(tokenizer, ex.prompt, "smollm2")
+    assert user_prompt_ids(tokenizer, ex.prompt, "smollm2") == templated

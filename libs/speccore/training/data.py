@@ -25,7 +25,7 @@ from transformers import PreTrainedTokenizerBase
 
 from speccore.errors import SpecError
 from speccore.files import atomic_write
-from speccore.models import chat_prompt_ids
+from speccore.models import user_prompt_ids
 
 # a batch of prompt token ids (chat-rendered) -> the target's own output token ids for
 # each; in practice one speccore Engine.generate call. Special tokens (EOS) are dropped.
@@ -40,7 +40,7 @@ _LATER_PART = re.compile(r"_[1-9]\d*$")
 
 @dataclass(frozen=True, slots=True)
 class Example:
-    prompt: str  # one user turn, rendered through the chat template when tokenized
+    prompt: str  # one user turn, rendered as speccore.models.user_prompt_ids does when tokenized
     completion: str  # the reply the draft learns to predict
     id: str | None = None  # provenance, e.g. "sharegpt:<conv id>"
 
@@ -107,7 +107,7 @@ def tokenize_example(
     if tokenizer.eos_token_id is None:
         raise SpecError("the target's tokenizer has no eos token to end completions with")
     if chat:
-        prompt = chat_prompt_ids(tokenizer, example.prompt, "the target")
+        prompt = user_prompt_ids(tokenizer, example.prompt, "the target")
     else:
         prompt = list(tokenizer(example.prompt).input_ids)
     completion = [*tokenizer(example.completion, add_special_tokens=False).input_ids, tokenizer.eos_token_id]
@@ -164,7 +164,7 @@ def self_distill(
         raise SpecError(f"batch_size must be positive, got {batch_size}")
     it = iter(examples)
     while batch := list(itertools.islice(it, batch_size)):
-        outputs = regenerate([chat_prompt_ids(tokenizer, ex.prompt, "the target") for ex in batch])
+        outputs = regenerate([user_prompt_ids(tokenizer, ex.prompt, "the target") for ex in batch])
         for ex, output in zip(batch, outputs, strict=True):
             text = str(tokenizer.decode(output, skip_special_tokens=True)).strip()
             if text:

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
-from speccore.models import LoadedModel, chat_prompt_ids
+from speccore.models import LoadedModel, user_prompt_ids
 from speccore.training.chunks import ChunkPlan, ChunkStore, chunk_jobs, distiller, write_chunks
 from speccore.training.data import (
     Example,
@@ -55,13 +55,13 @@ Source = Callable[[int, int], Sequence[Example]]
 
 
 def _examples(target: LoadedModel, plan: DataPlan, source: Source) -> list[Example]:
-    """`source`'s examples whose chat-rendered prompt fits `plan.max_prompt_tokens`."""
+    """`source`'s examples whose rendered prompt (user_prompt_ids) fits `plan.max_prompt_tokens`."""
     if plan.limit <= 0:
         raise SpecError(f"limit must be positive, got {plan.limit}")
     return [
         ex
         for ex in source(plan.limit, plan.seed)
-        if len(chat_prompt_ids(target.tokenizer, ex.prompt, target.ref)) <= plan.max_prompt_tokens
+        if len(user_prompt_ids(target.tokenizer, ex.prompt, target.ref)) <= plan.max_prompt_tokens
     ]
 
 
