@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup chromium screenshots test demo bench gpu-bench report lint asyncapi scale-check chaos tune-bench t3-bench side-channel
+.PHONY: setup chromium screenshots test demo bench gpu-bench report lint asyncapi scale-check chaos tune-bench t3-bench side-channel calibrate
 
 setup: $(STAMP) chromium
 
@@ -63,6 +63,15 @@ bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(BENCH) --workload chat --methods none,hf --n-prompts 5 --reps 2 \
 		--json $(RESULTS)-chat-passive-greedy-cpu2.json
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
+
+# The predictor's calibration set (README "The calibrated predictor"): the catalog's key
+# options of every family that runs here x 7 workloads, 4 prompts, 64 new tokens, 1 rep,
+# greedy, each workload one interleaved run with its own none; then the predictor's
+# calibration file (services/predictor/calibrations/) fitted to it and scored in-sample and
+# leave-one-workload-out (bench/results/predictor-calibration.json tracks the scores).
+# Resumable: workloads already in the JSON are kept. About 60 min on the shared 2-core CPU.
+calibrate: setup
+	$(PY) bench/calibrate.py --out bench/results/calibration-smollm2-cpu2.json
 
 # On a CUDA host (README "speccore on a GPU"): greedy identity per family, batch-1 speedups
 # and the continuous batcher at 32 rows, bfloat16; GPU_BENCH_ARGS adds options.
