@@ -65,13 +65,15 @@ bench: setup
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
 
 # The predictor's calibration set (README "The calibrated predictor"): the catalog's key
-# options of every family that runs here x 7 workloads, 4 prompts, 64 new tokens, 1 rep,
+# options of every family that runs here x 7 workloads, 4 prompts, 48 new tokens, 1 rep,
 # greedy, each workload one interleaved run with its own none; then the predictor's
 # calibration file (services/predictor/calibrations/) fitted to it and scored in-sample and
 # leave-one-workload-out (bench/results/predictor-calibration.json tracks the scores).
-# Resumable: workloads already in the JSON are kept. About 60 min on the shared 2-core CPU.
+# Resumable: workloads already in the JSON are kept. About 5 min a workload on the shared
+# 2-core CPU with OMP_WAIT_POLICY=PASSIVE (spinning idle threads of the jobs beside it
+# made decoding ~16x slower).
 calibrate: setup
-	$(PY) bench/calibrate.py --out bench/results/calibration-smollm2-cpu2.json
+	OMP_WAIT_POLICY=PASSIVE $(PY) bench/calibrate.py --out bench/results/calibration-smollm2-cpu2.json
 
 # On a CUDA host (README "speccore on a GPU"): greedy identity per family, batch-1 speedups
 # and the continuous batcher at 32 rows, bfloat16; GPU_BENCH_ARGS adds options.
