@@ -20,8 +20,9 @@ profile only — other targets, GPUs and engines keep their priors and their sou
 2. the rows are history rows (model.HistoryRow) of their family x fingerprint, so an
    unmeasured shape of a measured family gets the measured per-token acceptance;
 3. a measured shape (family, draft, k, tree, options) on a measured fingerprint gets its
-   measured MAL, and on any fingerprint its measured step cost ``c`` (geometric mean over
-   the workloads it ran on).
+   measured MAL and step cost ``c``; on another fingerprint, the geometric mean of its step
+   costs (``c`` moves with the workload: copy-based families draft more per step where
+   more repeats, and a verify block's cost grows with its size).
 
 The file lives in CALIBRATION_DIR as ``<target>-<profile>.json``; :func:`load_calibrations`
 reads every file there when the predictor starts.
@@ -89,12 +90,16 @@ class CalibrationRow:
 
 @dataclass(frozen=True, slots=True)
 class ShapeFit:
-    """A measured shape: its step cost over every workload, its MAL per fingerprint."""
+    """A measured shape: its step cost and MAL per fingerprint, and its step cost over all."""
 
     candidate: Candidate
-    step_cost: float
+    step_cost: float  # geometric mean over every row
     mean_acceptance_length: dict[str, float]  # by fingerprint
     rows: int
+    step_cost_by_fingerprint: dict[str, float] = field(default_factory=dict)
+
+    def cost(self, fingerprint: str) -> float:
+        return self.step_cost_by_fingerprint.get(fingerprint, self.step_cost)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +131,7 @@ class Calibration:
                     "candidate": s.candidate.model_dump(mode="json"),
                     "step_cost": s.step_cost,
                     "mean_acceptance_length": s.mean_acceptance_length,
+                    "step_cost_by_fingerprint": s.step_cost_by_fingerprint,
                     "rows": s.rows,
                 }
                 for s in self.shapes.values()
@@ -153,6 +159,7 @@ class Calibration:
                 step_cost=float(s["step_cost"]),
                 mean_acceptance_length={str(k): float(v) for k, v in s["mean_acceptance_length"].items()},
                 rows=int(s["rows"]),
+                step_cost_by_fingerprint={str(k): float(v) for k, v in s["step_cost_by_fingerprint"].items()},
             )
         return cls(
             target_ref=str(data["target_ref"]),
@@ -177,13 +184,16 @@ def fit_shapes(rows: Iterable[CalibrationRow]) -> dict[str, ShapeFit]:
     fits = {}
     for key, group in by_shape.items():
         mal: dict[str, list[float]] = defaultdict(list)
+        cost: dict[str, list[float]] = defaultdict(list)
         for row in group:
             mal[str(row.fingerprint)].append(row.mean_acceptance_length)
+            cost[str(row.fingerprint)].append(row.step_cost)
         fits[key] = ShapeFit(
             candidate=group[0].candidate,
             step_cost=_geomean([r.step_cost for r in group]),
             mean_acceptance_length={fp: sum(v) / len(v) for fp, v in mal.items()},
             rows=len(group),
+            step_cost_by_fingerprint={fp: _geomean(v) for fp, v in cost.items()},
         )
     return fits
 

@@ -385,7 +385,7 @@ def predict(
         greedy_mal = measured.mean_acceptance_length.get(str(workload.fingerprint))
         if greedy_mal is not None and temperature_bucket(workload.temperature) == "greedy":
             e_n, a = greedy_mal, invert_mean_length(greedy_mal, candidate.k, candidate.tree)
-        latency = e_n / measured.step_cost
+        latency = e_n / measured.cost(str(workload.fingerprint))
         correction = latency / _speedup_at(dep, cost, candidate.k, e_n, workload.latency_batch)
     throughput = _throughput_speedup(dep, cost, candidate.k, e_n, workload.throughput_batch) * correction
     return Estimate(
