@@ -12,6 +12,7 @@ from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import Family, Fingerprint
 from specops_services.predictor.calibration import (
     CalibrationRow,
+    calibration_for,
     load_calibrations,
     write_calibration,
 )
@@ -163,3 +164,10 @@ def test_the_predictor_ranks_by_a_loaded_calibration_of_its_target_and_profile_o
 def test_no_calibration_directory_means_no_calibration(tmp_path: Path) -> None:
     assert load_calibrations(tmp_path / "absent") == ()
     assert Fingerprint("structured") == calibration_point(MODEL, "agentic").serving.fingerprint
+
+
+def test_the_predictor_ships_the_calibration_of_its_measured_target_on_the_cpu() -> None:
+    shipped = calibration_for(load_calibrations(), MODEL, "cpu")
+    assert shipped is not None
+    assert {str(r.candidate.family) for r in shipped.rows} >= {"ngram", "suffix", "eagle", "medusa"}
+    assert calibration_for(load_calibrations(), MODEL, "H100-80GB") is None
