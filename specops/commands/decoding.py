@@ -24,6 +24,16 @@ def positive(text: str) -> int:
     return value
 
 
+def probability_floor(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a probability in [0, 1), got {text!r}")
+    return value
+
+
 def shape(value: str) -> tuple[int, ...]:
     try:
         parsed = tuple(int(part) for part in value.split(","))
@@ -74,11 +84,21 @@ def draft_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     # Defaults as in speccore.proposers.base.ProposerConfig (not imported here: it loads torch).
     p.add_argument("--tree-topk", type=positive, help="eagle: children per expanded node (default 2)")
     p.add_argument("--tree-tokens", type=positive, help="medusa/eagle: draft nodes per step (default 5)")
+    p.add_argument(
+        "--tree-min-prob",
+        type=probability_floor,
+        help="eagle, dynamic drafting: draft only nodes of at least this probability (default 0: off)",
+    )
 
 
 def tree_knobs(args: argparse.Namespace) -> dict[str, object]:
     """The tree options given on the command line, as ProposerConfig fields."""
-    given = {"tree_shape": args.tree_shape, "tree_topk": args.tree_topk, "tree_tokens": args.tree_tokens}
+    given = {
+        "tree_shape": args.tree_shape,
+        "tree_topk": args.tree_topk,
+        "tree_tokens": args.tree_tokens,
+        "tree_min_prob": args.tree_min_prob,
+    }
     return {name: value for name, value in given.items() if value is not None}
 
 

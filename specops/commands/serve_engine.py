@@ -45,9 +45,9 @@ DEFAULT_MAX_BATCH = 32
 # `specops serve <bus service>` can tell that one was given.
 ENGINE_OPTIONS = (
     "model", "device", "dtype", "threads", "method", "k", "draft", "datastore", "head", "tree_shape",
-    "tree_topk", "tree_tokens", "max_batch", "host", "port", "served_model_name", "from_run", "url",
-    "token", "adaptive_k", "nats_url", "draft_pool", "jitter", "jitter_interval_ms", "security_tier",
-    "security_policies",
+    "tree_topk", "tree_tokens", "tree_min_prob", "max_batch", "host", "port", "served_model_name",
+    "from_run", "url", "token", "adaptive_k", "nats_url", "draft_pool", "jitter", "jitter_interval_ms",
+    "security_tier", "security_policies",
 )  # fmt: skip
 # Drift control (services/engine/drift.py): engine-only as well.
 DRIFT_OPTIONS = (

@@ -9,6 +9,7 @@ acceptance rule is caught by the same test.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,6 +32,7 @@ from specprompts.sources import humaneval_prompts, sharegpt_conversations, share
 pytestmark = pytest.mark.slow
 
 GREEDY_NEW_TOKENS = 32
+TRAINED_HEADS = Path(__file__).parents[2] / "artifacts/heads/smollm2-135m-instruct/trained-distill-256"
 ALPHA = 1e-3  # the stated bound: a lossless method fails by chance at most 0.1% of runs
 SAMPLES = 300
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95)
@@ -204,6 +206,26 @@ def test_accepted_eagle_tree_paths_keep_greedy_identity(smollm, sampling_prompt,
     assert [n for n, _ in roots] == sorted({n for n, _ in roots}) and len(roots) > 3
     for n, out in roots:
         torch.testing.assert_close(out, expected[n - 1], atol=1e-3, rtol=1e-3)
+
+
+def test_dynamic_eagle_drafts_fewer_nodes_where_unsure_and_keeps_greedy_identity(
+    smollm, few_prompts, few_reference
+):
+    """The trained head with a probability floor: the same greedy output, fewer nodes drafted
+    (and verified), and no fewer accepted per drafted node."""
+    head = str(TRAINED_HEADS / "eagle")
+    runs = {}
+    for floor in (0.0, 0.3):
+        cfg = ProposerConfig(head=head, k=4, tree_topk=3, tree_tokens=10, tree_min_prob=floor)
+        gens = Engine(smollm, "eagle", cfg).generate([Request(p, GREEDY_NEW_TOKENS) for p in few_prompts])
+        assert [g.token_ids for g in gens] == few_reference
+        runs[floor] = (
+            sum(g.metrics.drafted_tokens for g in gens),
+            sum(g.metrics.accepted_tokens for g in gens),
+        )
+    (full_drafted, full_accepted), (dyn_drafted, dyn_accepted) = runs[0.0], runs[0.3]
+    assert 0 < dyn_drafted < full_drafted
+    assert dyn_accepted / dyn_drafted > full_accepted / full_drafted
 
 
 @pytest.mark.parametrize("method", ["ngram", "rest", "draft_model", "lookahead", "suffix"])

@@ -120,6 +120,10 @@ class ProposerConfig:
     # medusa and eagle: a static shape instead, (4, 2, 1) = 4 children of the pending token,
     # 2 below each, 1 below each (heads.trees.shape_choices)
     tree_shape: tuple[int, ...] | None = None
+    # eagle: dynamic drafting. A node whose drafted probability (the product of the head's
+    # probabilities along its path) is below this is not drafted, and levels stop growing once
+    # no frontier node reaches it, so an unsure step drafts (and verifies) fewer nodes. 0: off.
+    tree_min_prob: float = 0.0
     knobs: Mapping[str, KnobValue] = field(default_factory=dict)  # family knobs by name (FamilySpec.knobs)
 
     def __post_init__(self) -> None:
@@ -129,6 +133,8 @@ class ProposerConfig:
             raise SpecError(f"k={self.k} is too large; speccore drafts at most {MAX_K} tokens per step")
         if min(self.tree_topk, self.tree_tokens) <= 0:
             raise SpecError("tree_topk and tree_tokens must be positive")
+        if not 0.0 <= self.tree_min_prob < 1.0:
+            raise SpecError(f"tree_min_prob must be in [0, 1), got {self.tree_min_prob}")
         if self.tree_tokens > MAX_K:
             raise SpecError(f"tree_tokens={self.tree_tokens} is too large; at most {MAX_K} nodes a step")
         if self.tree_shape is not None:

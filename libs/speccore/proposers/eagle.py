@@ -14,10 +14,17 @@ node ``tree_topk`` children scored by cumulative log-probability, and keeps the
 are drafted (a ``tree_shape`` sets the three at once: its depth, its widest level,
 its number of nodes; topk 1 drafts a chain). Drafts are deterministic, so the
 verifier's one-hot rule keeps sampling lossless.
+
+Dynamic drafting (``tree_min_prob`` > 0): a node is drafted only when its cumulative
+probability reaches the floor, and the tree stops growing at the first level where no
+row's frontier does; the step's block is as wide as its widest row's kept nodes, so a
+step where the head is unsure drafts, and the target verifies, fewer nodes (an empty
+tree is a plain decoding step).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +74,7 @@ class EagleProposer(Proposer):
             (max(shape), len(shape), shape_nodes(shape)) if shape else (cfg.tree_topk, cfg.k, cfg.tree_tokens)
         )
         self.topk = min(topk, config.draft_vocab_size)
+        self.min_log_prob = math.log(cfg.tree_min_prob) if cfg.tree_min_prob > 0 else -math.inf
         self.cache: StaticKVCache | None = None
         # Entries to commit at the next propose, per row: next tokens and [m, F] features.
         self.queued_tokens: list[list[int]] = []
@@ -112,8 +120,8 @@ class EagleProposer(Proposer):
         depth = min(capped(self.depth, ctx), int(room.max()))
         if self.last is None or depth <= 0:
             return DraftTree.empty(len(seqs))
-        tokens, parents, depths = self._grow(self.last, depth, capped(self.size, ctx))
-        return DraftTree(tokens=tokens, parents=parents, acceptable=depths < room[:, None])
+        tokens, parents, depths, kept = self._grow(self.last, depth, capped(self.size, ctx))
+        return DraftTree(tokens=tokens, parents=parents, acceptable=kept & (depths < room[:, None]))
 
     def _commit_queued(self) -> None:
         """Run the layer over the queued entries, a chain block per row, and commit them."""
@@ -138,10 +146,10 @@ class EagleProposer(Proposer):
 
     def _grow(
         self, root_out: torch.Tensor, depth: int, size: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The EAGLE-2 tree of ``size`` nodes below each row's pending token, from its last
         entry's output ([batch, hidden]): tokens, draft-relative parents (-1 = the pending
-        token) and depths, each [batch, n], parents first."""
+        token), depths and whether the row drafts the node, each [batch, n], parents first."""
         cache = self.cache
         if cache is None:
             raise RuntimeError("start() must precede propose()")
@@ -156,6 +164,8 @@ class EagleProposer(Proposer):
         block_in: list[torch.Tensor] = []  # per level [batch, k, layer input]
         block_par = torch.empty(batch, 0, dtype=torch.long)  # [batch, b]
         for level in range(depth - 1):
+            if bool((pool.scores.gather(1, frontier) < self.min_log_prob).all()):
+                break  # no row's frontier is worth a child: its children score lower still
             start = level * k
             tokens = self.draft_ids[pool.tokens.gather(1, frontier)]
             block_in.append(self.head.inputs(self._embed(tokens), parent_out))
@@ -177,18 +187,23 @@ class EagleProposer(Proposer):
             parent_out = out.gather(1, (best // k)[:, :, None].expand(batch, k, out.shape[-1]))
         return self._select(pool, size)
 
-    def _select(self, pool: _Pool, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The ``size`` best nodes per row, in pool order. A child scores at most its parent
-        and comes later in the pool, so a stable sort keeps the choice ancestor-closed."""
+    def _select(
+        self, pool: _Pool, size: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ``size`` best nodes per row, in pool order, and which of them reach the
+        probability floor (the block is as wide as the row keeping most). A child scores at
+        most its parent and comes later in the pool, so a stable sort keeps the choice, and
+        the kept nodes, ancestor-closed."""
         batch, total = pool.scores.shape
-        n = min(size, total)
+        floor = pool.scores >= self.min_log_prob
+        n = min(size, total, int(floor.sum(1).max()))
         chosen = pool.scores.sort(dim=1, descending=True, stable=True).indices[:, :n].sort(dim=1).values
         position = torch.full((batch, total), -1, device=chosen.device)
         position.scatter_(1, chosen, torch.arange(n, device=chosen.device).expand(batch, n))
         par = pool.parents.gather(1, chosen)
         parents = torch.where(par >= 0, position.gather(1, par.clamp(min=0)), -1)
         tokens = self.draft_ids[pool.tokens.gather(1, chosen)]
-        return tokens.cpu(), parents.cpu(), pool.depths[chosen].cpu()
+        return tokens.cpu(), parents.cpu(), pool.depths[chosen].cpu(), floor.gather(1, chosen).cpu()
 
     def _log_probs(self, out: torch.Tensor) -> torch.Tensor:
         """[..., hidden] layer outputs -> [..., draft vocab] float32 log-probabilities."""
