@@ -184,7 +184,7 @@ def score(args: argparse.Namespace, data: dict[str, Any]) -> None:
         {
             "date": time.strftime("%Y-%m-%d"),
             "calibration_set": str(args.out),
-            "calibration_file": str(written),
+            "calibration_file": str(written.resolve().relative_to(Path.cwd().resolve())),
             "rows": len(rows),
             "workloads": list(points),
             **summary,
