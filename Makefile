@@ -4,7 +4,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup chromium screenshots test demo bench speedups gemma-head gemma-bench gpu-bench report lint asyncapi scale-check chaos tune-bench t3-bench side-channel
+.PHONY: setup chromium screenshots test demo bench speedups gemma-head gemma-bench calibrate gpu-bench report lint \
+	asyncapi scale-check chaos tune-bench t3-bench side-channel
 
 setup: $(STAMP) chromium
 
@@ -99,6 +100,17 @@ gemma-bench: setup
 	$(GEMMA_BENCH) --workload chat --prompts $(GEMMA)/distill-128/heldout.jsonl --n-prompts 4 \
 		--json bench/results/gemma-3-270m-chat-greedy-cpu2.json
 	$(GEMMA_BENCH) --workload code --n-prompts 4 --json bench/results/gemma-3-270m-code-greedy-cpu2.json
+
+# The predictor's calibration set (README "The calibrated predictor"): the catalog's key
+# options of every family that runs here x 7 workloads, 4 prompts, 48 new tokens, 1 rep,
+# greedy, each workload one interleaved run with its own none; then the predictor's
+# calibration file (services/predictor/calibrations/) fitted to it and scored in-sample and
+# leave-one-workload-out (bench/results/predictor-calibration.json tracks the scores).
+# Resumable: workloads already in the JSON are kept. About 5 min a workload on the shared
+# 2-core CPU with OMP_WAIT_POLICY=PASSIVE (spinning idle threads of the jobs beside it
+# made decoding ~16x slower).
+calibrate: setup
+	OMP_WAIT_POLICY=PASSIVE $(PY) bench/calibrate.py --out bench/results/calibration-smollm2-cpu2.json
 
 # On a CUDA host (README "speccore on a GPU"): greedy identity per family, batch-1 speedups
 # and the continuous batcher at 32 rows, bfloat16; GPU_BENCH_ARGS adds options.

@@ -363,7 +363,7 @@ def run_bench(
     )
     none = runs["none"][0]
     results = {
-        method: _summary(measured, none, greedy=spec.sampling.greedy)
+        method: summarize(measured, none, greedy=spec.sampling.greedy)
         for method, measured in runs.items()
         if method not in failures
     }
@@ -386,7 +386,7 @@ def run_bench(
     }
 
 
-def _summary(runs: list[RepRun], none: RepRun, *, greedy: bool) -> dict[str, Any]:
+def summarize(runs: list[RepRun], none: RepRun, *, greedy: bool) -> dict[str, Any]:
     """One method's results: tokens/s and speedup over the reps, the rest from the first rep."""
     first = runs[0]
     tps = [r.tokens_per_s for r in runs]

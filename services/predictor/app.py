@@ -42,6 +42,7 @@ from specops_schemas.heads import HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
 from specops_schemas.security import PolicyChanged
 from specops_services.predictor import logic, steps
+from specops_services.predictor.calibration import load_calibrations
 from specops_services.predictor.host import host_info
 from specops_services.predictor.settings import predictor_settings
 from specplatform.db import Pool, create_pool
@@ -158,6 +159,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
         host=host_info(config),
         history_rows=config.predictor_history_rows,
         enable_cascade=config.enable_cascade,
+        calibrations=load_calibrations(),
     )
     log.info("host: %s", planner.host)
     subscribe(broker, pool, planner)

@@ -54,6 +54,7 @@ from specops_schemas.events import (
 )
 from specops_schemas.heads import OFFERED_STATES
 from specops_schemas.security import OPT_OUT_REASON
+from specops_services.predictor.calibration import Calibration
 from specops_services.predictor.model import HistoryRow
 from specops_services.predictor.plan import HostInfo, Plan, UploadedDatastore, error_stage, plan_run
 from specops_services.predictor.scoring import Decision, assemble_results, choose_winner
@@ -172,6 +173,7 @@ def make_plan(
     enable_cascade: bool,
     datastores: Sequence[UploadedDatastore] = (),
     heads: Sequence[HeadRef] = (),
+    calibrations: Sequence[Calibration] = (),
 ) -> Plan | PlanFailure:
     """plan_run, with its errors turned into the run's failure.
 
@@ -190,6 +192,7 @@ def make_plan(
             available_datastores=[d.ref(info) for d in datastores],
             available_heads=heads,
             enable_cascade=enable_cascade,
+            calibrations=calibrations,
         )
     except Exception as exc:
         # plan_run is pure: whatever it raises now it raises on every retry, so the run

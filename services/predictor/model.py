@@ -25,6 +25,10 @@ History rows (past measurements) refine the prior: the posterior ``a`` is a weig
 average of the prior (worth PRIOR_STRENGTH rows) and each row's observed ``a``; rows of
 another target or another draft count less. Rows of the same target and GPU also
 correct the cost model by the geometric mean of measured / modelled speedup.
+
+A calibration (calibration.py) of the target on this hardware profile goes further: it
+scales the family's prior, adds its rows to the history, and gives a measured shape its
+measured mean acceptance length and step cost.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from speccatalog.hardware import Deployment, extra_per_device
 from speccatalog.targets import TargetInfo
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import Family, Fingerprint
+from specops_services.predictor.calibration import Calibration, CalibrationRow
 
 TemperatureBucket = Literal["greedy", "sampled"]
 F = Fingerprint
@@ -327,6 +332,26 @@ def _cost_correction(
     return math.exp(num / den)
 
 
+def calibration_history(rows: Sequence[CalibrationRow], target_ref: str, gpu: str) -> list[HistoryRow]:
+    """A calibration's rows as history rows of its target and hardware profile (greedy, batch 1)."""
+    return [
+        HistoryRow(
+            family=r.candidate.family,
+            fingerprint=r.fingerprint,
+            temperature=0.0,
+            k=r.candidate.k,
+            acceptance=r.acceptance,
+            speedup=r.speedup,
+            mean_acceptance_length=r.mean_acceptance_length if r.mean_acceptance_length >= 1.0 else None,
+            tree=tuple(r.candidate.tree) if r.candidate.tree else None,
+            draft=r.candidate.draft,
+            target_ref=target_ref,
+            gpu=gpu,
+        )
+        for r in rows
+    ]
+
+
 def predict(
     candidate: Candidate,
     dep: Deployment,
@@ -335,17 +360,33 @@ def predict(
     *,
     gpu: str,
     history: Sequence[HistoryRow] = (),
+    calibration: Calibration | None = None,
 ) -> Estimate:
     """Acceptance, mean acceptance length, speedups and extra memory of `candidate` on `dep`
-    (`known`: the target's drafts, heads and datastores, as the catalog saw them)."""
+    (`known`: the target's drafts, heads and datastores, as the catalog saw them; `calibration`:
+    used when it is of this target and hardware profile)."""
     target = dep.target
     cost = draft_cost(candidate, known)
     prior = prior_acceptance(candidate, known, workload.fingerprint, workload.temperature)
+    if calibration is not None and not calibration.applies(target.ref, gpu):
+        calibration = None
+    if calibration is not None:
+        prior = min(prior * calibration.scale(str(candidate.family)), MAX_ACCEPTANCE)
+        history = [*history, *calibration_history(calibration.rows, target.ref, gpu)]
     a = refine_acceptance(prior, candidate, target, workload.fingerprint, workload.temperature, history)
     e_n = mean_length(a, candidate.k, candidate.tree)
     t1 = step_times(dep, cost, 1)
     correction = _cost_correction(candidate, dep, gpu, history, known, workload.latency_batch)
     latency = _speedup_at(dep, cost, candidate.k, e_n, workload.latency_batch) * correction
+    measured = calibration.shape(candidate) if calibration is not None else None
+    if measured is not None and workload.latency_batch == 1:
+        # A shape measured here: its MAL (greedy, this fingerprint) and the wall clock's step
+        # cost replace the model's; their ratio to the model carries to throughput.
+        greedy_mal = measured.mean_acceptance_length.get(str(workload.fingerprint))
+        if greedy_mal is not None and temperature_bucket(workload.temperature) == "greedy":
+            e_n, a = greedy_mal, invert_mean_length(greedy_mal, candidate.k, candidate.tree)
+        latency = e_n / measured.cost(str(workload.fingerprint))
+        correction = latency / _speedup_at(dep, cost, candidate.k, e_n, workload.latency_batch)
     throughput = _throughput_speedup(dep, cost, candidate.k, e_n, workload.throughput_batch) * correction
     return Estimate(
         candidate=candidate,

@@ -33,6 +33,7 @@ from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import Candidate, RankedCandidate, Sampling
 from specops_schemas.catalog import Engine, ErrorStage, Fingerprint, Mode
 from specops_schemas.events import BenchPlan, RunPredicted
+from specops_services.predictor.calibration import Calibration, calibration_for
 from specops_services.predictor.catalog import Pruned, build_catalog, known_for
 from specops_services.predictor.model import HistoryRow, Workload, predict
 from specops_services.predictor.scoring import predicted_front, rank
@@ -129,7 +130,7 @@ class UploadedDatastore:
         )
 
 
-def _builtin_datastores(target: TargetInfo, fingerprint: Fingerprint) -> list[DatastoreRef]:
+def builtin_datastore_refs(target: TargetInfo, fingerprint: Fingerprint) -> list[DatastoreRef]:
     if fingerprint not in BUILTIN_DATASTORE_WORKLOADS:
         return []
     return [
@@ -142,7 +143,7 @@ def _builtin_datastores(target: TargetInfo, fingerprint: Fingerprint) -> list[Da
     ]
 
 
-def _builtin_heads(target: TargetInfo) -> list[HeadRef]:
+def builtin_head_refs(target: TargetInfo) -> list[HeadRef]:
     """The trained heads speccore ships for an offline alias (speccore.heads.builtin); their
     held-out chain acceptance is the predictor's acceptance for them."""
     decoders = {artifact: spec for spec in families.families().values() for artifact in spec.head_artifacts}
@@ -224,12 +225,15 @@ def plan_run(
     target: TargetInfo | None = None,
     enable_cascade: bool = False,
     top_n: int = TOP_N,
+    calibrations: Sequence[Calibration] = (),
 ) -> Plan:
     """Plan a T1 run; pure: every fact about the world comes in as an argument.
 
     target: pass parse_hf_config(...) for a local directory; None resolves the model_ref
     among known ids and aliases (UnknownModel otherwise). Raises TargetError or
     HardwareError (validation) and NoFeasibleCandidate (prediction); see error_stage().
+    calibrations: the host's calibration files (calibration.py); the one of this target and
+    hardware profile, if any, calibrates every prediction.
     """
     if top_n < 1:
         raise ValueError(f"top_n must be positive, got {top_n}")
@@ -248,15 +252,19 @@ def plan_run(
     heads = list(available_heads)
     stores = list(available_datastores)
     if request.target.engine == Engine.SPECCORE and info.local:
-        stores += _builtin_datastores(info, fingerprint)
-        heads += _builtin_heads(info)
+        stores += builtin_datastore_refs(info, fingerprint)
+        heads += builtin_head_refs(info)
     heads += _public_heads(info, request.target.engine)
     known = known_for(info, heads=heads, datastores=stores, enable_cascade=enable_cascade)
     catalog = build_catalog(dep, fingerprint, request.target.engine, known)
     if not catalog.kept:
         reasons = sorted({p.reason for p in catalog.pruned})
         raise NoFeasibleCandidate(f"no candidate survives pruning: {'; '.join(reasons)}")
-    estimates = [predict(c, dep, workload, known, gpu=profile.name, history=history) for c in catalog.kept]
+    calibration = calibration_for(calibrations, info.ref, profile.name)
+    estimates = [
+        predict(c, dep, workload, known, gpu=profile.name, history=history, calibration=calibration)
+        for c in catalog.kept
+    ]
     ranked = rank(estimates, request.goal.priorities, request.mode)
     reason = _why_not_measurable(request, info, host)
     bench = None

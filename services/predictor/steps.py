@@ -25,6 +25,7 @@ from specops_schemas.heads import HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
 from specops_schemas.security import PolicyChanged
 from specops_services.predictor import db, logic, projection
+from specops_services.predictor.calibration import Calibration
 from specops_services.predictor.host import local_target
 from specops_services.predictor.plan import HostInfo
 from specplatform.db import Pool, tenant_transaction
@@ -41,6 +42,7 @@ class Planner:
     host: HostInfo
     history_rows: int = 500
     enable_cascade: bool = False
+    calibrations: tuple[Calibration, ...] = ()  # this host's (calibration.load_calibrations)
 
 
 async def load_target(model_ref: str) -> TargetInfo | logic.PlanFailure | None:
@@ -106,6 +108,7 @@ async def plan(
         enable_cascade=planner.enable_cascade,
         datastores=await db.tenant_datastores(conn, event.tenant_id),
         heads=await db.tenant_heads(conn, event.tenant_id, include_uat=request.include_uat_heads),
+        calibrations=planner.calibrations,
     )
     if isinstance(planned, logic.PlanFailure):
         _log_failure(run_id, planned)
