@@ -70,9 +70,13 @@ bench: setup
 # 1.6M-token distill-256 chunks on held-out chat (depth 5, top-2, 8 nodes). About 50 minutes on
 # a quiet 2-core CPU.
 TRAINED := artifacts/heads/smollm2-135m-instruct/trained-distill-256
+# PASSIVE: on a shared host, spinning idle OpenMP threads of the jobs beside it slow decoding many times.
+speedups: export OMP_WAIT_POLICY := PASSIVE
 speedups: setup
 	$(BENCH) --workload agentic --methods none,ngram,suffix --n-prompts 8 --reps 3 \
 		--json $(RESULTS)-agentic-suffix-greedy-cpu2.json
+	$(BENCH) --workload agentic --methods none,ngram,suffix --n-prompts 24 --reps 1 \
+		--json $(RESULTS)-agentic24-suffix-greedy-cpu2.json
 	for wl in code chat; do \
 		$(BENCH) --workload $$wl --methods none,ngram,suffix --n-prompts 6 --reps 1 \
 			--json $(RESULTS)-$$wl-suffix-greedy-cpu2.json || exit 1; \
@@ -80,7 +84,10 @@ speedups: setup
 	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head $(TRAINED)/eagle \
 		--k 5 --tree-topk 2 --tree-tokens 8 --n-prompts 8 --reps 2 \
 		--json $(RESULTS)-trained-eagle-heldout-greedy-cpu2.json
-	$(PY) bench/report.py $(RESULTS)-*-suffix-greedy-cpu2.json $(RESULTS)-trained-eagle-heldout-greedy-cpu2.json
+	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head $(TRAINED)/eagle \
+		--k 5 --tree-topk 2 --tree-tokens 8 --tree-min-prob 0.1 --n-prompts 8 --reps 1 \
+		--json $(RESULTS)-trained-eagle-dynamic-heldout-greedy-cpu2.json
+	$(PY) bench/report.py $(RESULTS)-*-suffix-greedy-cpu2.json $(RESULTS)-trained-eagle-*heldout-greedy-cpu2.json
 
 # gemma-3-270m (a base model: its chat prompts go in as plain text): none, n-gram, suffix and
 # its own Medusa head (artifacts/heads/gemma-3-270m/README.md), chat on the head's 4 held-out
