@@ -15,7 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from speccatalog.workloads import WORKLOADS
+from speccatalog.workloads import UnknownWorkload, fingerprint_of
 from speccore.errors import SpecError
 from speccore.training.data import read_examples
 from specprompts.agentic import agentic_prompts, agentic_tasks
@@ -57,8 +57,10 @@ def load_prompts(
 
 def check_workload(workload: str) -> None:
     """SpecError naming the valid workloads unless `workload` is one."""
-    if workload not in WORKLOADS:
-        raise SpecError(f"unknown workload {workload!r}; valid workloads: {', '.join(WORKLOADS)}")
+    try:
+        fingerprint_of(workload)
+    except UnknownWorkload as err:
+        raise SpecError(str(err)) from None
 
 
 def constraint_tasks(workload: str, n: int, seed: int = 0) -> list[StructuredTask]:

@@ -11,7 +11,7 @@ import sys
 import pytest
 from jsonschema import Draft202012Validator
 
-from speccatalog.workloads import EXTRA_WORKLOADS, FINGERPRINTS
+from speccatalog.workloads import EXTRA_WORKLOADS, FINGERPRINTS, WORKLOADS
 from speccore.errors import SpecError
 from specops_schemas.catalog import Fingerprint
 from specprompts.corpora import CHAT_CONVERSATIONS
@@ -24,7 +24,7 @@ from specprompts.derived import (
     long_context_prompts,
     rag_prompts,
 )
-from specprompts.sets import LONG_CONTEXT_CAP, WORKLOADS, load_prompts, long_context_budget, prompts_for_model
+from specprompts.sets import LONG_CONTEXT_CAP, load_prompts, long_context_budget, prompts_for_model
 from specprompts.sources import (
     humaneval_prompts,
     mmlu_questions,
