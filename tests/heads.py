@@ -89,10 +89,11 @@ def _target_side(target: LoadedModel, ids: torch.Tensor) -> tuple[torch.Tensor, 
 
 def chain_outputs(target: LoadedModel, head: EagleHead, token_ids: list[int]) -> torch.Tensor:
     """[T-1, hidden] the EAGLE layer's output at every entry of a sequence (entry j reads
-    x_{j+1} and the target's feature at j), run as one chain."""
+    x_{j+1} and the target's feature at j), run as one chain in the head's dtype."""
     embeds, features = _target_side(target, torch.tensor(token_ids))
+    dtype = next(head.parameters()).dtype
     with torch.no_grad():
-        entries = head.inputs(embeds, head.target_feature(features[:-1]))
+        entries = head.inputs(embeds.to(dtype), head.target_feature(features[:-1].to(dtype)))
         return head.layer(inputs_embeds=entries[None]).last_hidden_state[0]
 
 

@@ -32,7 +32,14 @@ from torch.nn.utils.rnn import pad_sequence
 
 from speccatalog.shapes import shape_nodes
 from speccore.heads.eagle import EagleHead
-from speccore.heads.loading import draft_scorer, load_head, on_target_kernels, open_head, output_weight
+from speccore.heads.loading import (
+    draft_dtype,
+    draft_rows,
+    draft_scorer,
+    load_head,
+    on_target_kernels,
+    open_head,
+)
 from speccore.kv_cache import StaticKVCache
 from speccore.models import LoadedModel
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome, capped
@@ -61,8 +68,9 @@ class EagleProposer(Proposer):
         head = load_head(str(cfg.head), EagleHead(config), target)
         self.feature_layers = tuple(config.feature_layers)
         self.draft_ids = head.get_buffer("draft_ids")  # [draft vocab] their token ids
+        self.dtype = draft_dtype(target)  # the target's features and embeddings enter in it
         # EAGLE-1 scores with the target's output rows, EAGLE-3 with its own output layer.
-        rows = output_weight(target).detach()[self.draft_ids] if head.lm_head is None else None
+        rows = draft_rows(target, self.draft_ids) if head.lm_head is None else None
         tensors = [*head.parameters(), *([rows] if rows is not None else [])]
         self.weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
         self.head = on_target_kernels(head, target)
@@ -134,7 +142,7 @@ class EagleProposer(Proposer):
             [torch.cat(f) if f else some.new_zeros(0, some.shape[-1]) for f in self.queued_features],
             batch_first=True,
         )  # [batch, width, F]
-        inputs = self.head.inputs(self._embed(tokens), self.head.target_feature(features))
+        inputs = self.head.inputs(self._embed(tokens), self.head.target_feature(features.to(self.dtype)))
         out = self.runner.forward(cache, None, embeds=inputs)  # [batch, width, hidden]
         cache.commit(counts)
         last = out[torch.arange(len(counts)), (counts - 1).clamp(min=0)]
@@ -211,8 +219,8 @@ class EagleProposer(Proposer):
         return logits.float().log_softmax(-1)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """[...] token ids -> [..., hidden] the target's input embeddings."""
-        return self.embed(tokens.to(self.draft_ids.device))
+        """[...] token ids -> [..., hidden] the target's input embeddings, in the draft dtype."""
+        return self.embed(tokens.to(self.draft_ids.device)).to(self.dtype)
 
     def extra_memory_bytes(self) -> int:
         return self.weight_bytes + (self.cache.nbytes() if self.cache is not None else 0)

@@ -12,7 +12,14 @@ from __future__ import annotations
 import torch
 
 from speccore.errors import SpecError
-from speccore.heads.loading import draft_scorer, load_head, on_target_kernels, open_head, output_weight
+from speccore.heads.loading import (
+    draft_dtype,
+    draft_rows,
+    draft_scorer,
+    load_head,
+    on_target_kernels,
+    open_head,
+)
 from speccore.heads.medusa import MedusaHeads
 from speccore.heads.trees import DEFAULT_MEDUSA_CHOICES, medusa_tree, shape_choices, tree_parents
 from speccore.models import LoadedModel
@@ -30,7 +37,8 @@ class MedusaProposer(Proposer):
         config = open_head(cfg.head, self.family, target)
         heads = load_head(str(cfg.head), MedusaHeads(config), target)
         self.draft_ids = heads.get_buffer("draft_ids")  # [draft vocab] their token ids
-        rows = output_weight(target).detach()[self.draft_ids]  # [draft vocab, hidden]
+        self.dtype = draft_dtype(target)  # the target's features enter the heads in it
+        rows = draft_rows(target, self.draft_ids)  # [draft vocab, hidden]
         self.weight_bytes = sum(t.numel() * t.element_size() for t in [*heads.parameters(), rows])
         self.heads = on_target_kernels(heads, target)
         self.scorer = draft_scorer(rows, target)
@@ -72,7 +80,7 @@ class MedusaProposer(Proposer):
         room = torch.tensor([s.remaining - 1 if ok and not s.finished else 0 for s, ok in ready])
         if self.last is None or int(room.max()) <= 0:
             return DraftTree.empty(len(seqs))
-        logits = self.scorer(self.heads(self.last))  # [batch, heads, draft vocab]
+        logits = self.scorer(self.heads(self.last.to(self.dtype)))  # [batch, heads, draft vocab]
         top = logits.topk(self.width, dim=-1).indices  # [batch, heads, width]
         tokens = self.draft_ids[top[:, self.depth, self.rank]].cpu()  # [batch, n]
         tree = DraftTree(
