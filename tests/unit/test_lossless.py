@@ -32,6 +32,9 @@ from specprompts.sources import humaneval_prompts, sharegpt_conversations, share
 pytestmark = pytest.mark.slow
 
 GREEDY_NEW_TOKENS = 32
+# Prompts of each source in the greedy-identity test, decoded as one batch (20 of each, in two
+# batches, took about 8 of the suite's 45 minutes).
+GREEDY_EACH = 8
 TRAINED_HEADS = Path(__file__).parents[2] / "artifacts/heads/smollm2-135m-instruct/trained-distill-256"
 ALPHA = 1e-3  # the stated bound: a lossless method fails by chance at most 0.1% of runs
 SAMPLES = 300
@@ -116,14 +119,15 @@ def _greedy(engine: Engine, prompts: list[list[int]], batch: int) -> list[list[i
 
 @pytest.fixture(scope="module")
 def greedy_prompts(smollm):
-    chat = [smollm.encode_prompt(p.text, chat=True) for p in sharegpt_prompts(20, seed=1)]
-    code = [smollm.encode_prompt(p.text, chat=False) for p in humaneval_prompts(20, seed=1)]
+    """GREEDY_EACH ShareGPT prompts, then GREEDY_EACH HumanEval prompts: one batch."""
+    chat = [smollm.encode_prompt(p.text, chat=True) for p in sharegpt_prompts(GREEDY_EACH, seed=1)]
+    code = [smollm.encode_prompt(p.text, chat=False) for p in humaneval_prompts(GREEDY_EACH, seed=1)]
     return chat + code
 
 
 @pytest.fixture(scope="module")
 def greedy_reference(smollm, greedy_prompts):
-    return _greedy(Engine(smollm, "none"), greedy_prompts, batch=20)
+    return _greedy(Engine(smollm, "none"), greedy_prompts, batch=len(greedy_prompts))
 
 
 @pytest.mark.parametrize("method", ["ngram", "rest", "draft_model", "lookahead", "suffix"])
@@ -131,7 +135,7 @@ def test_greedy_output_is_identical_to_plain_decoding(
     smollm, greedy_prompts, greedy_reference, datastore, method
 ):
     engine = Engine(smollm, method, _configs(datastore)[method])
-    outputs = _greedy(engine, greedy_prompts, batch=20)
+    outputs = _greedy(engine, greedy_prompts, batch=len(greedy_prompts))
     mismatched = [i for i, (a, b) in enumerate(zip(outputs, greedy_reference, strict=True)) if a != b]
     assert mismatched == []
     # The method really speculated: otherwise identity would prove nothing.
@@ -142,7 +146,7 @@ def test_greedy_output_is_identical_to_plain_decoding(
 @pytest.fixture(scope="module")
 def few_prompts(greedy_prompts):
     """Two ShareGPT and two HumanEval prompts: fewer rows than the chain methods' test."""
-    return greedy_prompts[:2] + greedy_prompts[20:22]
+    return greedy_prompts[:2] + greedy_prompts[GREEDY_EACH : GREEDY_EACH + 2]
 
 
 @pytest.fixture(scope="module")
