@@ -73,10 +73,9 @@ TRAINED := artifacts/heads/smollm2-135m-instruct/trained-distill-256
 # PASSIVE: on a shared host, spinning idle OpenMP threads of the jobs beside it slow decoding many times.
 speedups: export OMP_WAIT_POLICY := PASSIVE
 speedups: setup
-	$(BENCH) --workload agentic --methods none,ngram,suffix --n-prompts 8 --reps 3 \
-		--json $(RESULTS)-agentic-suffix-greedy-cpu2.json
 	$(BENCH) --workload agentic --methods none,ngram,suffix --n-prompts 24 --reps 1 \
 		--json $(RESULTS)-agentic24-suffix-greedy-cpu2.json
+	$(PY) bench/agentic_kinds.py --per-kind 6 --reps 1 --json $(RESULTS)-agentic-kinds-greedy-cpu2.json
 	for wl in code chat; do \
 		$(BENCH) --workload $$wl --methods none,ngram,suffix --n-prompts 6 --reps 1 \
 			--json $(RESULTS)-$$wl-suffix-greedy-cpu2.json || exit 1; \

