@@ -1,8 +1,9 @@
 """The ``agentic`` prompt set: repetitive traffic of agents, measured as ``structured``.
 
 An agent's requests repeat themselves: one system prompt and one tool schema for
-every call, and each step of a loop carries what the previous step produced. Two
-kinds of session, built from the packaged data and taken in turn:
+every call, each step of a loop carries what the previous step produced, and a failed
+task is tried again. Three kinds of session, built from the packaged data and taken in
+turn:
 
 - tool session: TOOL_SESSION_STEPS ShareGPT requests to one agent whose tools
   (:data:`specprompts.structured.TOOLS` and ``reply``) are the same in every prompt; a
