@@ -185,7 +185,10 @@ def test_an_upstream_system_runs_through_nats_with_its_tenants_credentials(
         assert example.returncode == 0, example.stdout + example.stderr
         printed = json.loads(example.stdout[example.stdout.index("{") :])
         run_id, winner = printed["run_id"], printed["winner"]
-        assert winner is not None and "  run.completed" in example.stdout
+        # TINY measures 8 tokens of one prompt: whether a candidate beats `none` there is noise
+        # (a clean-clone run saw all three at or below 1.0x), so the run's completion and the
+        # winner the API shows (below) are checked, not that there is one.
+        assert "  run.completed" in example.stdout
 
         assert asyncio.run(_published_again(runtime, acme, event_id)) == {run_id}
         reused = asyncio.run(_reused_for_another_request(runtime, acme, event_id))
