@@ -1,4 +1,7 @@
-"""Markdown table of a `specops bench` result file, as quoted in the README."""
+"""Markdown tables of `specops bench` result files, as quoted in the README.
+
+A file may also hold several bench results: one per kind (``kinds``, bench/agentic_kinds.py)
+or a list of runs (``runs``, e.g. a sweep of shapes); each gets its table."""
 
 from __future__ import annotations
 
@@ -7,13 +10,22 @@ import sys
 from pathlib import Path
 
 
-def table(path: Path) -> str:
-    r = json.loads(path.read_text())
+def tables(path: Path) -> list[str]:
+    data = json.loads(path.read_text())
+    if "methods" in data:
+        return [table(data, path)]
+    kinds = [table(r, path, kind) for kind, r in data.get("kinds", {}).items()]
+    return kinds + [table(r, path, r.get("config", "")) for r in data.get("runs", [])]
+
+
+def table(r: dict, path: Path, label: str = "") -> str:
+    """One bench result's table; ``label`` names it within a file of several."""
     spec, machine = r["spec"], r["machine"]
     policy = machine.get("omp_wait_policy")
     omp = f", OMP_WAIT_POLICY={policy}" if policy and policy != "default" else ""
+    named = f" ({label})" if label else ""
     lines = [
-        f"`{spec['workload']}`: {r['model']}, {len(r['prompt_ids'])} prompts x {spec['reps']} reps, "
+        f"`{spec['workload']}`{named}: {r['model']}, {len(r['prompt_ids'])} prompts x {spec['reps']} reps, "
         f"{spec['max_new_tokens']} new tokens, temperature {spec['sampling']['temperature']:g}, "
         f"batch {spec['batch_size']}, {machine['threads']} threads{omp}, {machine['date']} (`{path}`)",
         "",
@@ -40,4 +52,4 @@ def table(path: Path) -> str:
 
 
 if __name__ == "__main__":
-    print("\n\n".join(table(Path(p)) for p in sys.argv[1:]))
+    print("\n\n".join(t for p in sys.argv[1:] for t in tables(Path(p))))
