@@ -21,10 +21,8 @@ import torch
 
 from speccore.bench import BenchSpec, run_bench
 from speccore.models import load_model
-from specprompts.agentic import KIND_CODE, KIND_RETRY, KIND_TOOL, kind_of
+from specprompts.agentic import KINDS, kind_of
 from specprompts.sets import load_prompts
-
-KINDS = (KIND_TOOL, KIND_CODE, KIND_RETRY)
 
 
 def main() -> int:

