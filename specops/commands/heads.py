@@ -70,6 +70,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--max-len", type=int, default=512, help="tokens per training sequence")
     tr.add_argument("--batch-tokens", type=int, default=4096, help="tokens per training batch")
     tr.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
+    tr.add_argument(
+        "--init-from",
+        type=Path,
+        help="a head directory to continue training from (same family and draft vocabulary); "
+        "the learning-rate schedule starts afresh",
+    )
     tr.add_argument("--device", default="auto", help="auto, cpu or cuda")
     tr.add_argument("--threads", type=int, help="CPU threads for PyTorch")
     tr.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -287,6 +293,7 @@ def run_train(args: argparse.Namespace) -> int:
         draft_layers=args.draft_layers,
         ttt_steps=args.ttt_steps,
         checkpoint_every=args.checkpoint_every,
+        init_from=str(args.init_from) if args.init_from else None,
         extra={"command": " ".join(["specops", *sys.argv[1:]])},
     )
     # A distilled draft trains copies of the target's layers: they need the stock kernels.

@@ -99,18 +99,25 @@ def data(tmp_path_factory) -> Path:
     return root / "train.jsonl"
 
 
-@pytest.mark.slow
-def test_training_killed_midway_resumes_to_the_same_head(data, tmp_path):
-    code, out, err = run(*train_args(data, tmp_path / "whole"))
+@pytest.fixture(scope="module")
+def whole(data, tmp_path_factory) -> tuple[Path, dict]:
+    """A tiny EAGLE head trained for three epochs without interruption."""
+    out = tmp_path_factory.mktemp("whole")
+    code, stdout, err = run(*train_args(data, out))
     assert code == 0, err
-    whole = json.loads(out)
+    return out, json.loads(stdout)
+
+
+@pytest.mark.slow
+def test_training_killed_midway_resumes_to_the_same_head(data, whole, tmp_path):
+    whole_dir, whole = whole
     assert whole["resumed_from_step"] is None and whole["stopped_by"] == "epochs"
-    config = json.loads((tmp_path / "whole" / "config.json").read_text())
+    config = json.loads((whole_dir / "config.json").read_text())
     curve = config["provenance"]["curve"]
     assert [r["epoch"] for r in curve] == [0, 1, 2, 3]  # 0: measured before training
     assert curve[-1]["train_loss"] < curve[1]["train_loss"]  # it learns something
     assert "chain_mean_acceptance_length" in curve[-1]["heldout"]
-    assert not (tmp_path / "whole" / "checkpoint.pt").exists()
+    assert not (whole_dir / "checkpoint.pt").exists()
 
     proc = specops(*train_args(data, tmp_path / "killed"))
     checkpoint = tmp_path / "killed" / "checkpoint.pt"
@@ -127,12 +134,37 @@ def test_training_killed_midway_resumes_to_the_same_head(data, tmp_path):
     assert resumed["resumed_from_step"] >= 1
     assert resumed["steps"] == whole["steps"]
     a, b = (
-        load_file(str(tmp_path / "whole" / "head.safetensors")),
+        load_file(str(whole_dir / "head.safetensors")),
         load_file(str(tmp_path / "killed" / "head.safetensors")),
     )
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+@pytest.mark.slow
+def test_training_continues_from_a_trained_head(data, whole, tmp_path):
+    whole_dir, _ = whole
+    before = json.loads((whole_dir / "config.json").read_text())["provenance"]["heldout_acceptance"]
+    args = train_args(data, tmp_path / "more")
+    args[args.index("--epochs") + 1] = "1"
+    code, out, err = run(*args, "--init-from", str(whole_dir))
+    assert code == 0, err
+    provenance = json.loads((tmp_path / "more" / "config.json").read_text())["provenance"]
+    start = provenance["curve"][0]["heldout"]["chain_mean_acceptance_length"]  # before the first step
+    assert start == pytest.approx(before["chain_mean_acceptance_length"], abs=0.02)  # the head given
+    assert start > 1.0  # not an untrained head
+    assert provenance["plan"]["init_from"] == str(whole_dir)
+    assert provenance["init_weights"].startswith("sha256:")
+    ids = [load_file(str(d / "head.safetensors"))["draft_ids"] for d in (whole_dir, tmp_path / "more")]
+    assert torch.equal(*ids)  # it goes on scoring the vocabulary its weights were trained on
+
+    # Another draft vocabulary size cannot reuse the head's output rows: refused, saying why.
+    other = train_args(data, tmp_path / "other")
+    other[other.index("--draft-vocab") + 1] = "256"
+    code, _, err = run(*other, "--init-from", str(whole_dir))
+    assert code == 2
+    assert "draft vocabulary of 512 tokens; this run plans 256" in err and "Traceback" not in err
 
 
 @pytest.mark.slow

@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 from speccore.errors import SpecError
-from speccore.heads.artifact import HeadConfig, save_head
+from speccore.heads.artifact import WEIGHTS_FILE, HeadConfig, load_weights, read_config, save_head
 from speccore.heads.distilled import draft_with, initial_layers
 from speccore.heads.eagle import EagleHead
 from speccore.heads.loading import output_weight
@@ -63,6 +64,7 @@ class HeadPlan:
     feature_layers: tuple[int, ...] | None = None  # eagle3; default: low, middle, high
     ttt_steps: int | None = None  # eagle/eagle3 training-time test depth; None: DEFAULT_TTT
     checkpoint_every: int = 25
+    init_from: str | None = None  # a head directory to start from (same family and draft vocabulary size)
     extra: dict[str, str] = field(default_factory=dict)  # provenance to record as given (command line)
 
     @property
@@ -88,6 +90,10 @@ class HeadPlan:
             or self.draft_layers <= 0
         ):
             raise SpecError("num_heads, ttt_steps and draft_layers must be positive")
+        if self.init_from and self.family == "draft":
+            raise SpecError(
+                "--init-from takes a Medusa or EAGLE head; a distilled draft starts from the target's layers"
+            )
 
 
 def default_feature_layers(n_layers: int) -> tuple[int, ...]:
@@ -108,13 +114,17 @@ def train_head(
     train_ex, held_ex = _examples(target, plan, data, heldout)
     text_config = target.model.config.get_text_config()
     vocab_size = int(output_weight(target).shape[0])
-    draft_ids = draft_vocabulary(train_ex, plan.draft_vocab, vocab_size, target.eos_token_ids)
+    if plan.init_from:  # a head goes on scoring the vocabulary its weights were trained on
+        draft_ids = _init_draft_ids(Path(plan.init_from), plan)
+    else:
+        draft_ids = draft_vocabulary(train_ex, plan.draft_vocab, vocab_size, target.eos_token_ids)
     layers = _layers(plan, int(text_config.num_hidden_layers))
     train_seq = extract(target, train_ex, layers, progress=progress)
     held_seq = extract(target, held_ex, layers, progress=progress)
     config = _head_config(plan, text_config, vocab_size, layers)
     torch.manual_seed(plan.seed)  # initial weights
     module, objective = _objective(target, plan, config, draft_ids, train_seq, held_seq, vocab_size)
+    init_weights = _warm_start(module, Path(plan.init_from)) if plan.init_from else None
     opts = TrainOptions(
         epochs=plan.epochs,
         lr=plan.lr or DEFAULT_LR[plan.family],
@@ -125,7 +135,9 @@ def train_head(
     fingerprint = target_fingerprint(target)
     data_digest = data_sha256(data)
     run_key = hashlib.sha256(
-        repr((asdict(plan) | {"budget_minutes": None, "extra": None}, fingerprint, data_digest)).encode()
+        repr(
+            (asdict(plan) | {"budget_minutes": None, "extra": None}, fingerprint, data_digest, init_weights)
+        ).encode()
     ).hexdigest()
     result = train(objective, opts, out, run_key, on_epoch, progress)
     config.provenance = {
@@ -143,6 +155,7 @@ def train_head(
         },
         "plan": {k: v for k, v in asdict(plan).items() if k != "extra"}
         | {"feature_layers": list(layers), "ttt_steps": plan.unroll_steps},
+        **({"init_weights": init_weights} if init_weights else {}),
         "steps": result.steps,
         "tokens_seen": result.tokens_seen,
         "stopped_by": result.stopped_by,
@@ -202,6 +215,28 @@ def _examples(
     if not train_ex:
         raise SpecError(f"{data}: no example leaves room for a completion within {plan.max_len} tokens")
     return train_ex, held_ex
+
+
+def _init_draft_ids(path: Path, plan: HeadPlan) -> torch.Tensor:
+    """The draft vocabulary of the head to start from: its weights score the target's rows for those ids."""
+    init = read_config(path)
+    if init.family != plan.family:
+        raise SpecError(f"--init-from {path} is a {init.family} head; this run trains {plan.family}")
+    if init.draft_vocab_size != plan.draft_vocab:
+        raise SpecError(
+            f"--init-from {path} scores a draft vocabulary of {init.draft_vocab_size} tokens; "
+            f"this run plans {plan.draft_vocab} (--draft-vocab)"
+        )
+    ids = load_file(str(path / WEIGHTS_FILE)).get("draft_ids")
+    if ids is None:
+        raise SpecError(f"{path / WEIGHTS_FILE}: tensor 'draft_ids' is missing")
+    return ids.long()
+
+
+def _warm_start(module: torch.nn.Module, path: Path) -> str:
+    """Load the head at ``path`` into ``module``; the sha256 of its weights, which keys the run."""
+    load_weights(path, module)  # a missing or misshapen tensor is an error
+    return f"sha256:{file_sha256(path / WEIGHTS_FILE)}"
 
 
 def _heldout_source(data: Path, heldout: Path | None) -> str:
