@@ -114,11 +114,11 @@ gemma-bench: setup
 	$(GEMMA_BENCH) --workload code --n-prompts 4 --json bench/results/gemma-3-270m-code-greedy-cpu2.json
 
 # The predictor's calibration set (README "The calibrated predictor"): the catalog's key
-# options of every family that runs here x 7 workloads, 4 prompts, 48 new tokens, 1 rep,
+# options of every family that runs here x 7 workloads, 8 prompts, 64 new tokens, 1 rep,
 # greedy, each workload one interleaved run with its own none; then the predictor's
 # calibration file (services/predictor/calibrations/) fitted to it and scored in-sample and
 # leave-one-workload-out (bench/results/predictor-calibration.json tracks the scores).
-# Resumable: workloads already in the JSON are kept. About 5 min a workload on the shared
+# Resumable: workloads already in the JSON are kept. About 3 min a workload on the shared
 # 2-core CPU with OMP_WAIT_POLICY=PASSIVE (spinning idle threads of the jobs beside it
 # made decoding ~16x slower).
 calibrate: setup

@@ -157,6 +157,12 @@ def measure(args: argparse.Namespace, data: dict[str, Any]) -> None:
         print(f"[{workload}] {len(rows)} rows in {time.time() - started:.0f} s", file=sys.stderr, flush=True)
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory where it lies below it, else absolute."""
+    resolved, here = path.resolve(), Path.cwd().resolve()
+    return str(resolved.relative_to(here) if resolved.is_relative_to(here) else resolved)
+
+
 def _write(path: Path, data: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
@@ -184,7 +190,7 @@ def score(args: argparse.Namespace, data: dict[str, Any]) -> None:
         {
             "date": time.strftime("%Y-%m-%d"),
             "calibration_set": str(args.out),
-            "calibration_file": str(written.resolve().relative_to(Path.cwd().resolve())),
+            "calibration_file": _shown(written),
             "rows": len(rows),
             "workloads": list(points),
             **summary,
@@ -200,8 +206,8 @@ def main() -> int:
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results/calibration-smollm2-cpu2.json"))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
-    parser.add_argument("--n-prompts", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--n-prompts", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drafts", action="store_true", help="also measure draft_model self:7 (slow)")
     parser.add_argument(
