@@ -20,7 +20,14 @@ import torch
 from safetensors.torch import load_file
 
 from speccore.errors import SpecError
-from speccore.heads.artifact import WEIGHTS_FILE, HeadConfig, load_weights, read_config, save_head
+from speccore.heads.artifact import (
+    WEIGHTS_FILE,
+    HeadConfig,
+    check_fits,
+    load_weights,
+    read_config,
+    save_head,
+)
 from speccore.heads.distilled import draft_with, initial_layers
 from speccore.heads.eagle import EagleHead
 from speccore.heads.loading import output_weight
@@ -115,7 +122,7 @@ def train_head(
     text_config = target.model.config.get_text_config()
     vocab_size = int(output_weight(target).shape[0])
     if plan.init_from:  # a head goes on scoring the vocabulary its weights were trained on
-        draft_ids = _init_draft_ids(Path(plan.init_from), plan)
+        draft_ids = _init_draft_ids(Path(plan.init_from), plan, target)
     else:
         draft_ids = draft_vocabulary(train_ex, plan.draft_vocab, vocab_size, target.eos_token_ids)
     layers = _layers(plan, int(text_config.num_hidden_layers))
@@ -217,9 +224,11 @@ def _examples(
     return train_ex, held_ex
 
 
-def _init_draft_ids(path: Path, plan: HeadPlan) -> torch.Tensor:
+def _init_draft_ids(path: Path, plan: HeadPlan, target: LoadedModel) -> torch.Tensor:
     """The draft vocabulary of the head to start from: its weights score the target's rows for those ids."""
     init = read_config(path)
+    vocab, hidden = output_weight(target).shape
+    check_fits(init, int(hidden), int(vocab), target.ref)  # trained for this target's sizes
     if init.family != plan.family:
         raise SpecError(f"--init-from {path} is a {init.family} head; this run trains {plan.family}")
     if init.draft_vocab_size != plan.draft_vocab:
