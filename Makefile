@@ -115,14 +115,19 @@ gemma-bench: setup
 
 # The predictor's calibration set (README "The calibrated predictor"): the catalog's key
 # options of every family that runs here x 7 workloads, 8 prompts, 64 new tokens, 1 rep,
-# greedy, each workload one interleaved run with its own none; then the predictor's
-# calibration file (services/predictor/calibrations/) fitted to it and scored in-sample and
-# leave-one-workload-out (bench/results/predictor-calibration.json tracks the scores).
-# Resumable: workloads already in the JSON are kept. About 3 min a workload on the shared
-# 2-core CPU with OMP_WAIT_POLICY=PASSIVE (spinning idle threads of the jobs beside it
-# made decoding ~16x slower).
+# greedy, each workload one interleaved run with its own none, measured twice: on each
+# workload's first 8 prompts (the set) and on its next 8 (the held-out set); then the
+# predictor's calibration file (services/predictor/calibrations/) fitted to the set and
+# scored in-sample, leave-one-workload-out and on the held-out set's rows
+# (bench/results/predictor-calibration.json tracks the scores). Resumable: workloads already
+# in a JSON are kept. About 2-3 min a workload and set on the shared 2-core CPU with
+# OMP_WAIT_POLICY=PASSIVE (spinning idle threads of the jobs beside it made decoding ~16x
+# slower).
+CALIBRATION_HELD_OUT = bench/results/calibration-smollm2-heldout-cpu2.json
 calibrate: setup
-	OMP_WAIT_POLICY=PASSIVE $(PY) bench/calibrate.py --out bench/results/calibration-smollm2-cpu2.json
+	OMP_WAIT_POLICY=PASSIVE $(PY) bench/calibrate.py --prompt-offset 8 --measure-only --out $(CALIBRATION_HELD_OUT)
+	OMP_WAIT_POLICY=PASSIVE $(PY) bench/calibrate.py --out bench/results/calibration-smollm2-cpu2.json \
+		--held-out $(CALIBRATION_HELD_OUT)
 
 # On a CUDA host (README "speccore on a GPU"): greedy identity per family, batch-1 speedups
 # and the continuous batcher at 32 rows, bfloat16; GPU_BENCH_ARGS adds options.

@@ -9,13 +9,17 @@
 2. fit: the rows become the predictor's calibration file for this target and host
    (services/predictor/calibration.py: acceptance per family x fingerprint, measured
    step costs per shape, the family prior's scale), which the predictor loads.
-3. evaluate: predicted against measured speedups, in-sample (fitted on every workload)
-   and leave-one-workload-out (fitted on the others): Spearman over all rows and the
-   top-1 rule per workload (predicted best within 5 % of the measured best). Written into
-   --out and appended to bench/results/predictor-calibration.json.
+3. evaluate: predicted against measured speedups, in-sample (fitted on every workload),
+   leave-one-workload-out (fitted on the others) and, with --held-out, on a second set
+   measured on other prompts of the same workloads (--prompt-offset): Spearman over all
+   rows and the top-1 rule per workload (predicted best within 5 % of the measured best).
+   Written into --out and appended to bench/results/predictor-calibration.json.
 
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/calibrate.py --prompt-offset 8 --measure-only \
+        --out bench/results/calibration-smollm2-heldout-cpu2.json
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/calibrate.py \
-        --out bench/results/calibration-smollm2-cpu2.json
+        --out bench/results/calibration-smollm2-cpu2.json \
+        --held-out bench/results/calibration-smollm2-heldout-cpu2.json
 
 OMP_WAIT_POLICY=PASSIVE: on a CPU shared with other jobs, idle OpenMP threads that spin
 take the cores the decoding threads need (measured here beside three other jobs: 1.96 s a
@@ -56,6 +60,7 @@ GRID = (
 )
 DRAFT_GRID = ("draft_model-k4-self7",)
 TRACKED = Path("bench/results/predictor-calibration.json")
+FITS = ("prior_only", "leave_one_fingerprint_out", "leave_one_workload_out", "in_sample")
 
 
 def measure_workload(target: Any, point: CalibrationPoint, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -68,7 +73,7 @@ def measure_workload(target: Any, point: CalibrationPoint, args: argparse.Namesp
 
     grid = GRID + (DRAFT_GRID if args.drafts else ())
     candidates = {c.candidate_id: c for c in select(point.candidates, grid)}
-    prompts = load_prompts(point.workload, args.n_prompts, seed=0)
+    prompts = load_prompts(point.workload, args.prompt_offset + args.n_prompts, seed=0)[args.prompt_offset :]
     exclude = frozenset(p.id for p in prompts)
     methods = {"none": engine_method(bench_engine(target, "none"))}
     for cid, cand in candidates.items():
@@ -174,13 +179,18 @@ def score(args: argparse.Namespace, data: dict[str, Any]) -> None:
     from specops_services.predictor.calibration_set import fit
 
     rows = [CalibrationRow.from_json(r) for r in data["rows"]]
-    points = {w: calibration_point(MODEL, w) for w in dict.fromkeys(r.workload for r in rows)}
+    held_out = (
+        [CalibrationRow.from_json(r) for r in json.loads(args.held_out.read_text())["rows"]]
+        if args.held_out
+        else []
+    )
+    points = {w: calibration_point(MODEL, w) for w in dict.fromkeys(r.workload for r in [*rows, *held_out])}
     written = write_calibration(
         fit(rows, points, source=str(args.out)), args.calibration_dir or CALIBRATION_DIR
     )
-    data["evaluation"] = evaluate(rows, points)
+    data["evaluation"] = evaluate(rows, points, held_out)
     _write(args.out, data)
-    modes = ("prior_only", "leave_one_fingerprint_out", "leave_one_workload_out", "in_sample")
+    modes = [m for m in (*FITS, "held_out_prompts", "held_out_by_measurement") if m in data["evaluation"]]
     summary = {
         mode: {key: data["evaluation"][mode][key] for key in ("spearman", "top1_rate", "meets_bar")}
         for mode in modes
@@ -191,6 +201,7 @@ def score(args: argparse.Namespace, data: dict[str, Any]) -> None:
             "date": time.strftime("%Y-%m-%d"),
             "calibration_set": str(args.out),
             "calibration_file": _shown(written),
+            **({"held_out_set": str(args.held_out)} if args.held_out else {}),
             "rows": len(rows),
             "workloads": list(points),
             **summary,
@@ -207,6 +218,12 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results/calibration-smollm2-cpu2.json"))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--n-prompts", type=int, default=8)
+    parser.add_argument(
+        "--prompt-offset",
+        type=int,
+        default=0,
+        help="skip each workload's first N prompts (a held-out set: --prompt-offset 8)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drafts", action="store_true", help="also measure draft_model self:7 (slow)")
@@ -214,6 +231,11 @@ def main() -> int:
         "--calibration-dir", type=Path, help="where the fitted file goes (default: the predictor's)"
     )
     parser.add_argument("--measure-only", action="store_true", help="measure the missing workloads only")
+    parser.add_argument(
+        "--held-out",
+        type=Path,
+        help="a set measured on other prompts (--prompt-offset): score the fit on its rows too",
+    )
     parser.add_argument("--skip-measure", action="store_true", help="fit and score the rows in --out only")
     args = parser.parse_args()
     data: dict[str, Any] = (
@@ -224,6 +246,7 @@ def main() -> int:
             "machine": machine(),
             "protocol": {
                 "n_prompts": args.n_prompts,
+                "prompt_offset": args.prompt_offset,
                 "max_new_tokens": args.max_new_tokens,
                 "reps": 1,
                 "threads": args.threads,

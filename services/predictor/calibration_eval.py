@@ -12,6 +12,12 @@ Fits, from the one that cannot flatter to the one that can:
 - ``leave_one_fingerprint_out``: each workload predicted from a calibration fitted on the
   workloads of other fingerprints only (agentic and structured share one);
 - ``leave_one_workload_out``: fitted on every other workload;
+- ``held_out_prompts`` (when a second set is measured: bench/calibrate.py --prompt-offset):
+  other prompts of the same workloads, predicted from the calibration fitted on every
+  workload — what a user's own traffic of a calibrated kind meets; it flatters no more
+  than the two sets' prompts resemble each other; beside it ``held_out_by_measurement``,
+  the same rows ranked by the first set's own measured speedups: how far one measurement
+  agrees with another on other prompts, the ceiling a fit of the first set can reach;
 - ``in_sample``: fitted on every workload, the held-out one included.
 """
 
@@ -112,19 +118,34 @@ def _held_out(
     return out
 
 
-def evaluate(rows: Sequence[CalibrationRow], points: Mapping[str, CalibrationPoint]) -> dict[str, Any]:
-    """Every fit of the module docstring, scored; `points`: the point of every workload in `rows`."""
+def evaluate(
+    rows: Sequence[CalibrationRow],
+    points: Mapping[str, CalibrationPoint],
+    held_out: Sequence[CalibrationRow] = (),
+) -> dict[str, Any]:
+    """Every fit of the module docstring, scored; `points`: the point of every workload in
+    `rows` and `held_out` (rows of the same workloads' other prompts, scored when given)."""
 
-    def fitted(calibration: Calibration | None) -> list[tuple[CalibrationRow, float]]:
-        return [(r, predicted_speedup(points[r.workload], r.candidate, calibration)) for r in rows]
+    def fitted(
+        calibration: Calibration | None, scored: Sequence[CalibrationRow] = rows
+    ) -> list[tuple[CalibrationRow, float]]:
+        return [(r, predicted_speedup(points[r.workload], r.candidate, calibration)) for r in scored]
 
     def same_fingerprint(row: CalibrationRow, workload: str) -> bool:
         return row.fingerprint == points[workload].serving.fingerprint
 
-    return {
+    calibration = fit(rows, points)
+    scores = {
         "bar": {"spearman": SPEARMAN_BAR, "top1_rate": TOP1_BAR, "top1_tolerance": TOP1_TOLERANCE},
         "prior_only": score(fitted(None)),
         "leave_one_fingerprint_out": score(_held_out(rows, points, same_fingerprint)),
         "leave_one_workload_out": score(_held_out(rows, points, lambda r, w: r.workload == w)),
-        "in_sample": score(fitted(fit(rows, points))),
+        "in_sample": score(fitted(calibration)),
     }
+    if held_out:
+        scores["held_out_prompts"] = score(fitted(calibration, held_out))
+        first = {(r.workload, r.candidate.candidate_id): r.speedup for r in rows}
+        scores["held_out_by_measurement"] = score(
+            [(r, first[key]) for r in held_out if (key := (r.workload, r.candidate.candidate_id)) in first]
+        )
+    return scores

@@ -124,6 +124,39 @@ def test_held_out_workloads_are_predicted_without_their_own_rows(points: dict[st
         assert expected != pytest.approx(measured.speedup)
 
 
+def test_other_prompts_of_a_workload_are_scored_against_the_fit_of_the_whole_set(
+    points: dict[str, CalibrationPoint],
+) -> None:
+    code, structured = points["code"], points["structured"]
+    rows = [
+        row(code, "ngram-k4-n1-4", 1.5, 2.0),
+        row(code, "suffix-k16-path", 1.2, 2.1),
+        row(structured, "ngram-k4-n1-4", 1.1, 1.6),
+        row(structured, "suffix-k16-path", 2.5, 4.0),
+    ]
+    both = {"code": code, "structured": structured}
+    assert "held_out_prompts" not in evaluate(rows, both)
+    # On the other prompts code's order holds and structured's turns: n-gram wins there now.
+    other = [
+        *rows[:2],
+        row(structured, "ngram-k4-n1-4", 2.6, 3.9),
+        row(structured, "suffix-k16-path", 1.0, 1.7),
+    ]
+    scored = evaluate(rows, both, other)["held_out_prompts"]
+    predicted = {(r["workload"], r["candidate"]): r["predicted"] for r in scored["rows"]}
+    whole = fit(rows, both)
+    for measured in other:
+        # Predicted from the first set's rows, whatever the other set measured.
+        expected = predicted_speedup(both[measured.workload], measured.candidate, whole)
+        assert predicted[(measured.workload, measured.candidate.candidate_id)] == pytest.approx(expected)
+    assert {w: t["hit"] for w, t in scored["top1"].items()} == {"code": True, "structured": False}
+    assert scored["top1_rate"] == 0.5
+    # Beside it, the first set's measurements as the ranking: they disagree on structured too.
+    remeasured = evaluate(rows, both, other)["held_out_by_measurement"]
+    assert [r["predicted"] for r in remeasured["rows"]] == [r.speedup for r in rows]
+    assert remeasured["top1_rate"] == 0.5
+
+
 # --- the predictor loads it ---------------------------------------------------------------------
 
 
