@@ -103,14 +103,19 @@ def test_the_family_scale_carries_a_measured_acceptance_to_an_unmeasured_fingerp
     assert predicted_speedup(rag, cand, high) > 1.5 * predicted_speedup(rag, cand, low)
 
 
-def test_held_out_workloads_are_predicted_without_their_own_rows(points: dict[str, CalibrationPoint]) -> None:
-    code, structured = points["code"], points["structured"]
-    rows = [
+def two_workloads(code: CalibrationPoint, structured: CalibrationPoint) -> list[CalibrationRow]:
+    """n-gram best on code, suffix best on structured."""
+    return [
         row(code, "ngram-k4-n1-4", 1.5, 2.0),
         row(code, "suffix-k16-path", 1.2, 2.1),
         row(structured, "ngram-k4-n1-4", 1.1, 1.6),
         row(structured, "suffix-k16-path", 2.5, 4.0),
     ]
+
+
+def test_held_out_workloads_are_predicted_without_their_own_rows(points: dict[str, CalibrationPoint]) -> None:
+    code, structured = points["code"], points["structured"]
+    rows = two_workloads(code, structured)
     scored = evaluate(rows, {"code": code, "structured": structured})
     # In-sample every measured speedup is predicted back: both workloads' best is found.
     assert scored["in_sample"]["top1_rate"] == 1.0
@@ -128,12 +133,7 @@ def test_other_prompts_of_a_workload_are_scored_against_the_fit_of_the_whole_set
     points: dict[str, CalibrationPoint],
 ) -> None:
     code, structured = points["code"], points["structured"]
-    rows = [
-        row(code, "ngram-k4-n1-4", 1.5, 2.0),
-        row(code, "suffix-k16-path", 1.2, 2.1),
-        row(structured, "ngram-k4-n1-4", 1.1, 1.6),
-        row(structured, "suffix-k16-path", 2.5, 4.0),
-    ]
+    rows = two_workloads(code, structured)
     both = {"code": code, "structured": structured}
     assert "held_out_prompts" not in evaluate(rows, both)
     # On the other prompts code's order holds and structured's turns: n-gram wins there now.
