@@ -43,6 +43,7 @@ from specbus.faults import is_transient
 from specbus.metrics import record_delivery
 from specbus.publish import MSG_ID, publish
 from specbus.subjects import DLQ_SUBJECTS, STREAM, STREAM_SUBJECTS, pattern
+from specbus.tasks import cancel_until_done
 
 log = logging.getLogger(__name__)
 
@@ -447,9 +448,7 @@ class _Delivery(Generic[M]):
         try:
             yield
         finally:
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
+            await cancel_until_done([task])
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,7 @@ from specbus.envelope import Envelope
 from specbus.faults import is_transient, publish_denied
 from specbus.metrics import record_outbox_lag
 from specbus.publish import MSG_ID, PUBLISH_TIMEOUT_S, envelope_headers, publish_raw
+from specbus.tasks import cancel_until_done
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +158,7 @@ class OutboxRelay:
         """Stop the background relay; unpublished rows wait for the next one to start."""
         if self._task is not None:
             task, self._task = self._task, None
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_until_done([task])
 
     async def publish_pending(self) -> int:
         """One pass over at most `batch_size` rows; returns how many were published.

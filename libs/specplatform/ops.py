@@ -18,7 +18,6 @@ so it is read from the process's environment, never from the shared runtime.env.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import socketserver
@@ -31,6 +30,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from faststream.nats import NatsBroker
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from specbus.tasks import cancel_until_done
 from specplatform.db import unreachable
 from specplatform.settings import Settings
 
@@ -171,9 +171,7 @@ class ProcessOps:
     async def stop(self) -> None:
         self.server.stop()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_until_done([self._task])
             self._task = None
 
 

@@ -15,6 +15,7 @@ from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
 from specbus.broker import make_broker, upstream_stream_configs
 from specbus.outbox import OutboxRelay
+from specbus.tasks import cancel_until_done
 from specops_schemas import MIGRATIONS
 from specops_schemas.api import Problem
 from specops_services.gateway import (
@@ -49,7 +50,6 @@ PURGE_INTERVAL_S = 600.0
 # Not traced: the probes (a trace per poll) and the event streams (an open stream polls
 # the database four times a second: thousands of spans in one trace).
 UNTRACED_URLS = "/healthz$,/readyz$,/runs/[^/]+/events$,/tune-sessions/[^/]+/events$,/heads/[^/]+/events$"
-STOP_RETRY_S = 0.5
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
@@ -148,12 +148,7 @@ def _spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
 
 
 async def _stop(tasks: list[asyncio.Task[None]]) -> None:
-    """Cancel until done: a single cancel can be lost (seen in about one shutdown in ten with
-    the outbox relay waiting in psycopg's `notifies()`), and the task would carry on forever."""
-    while pending := [task for task in tasks if not task.done()]:
-        for task in pending:
-            task.cancel()
-        await asyncio.wait(pending, timeout=STOP_RETRY_S)
+    await cancel_until_done(tasks)
     for task in tasks:
         if not task.cancelled() and task.exception() is not None:
             log.warning("background task %s ended with %r", task.get_name(), task.exception())

@@ -17,7 +17,6 @@ passed with a trial still in flight.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from functools import partial
 
@@ -34,6 +33,7 @@ from specbus import (
 )
 from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope
+from specbus.tasks import cancel_until_done
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, parse_event
 from specops_schemas.security import PolicyChanged
@@ -173,10 +173,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
 
     @app.on_shutdown
     async def stop_ticker() -> None:
-        for task in ticking:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_until_done(ticking)
 
     return app
 
