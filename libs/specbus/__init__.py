@@ -15,6 +15,8 @@
 - `outbox.add` / `OutboxRelay`: events committed with the state that caused them.
 - `tracing`: every publish a `send <subject template>` span, every handler a `process
   <subject template>` span, the trace context carried in the NATS headers.
+- `tasks.cancel_until_done`: background tasks stopped for good, cancelled again where a
+  cancel was lost.
 """
 
 from specbus import inbox, outbox, tenancy

@@ -15,8 +15,8 @@ async def cancel_until_done(tasks: Sequence[asyncio.Task[Any]], *, retry_s: floa
 
     A single cancel can be lost: on Python 3.11 `asyncio.wait_for`, which nats-py's requests
     and psycopg_pool's waits use, can swallow one that arrives as its wait ends (CPython
-    gh-86296). The outbox relay then carried on after about one stop in ten, and whoever
-    awaited it hung: the test suite, once, for the rest of CI's time.
+    gh-86296). The outbox relay then carried on, and whoever awaited it hung: the test
+    suite, once, for the rest of CI's time.
     """
     while pending := [task for task in tasks if not task.done()]:
         for task in pending:
