@@ -36,6 +36,7 @@ from specbus import (
 )
 from specbus.dlq import DeadLetter, watch_depth
 from specbus.envelope import Envelope
+from specbus.tasks import cancel_until_done
 from specops_schemas import MIGRATIONS
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRequested
 from specops_schemas.heads import HeadTransitioned
@@ -173,8 +174,7 @@ def create_app(settings: Settings | None = None) -> FastStream:
 
     @app.on_shutdown
     async def stop_counting() -> None:
-        for task in counting:
-            task.cancel()
+        await cancel_until_done(counting)
 
     return app
 
