@@ -14,6 +14,10 @@ share a step. Writes one JSON file:
   request's tokens equal ``none``'s.
 
     .venv/bin/python bench/gpu.py --out bench/results/gpu-h100.json
+    .venv/bin/python bench/gpu.py --plan suffix --out bench/results/gpu-h100-suffix.json
+
+``--plan heads`` (the default) measures the families above; ``--plan suffix`` measures
+suffix decoding against n-gram on the agentic, chat and code sets.
 
 The prompt sets come from the packaged data (chat, code, the heads' held-out chat). On a
 host without those packages, write them elsewhere with ``--export-prompts FILE`` and pass
@@ -45,15 +49,20 @@ ALL_METHODS = ("none", "hf", "ngram", "lookahead", "draft_model", "medusa", "eag
 # Where a verify block of many tokens costs about one token, a bigger tree pays.
 BIG_TREE = {"tree_topk": 4, "tree_tokens": 16}
 BATCHER = "batcher"
-# What each dtype measures, in order (prompt set or BATCHER, methods, tree knobs): the
-# heads' held-out chat first, then 32 rows through the batcher, then the other sets.
-PLAN: tuple[tuple[str, tuple[str, ...], dict[str, int]], ...] = (
+# What a plan measures per dtype, in order (prompt set or BATCHER, methods, tree knobs). The
+# heads plan: the heads' held-out chat first, then 32 rows through the batcher, then the rest.
+Plan = tuple[tuple[str, tuple[str, ...], dict[str, int]], ...]
+HEADS_PLAN: Plan = (
     ("heldout-chat", ALL_METHODS, {}),
     (BATCHER, (), {}),
     ("chat", ALL_METHODS, {}),
     ("code", ("none", "ngram", "lookahead", "draft_model", "eagle"), {}),
     ("heldout-chat", ("none", "medusa", "eagle"), BIG_TREE),
 )
+# Suffix decoding against prompt lookup where a verify block costs about one token: the
+# repetitive agentic set first (what suffix decoding is for), then chat and code.
+SUFFIX_PLAN: Plan = tuple((name, ("none", "ngram", "suffix"), {}) for name in ("agentic", "chat", "code"))
+PLANS = {"heads": HEADS_PLAN, "suffix": SUFFIX_PLAN}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,7 @@ def packaged_prompts(n: int) -> dict[str, list[FilePrompt]]:
         "chat": load_prompts("chat", n),
         "code": load_prompts("code", n),
         "heldout-chat": file_prompts(HELDOUT, n),
+        "agentic": load_prompts("agentic", n),
     }
     return {name: [FilePrompt(p.id, p.text, p.chat) for p in ps] for name, ps in sets.items()}
 
@@ -188,6 +198,7 @@ def main() -> int:
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtypes", default="bfloat16", help="comma-separated (float32, bfloat16)")
+    p.add_argument("--plan", choices=sorted(PLANS), default="heads", help="what to measure (see PLANS)")
     p.add_argument("--prompts", type=Path, help="JSON written by --export-prompts")
     p.add_argument("--export-prompts", type=Path, help="write the packaged prompt sets to this file and stop")
     p.add_argument("--n-prompts", type=int, default=6)
@@ -209,13 +220,14 @@ def main() -> int:
         "model": args.model,
         "date": time.strftime("%Y-%m-%d"),
         "command": " ".join(sys.argv),
+        "plan": args.plan,
         "bench": {},
         "batcher": {},
     }
     for dtype in args.dtypes.split(","):
         target = load_model(args.model, device=args.device, dtype=dtype)
         result["machine"] = device_facts(target)
-        for name, methods, tree in PLAN:
+        for name, methods, tree in PLANS[args.plan]:
             key = f"{dtype}/{name}" + (f"/tree{tree['tree_tokens']}" if tree else "")
             if name == BATCHER:
                 log(f"== {dtype}/batcher")
@@ -237,7 +249,7 @@ def main() -> int:
                     max_new_tokens=args.max_new_tokens,
                     reps=args.reps,
                     draft="self:12",
-                    heads=HEADS,
+                    heads=HEADS if {"medusa", "eagle"} & set(methods) else (),
                     tree=dict(tree),
                 )
                 result["bench"][key] = run_bench(target, spec, sets[name][: spec.n_prompts], log=log)
