@@ -67,9 +67,9 @@ bench: setup
 
 # Issue 22's speedups (README "Suffix decoding and heads trained at scale"): suffix against
 # ngram on the repetitive agentic set (whole and by kind) and on chat and code, and the EAGLE
-# head trained on the 1.6M-token distill-256 chunks on held-out chat (depth 5, top-2, 8 nodes;
-# static and with three probability floors). About 60 minutes on a quiet 2-core CPU.
-TRAINED := artifacts/heads/smollm2-135m-instruct/trained-distill-256
+# head trained on the 1.6M-token distill-256 chunks (builtin:eagle) on held-out chat (depth 5,
+# top-2, 8 nodes; static and with three probability floors). About 60 minutes on a quiet
+# 2-core CPU.
 # PASSIVE: on a shared host, spinning idle OpenMP threads of the jobs beside it slow decoding many times.
 speedups: export OMP_WAIT_POLICY := PASSIVE
 speedups: setup
@@ -80,16 +80,16 @@ speedups: setup
 		$(BENCH) --workload $$wl --methods none,ngram,suffix --n-prompts 6 --reps 1 \
 			--json $(RESULTS)-$$wl-suffix-greedy-cpu2.json || exit 1; \
 	done
-	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head $(TRAINED)/eagle \
+	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head builtin:eagle \
 		--k 5 --tree-topk 2 --tree-tokens 8 --n-prompts 8 --reps 2 \
 		--json $(RESULTS)-trained-eagle-heldout-greedy-cpu2.json
-	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head $(TRAINED)/eagle \
+	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head builtin:eagle \
 		--k 5 --tree-topk 2 --tree-tokens 8 --tree-min-prob 0.1 --n-prompts 8 --reps 2 \
 		--json $(RESULTS)-trained-eagle-dynamic-heldout-greedy-cpu2.json
-	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head $(TRAINED)/eagle \
+	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head builtin:eagle \
 		--k 5 --tree-topk 2 --tree-tokens 8 --tree-min-prob 0.075 --n-prompts 8 --reps 3 \
 		--json $(RESULTS)-trained-eagle-dynamic0075-heldout-greedy-cpu2.json
-	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head $(TRAINED)/eagle \
+	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head builtin:eagle \
 		--k 5 --tree-topk 2 --tree-tokens 8 --tree-min-prob 0.05 --n-prompts 8 --reps 2 \
 		--json $(RESULTS)-trained-eagle-dynamic005-heldout-greedy-cpu2.json
 	$(PY) bench/report.py $(RESULTS)-*-suffix-greedy-cpu2.json $(RESULTS)-trained-eagle-*heldout-greedy-cpu2.json

@@ -71,15 +71,17 @@ MODES = (
 )
 
 
-def measure_workload(target: Any, point: CalibrationPoint, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One interleaved run of `none` and the point's selected candidates; a row per candidate."""
+def measure_workload(
+    target: Any, point: CalibrationPoint, args: argparse.Namespace, grid: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    """One interleaved run of `none` and the point's candidates that ``grid`` selects; a row
+    per candidate."""
     from speccore.bench import Schedule, bench_engine, engine_method, interleave
     from speccore.candidates import speccore_candidate
     from speccore.metrics import GenerationMetrics
     from specprompts.corpora import builtin_datastore
     from specprompts.sets import load_prompts
 
-    grid = GRID + (DRAFT_GRID if args.drafts else ())
     candidates = {c.candidate_id: c for c in select(point.candidates, grid)}
     prompts = load_prompts(point.workload, args.prompt_offset + args.n_prompts, seed=0)[args.prompt_offset :]
     exclude = frozenset(p.id for p in prompts)
@@ -152,20 +154,45 @@ def measure_workload(target: Any, point: CalibrationPoint, args: argparse.Namesp
 
 
 def measure(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    """Measure the workloads missing from ``data``; with --remeasure, that family's rows of
+    every workload again (a fresh ``none`` beside them), in place of the old ones."""
     import torch
 
     from speccore.models import load_model
 
+    family = args.remeasure
+    grid = GRID + (DRAFT_GRID if args.drafts else ())
+    if family:
+        grid = tuple(g for g in grid if g.startswith(f"{family}-"))
+        if not grid:
+            raise SystemExit(f"--remeasure {family}: no such family in the grid {', '.join(GRID)}")
+        measured_at = data["protocol"].get("prompt_offset", 0)  # sets older than the option: 0
+        if args.prompt_offset != measured_at:
+            raise SystemExit(
+                f"--remeasure: {args.out} was measured at --prompt-offset "
+                f"{measured_at}, not {args.prompt_offset}"
+            )
+        note = data.setdefault("remeasured", {}).setdefault(
+            family, {"date": time.strftime("%Y-%m-%d"), "why": args.why, "workloads": []}
+        )
+        done = set(note["workloads"])
+    else:
+        done = {row["workload"] for row in data["rows"]}
     torch.set_num_threads(args.threads)
     target = load_model(MODEL, device="cpu")
-    done = {row["workload"] for row in data["rows"]}
     for workload in args.workloads:
         if workload in done:
             continue
         started = time.time()
-        rows = measure_workload(target, calibration_point(MODEL, workload), args)
-        data["rows"] += rows
-        data["workload_seconds"][workload] = round(time.time() - started, 1)
+        rows = measure_workload(target, calibration_point(MODEL, workload), args, grid)
+        kept = [
+            r for r in data["rows"] if not (family and r["workload"] == workload and r["family"] == family)
+        ]
+        data["rows"] = kept + rows
+        if family:
+            note["workloads"].append(workload)
+        else:
+            data["workload_seconds"][workload] = round(time.time() - started, 1)
         _write(args.out, data)
         print(f"[{workload}] {len(rows)} rows in {time.time() - started:.0f} s", file=sys.stderr, flush=True)
 
@@ -245,6 +272,12 @@ def main() -> int:
         help="a set measured on other prompts (--prompt-offset): score the fit on its rows too",
     )
     parser.add_argument("--skip-measure", action="store_true", help="fit and score the rows in --out only")
+    parser.add_argument(
+        "--remeasure",
+        metavar="FAMILY",
+        help="measure FAMILY's rows of every workload again, in place of the old ones (resumable)",
+    )
+    parser.add_argument("--why", default="", help="with --remeasure: the reason, recorded in --out")
     args = parser.parse_args()
     data: dict[str, Any] = (
         json.loads(args.out.read_text())

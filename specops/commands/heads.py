@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from speccore.split import HELDOUT_FRACTION
+
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     heads = sub.add_parser("heads", help="learned drafts: training data and head training")
@@ -23,7 +25,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     data = actions.add_parser("data", help="ShareGPT training data for a target, split and self-distilled")
     data.add_argument("--target", required=True, help="model whose chat template (and outputs) to use")
     data.add_argument("--limit", type=int, default=2000, help="ShareGPT exchanges to take")
-    data.add_argument("--heldout-fraction", type=float, default=0.05)
+    data.add_argument("--heldout-fraction", type=float, default=HELDOUT_FRACTION)
     data.add_argument("--self-distill", action="store_true", help="regenerate completions with the target")
     data.add_argument("--max-new-tokens", type=int, default=128, help="reply length when self-distilling")
     data.add_argument("--batch-size", type=int, default=16)

@@ -14,8 +14,7 @@ from specbus.envelope import new_event
 from speccore.bench import RepRun
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel
-from speccore.training.data import is_heldout
-from speccore.training.run import HELDOUT_FRACTION
+from speccore.split import HELDOUT_FRACTION, is_heldout
 from specops_schemas.catalog import ErrorStage
 from specops_schemas.heads import HeadArtifact, HeadGateSpec, HeadTrained, HeadTrainRequest
 from specops_services.quality_gate import heads, logic

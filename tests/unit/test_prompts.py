@@ -7,12 +7,16 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from speccatalog.workloads import EXTRA_WORKLOADS, FINGERPRINTS, WORKLOADS
 from speccore.errors import SpecError
+from speccore.split import is_heldout
+from speccore.training.chunks import chunk_files
+from speccore.training.data import read_examples
 from specops_schemas.catalog import Fingerprint
 from specprompts.corpora import CHAT_CONVERSATIONS
 from specprompts.derived import (
@@ -121,8 +125,19 @@ def test_chat_mix_contains_mtbench_questions():
     assert all(81 <= int(i.split(":")[1]) <= 160 for i in mtbench)
 
 
+def test_chat_never_measures_a_head_on_its_own_training_prompts():
+    # The shipped EAGLE head trained on the target's replies to most ShareGPT first turns;
+    # chat (and every ShareGPT prompt sent as it is) draws from the held-out share only.
+    data = Path(__file__).resolve().parents[2] / "artifacts/heads/smollm2-135m-instruct/distill-256"
+    trained = {ex.prompt for path in chunk_files(data)[0] for ex in read_examples(path)}
+    chat = [p for p in load_prompts("chat", 120, seed=0) if p.source == "sharegpt"]
+    shared = sharegpt_prompts(300, seed=2)
+    assert len(chat) > 80 and all(is_heldout(p.text) for p in chat + shared)
+    assert not {p.text for p in chat + shared} & trained
+
+
 def test_sharegpt_filter_drops_non_english_and_translate_button():
-    for prompt in sharegpt_prompts(500, seed=9):
+    for prompt in sharegpt_prompts(300, seed=9):
         assert 16 <= len(prompt.text) <= 1200
         assert sum(c.isascii() for c in prompt.text) >= 0.95 * len(prompt.text)
         assert not prompt.text.endswith("지금 번역하기")

@@ -10,8 +10,9 @@ import pytest
 
 from speccore.errors import SpecError
 from speccore.models import LoadedModel, file_sha256
+from speccore.split import is_heldout
 from speccore.training.chunks import HELDOUT, MANIFEST, train_name
-from speccore.training.data import Example, is_heldout, read_examples
+from speccore.training.data import Example, read_examples
 from speccore.training.prepare import DataPlan, prepare_chunks
 from speccore.training.run import HeadPlan, train_head
 

@@ -11,10 +11,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from speccore.errors import SpecError
 from speccore.models import chat_prompt_ids, resolve_alias, user_prompt_ids
+from speccore.split import is_heldout
 from speccore.training.data import (
     Example,
     check_disjoint,
-    is_heldout,
     read_examples,
     self_distill,
     split_jsonl,

@@ -23,7 +23,8 @@ from typing import Any
 
 from speccore.errors import SpecError
 from speccore.files import atomic_write
-from speccore.training.data import Example, Regenerate, is_heldout, self_distill, write_examples
+from speccore.split import is_heldout
+from speccore.training.data import Example, Regenerate, self_distill, write_examples
 
 MANIFEST = "manifest.json"
 HELDOUT = "heldout.jsonl"

@@ -12,7 +12,6 @@ every run and every file.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import itertools
 import json
@@ -26,6 +25,7 @@ from transformers import PreTrainedTokenizerBase
 from speccore.errors import SpecError
 from speccore.files import atomic_write
 from speccore.models import user_prompt_ids
+from speccore.split import check_fraction, digest, is_heldout, prompt_digest
 
 # a batch of prompt token ids (chat-rendered) -> the target's own output token ids for
 # each; in practice one speccore Engine.generate call. Special tokens (EOS) are dropped.
@@ -87,7 +87,7 @@ def first_exchanges(
     )
 
     def rank(ex: Example) -> bytes:
-        return _digest(f"{seed}:{ex.id}")
+        return digest(f"{seed}:{ex.id}")
 
     if limit is None:
         return sorted(exchanges, key=rank)
@@ -120,18 +120,12 @@ def tokenize_example(
     )
 
 
-def is_heldout(prompt: str, fraction: float) -> bool:
-    """Whether ``prompt`` belongs to the held-out side of a split keeping ``fraction`` out."""
-    _check_fraction(fraction)
-    return int.from_bytes(_prompt_digest(prompt)[:8]) < fraction * 2**64
-
-
 def split_jsonl(src: Path, train_out: Path, heldout_out: Path, fraction: float) -> tuple[int, int]:
     """Split ``src`` by :func:`is_heldout` into two JSONL files; returns (train, held-out) counts.
 
     Reads ``src`` twice, streaming, rather than holding it in memory.
     """
-    _check_fraction(fraction)  # before anything is written
+    check_fraction(fraction)  # before anything is written
     n_train = write_examples(train_out, (e for e in read_examples(src) if not is_heldout(e.prompt, fraction)))
     n_heldout = write_examples(heldout_out, (e for e in read_examples(src) if is_heldout(e.prompt, fraction)))
     return n_train, n_heldout
@@ -141,9 +135,9 @@ def check_disjoint(train: Path, heldout: Path) -> None:
     """Raise SpecError naming both lines when a held-out prompt also appears in training."""
     seen: dict[bytes, str] = {}
     for where, raw in _lines(train):
-        seen.setdefault(_prompt_digest(_parse_line(raw, where).prompt), where)
+        seen.setdefault(prompt_digest(_parse_line(raw, where).prompt), where)
     for where, raw in _lines(heldout):
-        also = seen.get(_prompt_digest(_parse_line(raw, where).prompt))
+        also = seen.get(prompt_digest(_parse_line(raw, where).prompt))
         if also is not None:
             raise SpecError(f"{where}: prompt is also in the training data at {also}")
 
@@ -183,11 +177,6 @@ def _lines(path: Path) -> Iterator[tuple[str, bytes]]:
                 yield f"{path}:{line_no}", raw
 
 
-def _check_fraction(fraction: float) -> None:
-    if not 0.0 < fraction < 1.0:
-        raise SpecError(f"held-out fraction must be between 0 and 1, got {fraction}")
-
-
 def _parse_line(raw: bytes, where: str) -> Example:
     try:
         row = json.loads(raw.decode("utf-8"))
@@ -223,11 +212,3 @@ def _first_exchange(conv_id: str, turns: list[Turn]) -> Example | None:
     prompt = turns[ask][1].strip()
     completion = turns[roles.index("assistant", ask)][1].strip()
     return Example(prompt, completion, conv_id) if prompt and completion else None
-
-
-def _prompt_digest(prompt: str) -> bytes:
-    return _digest(" ".join(prompt.split()))
-
-
-def _digest(text: str) -> bytes:
-    return hashlib.sha256(text.encode("utf-8")).digest()[:16]

@@ -1,6 +1,6 @@
 """Training data for a target: prompt/reply examples, split, optionally self-distilled.
 
-The held-out side is chosen by :func:`speccore.training.data.is_heldout`, so it
+The held-out side is chosen by :func:`speccore.split.is_heldout`, so it
 never overlaps training whatever the limit or seed. Self-distillation regenerates
 every completion with the target (greedy, batched through the speccore engine), so
 heads learn what this target says.
@@ -18,20 +18,15 @@ from tqdm import tqdm
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.models import LoadedModel, user_prompt_ids
+from speccore.split import HELDOUT_FRACTION, is_heldout
 from speccore.training.chunks import ChunkPlan, ChunkStore, chunk_jobs, distiller, write_chunks
-from speccore.training.data import (
-    Example,
-    Regenerate,
-    is_heldout,
-    self_distill,
-    write_examples,
-)
+from speccore.training.data import Example, Regenerate, self_distill, write_examples
 
 
 @dataclass(frozen=True, slots=True)
 class DataPlan:
     limit: int  # examples to take before the split (the caller's source, e.g. ShareGPT)
-    heldout_fraction: float = 0.05
+    heldout_fraction: float = HELDOUT_FRACTION
     seed: int = 0
     distill: bool = False
     max_new_tokens: int = 128

@@ -33,14 +33,9 @@ from speccore.heads.eagle import EagleHead
 from speccore.heads.loading import output_weight
 from speccore.heads.medusa import MedusaHeads
 from speccore.models import LoadedModel, file_sha256
+from speccore.split import HELDOUT_FRACTION, is_heldout
 from speccore.training.chunks import HELDOUT, MANIFEST, chunk_files
-from speccore.training.data import (
-    TokenizedExample,
-    check_disjoint,
-    is_heldout,
-    read_examples,
-    tokenize_example,
-)
+from speccore.training.data import TokenizedExample, check_disjoint, read_examples, tokenize_example
 from speccore.training.draft import DraftObjective
 from speccore.training.eagle import EagleObjective
 from speccore.training.features import Sequences, draft_vocabulary, extract, target_fingerprint
@@ -49,7 +44,6 @@ from speccore.training.trainer import CHECKPOINT, EpochReport, Objective, TrainO
 
 EAGLE3_FLAG = "ENABLE_L4_EAGLE3_TRAINING"
 HEAD_FAMILIES = ("medusa", "eagle", "eagle3", "draft")
-HELDOUT_FRACTION = 0.05
 # New heads learn fast; a distilled draft starts from trained layers and must not forget them.
 DEFAULT_LR = {"medusa": 1e-3, "eagle": 5e-4, "eagle3": 5e-4, "draft": 5e-5}
 # EAGLE-3 trains on its own unrolled outputs by design; EAGLE-1 may (it triples the cost).
