@@ -78,7 +78,9 @@ def _requested(dsn: str, request: RunCreateRequest, tenant: str = TENANT) -> Env
     return new_event(payload, tenant_id=tenant, correlation_id=run_id, producer="gateway")
 
 
-def _measurement(candidate_id: str, speedup: float, acceptance: float = 0.5) -> Measurement:
+def _measurement(candidate_id: str, speedup: float, acceptance: float = 0.5, depth: int = 1) -> Measurement:
+    """A measured candidate whose every draft position is accepted at ``acceptance`` (a chain of
+    ``depth``: its mean acceptance length follows)."""
     return Measurement(
         candidate_id=candidate_id,
         reps=2,
@@ -86,8 +88,8 @@ def _measurement(candidate_id: str, speedup: float, acceptance: float = 0.5) -> 
         tokens_per_s_stdev=0.1,
         speedup=speedup,
         acceptance_rate=acceptance,
-        mean_acceptance_length=1.0 + acceptance,
-        per_position_acceptance=[acceptance],
+        mean_acceptance_length=sum(acceptance**i for i in range(depth + 1)),
+        per_position_acceptance=[acceptance**i for i in range(1, depth + 1)],
         ttft_s=0.05,
         tpot_s=1.0 / (BASE_TOKENS_PER_S * speedup),
         extra_memory_bytes=0,
@@ -98,11 +100,12 @@ def _bench_completed(
     request: Envelope[BenchRequested], speedups: Mapping[str, float], acceptance: float = 0.5
 ) -> Envelope[BenchCompleted]:
     """What the benchmark-runner publishes once it measured every candidate and the baseline."""
+    depth = {c.candidate_id: c.k for c in request.payload.plan.candidates}
     payload = BenchCompleted(
         bench_id=request.payload.bench_id,
         plan=request.payload.plan,
         baseline=_measurement(BASELINE_ID, 1.0, acceptance=0.0),
-        results=[_measurement(cid, s, acceptance) for cid, s in speedups.items()],
+        results=[_measurement(cid, s, acceptance, depth[cid]) for cid, s in speedups.items()],
     )
     return request.follow(payload, producer="benchmark-runner")
 
