@@ -1,7 +1,7 @@
 """Drift and fallback in `specops serve engine` (its own process, smollm2 with the builtin EAGLE
 head, real NATS): chat traffic sets the head's baseline acceptance; the same tenant's traffic then
-turns to "repeat this hex string" prompts, where the head's acceptance collapses (about 0.15 on
-chat, 0.03 on these: tests/../bench/drift.py measures it); the server detects it within
+turns to "repeat this hex string" prompts, where the head's acceptance falls (0.17 on chat, 0.09
+on these with the head shipped since 2026-11-27; bench/drift.py measures it); the server detects it within
 N = WINDOW requests, publishes `spec.serve.<id>.drift_detected` with the numbers and sends the
 key's requests to n-gram (every PROBE-th one still to the head); chat traffic again and the
 probes bring it back (`drift_recovered`). Every response is the plain greedy text, whichever
