@@ -185,14 +185,12 @@ def measure(args: argparse.Namespace, data: dict[str, Any]) -> None:
             continue
         started = time.time()
         rows = measure_workload(target, calibration_point(MODEL, workload), args, grid)
-        kept = [
-            r for r in data["rows"] if not (family and r["workload"] == workload and r["family"] == family)
-        ]
-        data["rows"] = kept + rows
-        if family:
+        if family:  # the new rows take the old ones' place
+            data["rows"] = [r for r in data["rows"] if (r["workload"], r["family"]) != (workload, family)]
             note["workloads"].append(workload)
         else:
             data["workload_seconds"][workload] = round(time.time() - started, 1)
+        data["rows"] += rows
         _write(args.out, data)
         print(f"[{workload}] {len(rows)} rows in {time.time() - started:.0f} s", file=sys.stderr, flush=True)
 

@@ -332,7 +332,6 @@ def _read_fetched_jsonl(name: str) -> list[dict]:
 
 
 @functools.cache
-@functools.cache
 def sharegpt_heldout_pool() -> tuple[Prompt, ...]:
     """The pool's prompts on the held-out side of the split ``specops heads data`` makes
     (speccore.split: 5 % by prompt hash, about 370 prompts): what chat measurement sends
