@@ -22,29 +22,27 @@ method runs, so a candidate measured here means the same on vLLM. Arctic compres
 single-child runs into one node in C++; this trie keeps one node per token, which makes a
 lookup a few dictionary probes per matched token and costs memory per node, so every tree
 is bounded (``max_depth``; the global trees also by requests and nodes).
+
+A node is an index into flat arrays, its children a dict of token ids to node indices, so
+the trees hold no object that Python's cyclic garbage collector tracks: a tree of nodes as
+objects added hundreds of thousands of them, made full collections frequent, and each one
+stalled a decoding step by the time it took to scan the whole heap (about 180 ms on 2 CPU
+threads with torch and transformers loaded).
 """
 
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-# Python bytes a node costs (the node, its place in the parent's dict, its children dict):
-# tracemalloc over 60 ShareGPT replies (17k smollm2 tokens) at depth 24 measured 291, with
-# 17 nodes a token; for memory reports and bounds.
+# Python bytes a node costs (its slots in the arrays, its entry in the parent's children
+# dict, its own children dict, which most nodes have: a chain of one child each): tracemalloc
+# over 57 ShareGPT replies (17k smollm2 tokens) at depth 24 measured 289, with 19 nodes a
+# token; for memory reports and bounds.
 NODE_BYTES = 290
-
-
-class _Node:
-    __slots__ = ("best", "children", "count", "stamp", "token")
-
-    def __init__(self, token: int) -> None:
-        self.token = token
-        self.count = 0
-        self.stamp = 0  # when an occurrence last ended here (the tree's clock)
-        self.children: dict[int, _Node] = {}
-        self.best: _Node | None = None  # the child of highest count, the latest among equals
+ROOT = 0
 
 
 @dataclass(slots=True)
@@ -77,18 +75,27 @@ class SuffixTree:
 
     Sequences grow at the end (``extend``) and leave whole (``remove``); appending a token
     costs ``max_depth`` node updates, through the nodes of the sequence's last suffixes.
+    Node ``n``: its token, its count, when an occurrence last ended there (``stamp``, on the
+    tree's clock), its child of highest count, the latest among equals (``best``, -1 if it
+    has none), and its children by token (None if it has none). Removed nodes' indices are
+    reused.
     """
 
     def __init__(self, max_depth: int) -> None:
         if max_depth < 1:
             raise ValueError(f"a suffix tree needs a depth of at least 1, got {max_depth}")
         self.max_depth = max_depth
-        self.root = _Node(-1)
-        self.nodes = 0
+        self.nodes = 0  # not counting the root
         self.clock = 0
         self.seqs: dict[int, list[int]] = {}
+        self.token = array("q", [-1])
+        self.count = array("q", [0])
+        self.stamp = array("q", [0])
+        self.best = array("q", [-1])
+        self.kids: list[dict[int, int] | None] = [None]
+        self._free: list[int] = []
         # Per growing sequence: the nodes of its last 1, 2, ... max_depth - 1 tokens.
-        self._ends: dict[int, list[_Node]] = {}
+        self._ends: dict[int, list[int]] = {}
 
     def extend(self, seq_id: int, tokens: list[int]) -> None:
         """Append tokens to a sequence (a new one if ``seq_id`` is not held)."""
@@ -97,7 +104,7 @@ class SuffixTree:
         keep = self.max_depth - 1
         for token in tokens:
             self.clock += 1
-            new = [self._bump(self.root, token)]
+            new = [self._bump(ROOT, token)]
             new += [self._bump(node, token) for node in ends[:keep]]
             ends = new
         seq.extend(tokens)
@@ -111,23 +118,28 @@ class SuffixTree:
         """Uncount every substring of a sequence; nodes left with no occurrence go."""
         seq = self.seqs.pop(seq_id)
         self._ends.pop(seq_id, None)
+        count, best, kids = self.count, self.best, self.kids
         for start in range(len(seq)):
-            node = self.root
+            node = ROOT
             for token in seq[start : start + self.max_depth]:
-                child = node.children[token]
-                child.count -= 1
-                if child.count == 0:
-                    del node.children[token]
+                children = kids[node]
+                assert children is not None
+                child = children[token]
+                count[child] -= 1
+                if count[child] == 0:
+                    del children[token]
+                    self._free.append(child)
                     self.nodes -= 1
-                if node.best is child:
-                    node.best = max(node.children.values(), key=_rank, default=None)
+                if best[node] == child:
+                    best[node] = max(children.values(), key=self._rank, default=-1)
                 node = child
 
-    def match(self, pattern: list[int]) -> _Node | None:
+    def match(self, pattern: list[int]) -> int | None:
         """The node of ``pattern``, None if it does not occur."""
-        node = self.root
+        node = ROOT
         for token in pattern:
-            child = node.children.get(token)
+            children = self.kids[node]
+            child = children.get(token) if children is not None else None
             if child is None:
                 return None
             node = child
@@ -141,77 +153,96 @@ class SuffixTree:
             node = self.match(context[len(context) - m :])
             if node is None:
                 break  # no longer pattern occurs either
-            draft = _draft(node, rule.budget(m), rule)
+            budget = rule.budget(m)
+            draft = (
+                self._tree(node, budget, rule.min_token_prob)
+                if rule.tree
+                else self._path(node, budget, rule.min_token_prob)
+            )
             if draft.score >= best.score:
                 best = draft
                 best.match_len = m
         return best
 
-    def _bump(self, parent: _Node, token: int) -> _Node:
-        child = parent.children.get(token)
+    def _bump(self, parent: int, token: int) -> int:
+        children = self.kids[parent]
+        if children is None:
+            children = self.kids[parent] = {}
+        child = children.get(token)
         if child is None:
-            child = parent.children[token] = _Node(token)
-            self.nodes += 1
-        child.count += 1
-        child.stamp = self.clock
-        best = parent.best
-        if best is None or child.count > best.count or (child.count == best.count > 1):
-            parent.best = child
+            child = children[token] = self._new(token)
+        count = self.count
+        count[child] += 1
+        self.stamp[child] = self.clock
+        best = self.best[parent]
+        if best < 0 or count[child] > count[best] or (count[child] == count[best] > 1):
+            self.best[parent] = child
         return child
 
+    def _new(self, token: int) -> int:
+        self.nodes += 1
+        if self._free:
+            node = self._free.pop()
+            self.token[node], self.count[node], self.stamp[node], self.best[node] = token, 0, 0, -1
+            self.kids[node] = None
+            return node
+        self.token.append(token)
+        self.count.append(0)
+        self.stamp.append(0)
+        self.best.append(-1)
+        self.kids.append(None)
+        return len(self.kids) - 1
 
-def _rank(node: _Node) -> tuple[int, int]:
-    """Children in draft order: the most frequent first; among equals the latest to reach
-    that count, except that once-seen ones keep the order they were first seen in (Arctic's
-    sibling order, in all but rare cases: its linked list's)."""
-    return node.count, node.stamp if node.count > 1 else -node.stamp
+    def _rank(self, node: int) -> tuple[int, int]:
+        """Children in draft order: the most frequent first; among equals the latest to reach
+        that count, except that once-seen ones keep the order they were first seen in
+        (Arctic's sibling order, in all but rare cases: its linked list's)."""
+        count = self.count[node]
+        return count, self.stamp[node] if count > 1 else -self.stamp[node]
 
-
-def _draft(node: _Node, budget: int, rule: DraftRule) -> Draft:
-    return _tree(node, budget, rule.min_token_prob) if rule.tree else _path(node, budget, rule.min_token_prob)
-
-
-def _path(node: _Node, budget: int, min_prob: float) -> Draft:
-    draft = Draft()
-    prob = 1.0
-    while len(draft.tokens) < budget and node.best is not None:
-        child = node.best
-        prob *= child.count / node.count
-        if prob < min_prob:
-            break
-        draft.parents.append(len(draft.tokens) - 1)
-        draft.tokens.append(child.token)
-        draft.probs.append(prob)
-        node = child
-    draft.score = sum(draft.probs)
-    return draft
-
-
-def _tree(node: _Node, budget: int, min_prob: float) -> Draft:
-    """Greedy expansion: the most probable frontier node next (the earlier pushed among
-    equals); a node's children enter the frontier, most frequent first, once it is drafted."""
-    draft = Draft()
-    frontier: list[tuple[float, int, _Node, int]] = []  # (-probability, push order, node, parent)
-    pushed = 0
-
-    def push(parent: _Node, prob: float, index: int) -> None:
-        nonlocal pushed
-        for child in sorted(parent.children.values(), key=_rank, reverse=True):
-            p = prob * child.count / parent.count
-            if p < min_prob:
+    def _path(self, node: int, budget: int, min_prob: float) -> Draft:
+        draft = Draft()
+        prob = 1.0
+        while len(draft.tokens) < budget and self.best[node] >= 0:
+            child = self.best[node]
+            prob *= self.count[child] / self.count[node]
+            if prob < min_prob:
                 break
-            heapq.heappush(frontier, (-p, pushed, child, index))
-            pushed += 1
+            draft.parents.append(len(draft.tokens) - 1)
+            draft.tokens.append(self.token[child])
+            draft.probs.append(prob)
+            node = child
+        draft.score = sum(draft.probs)
+        return draft
 
-    push(node, 1.0, -1)
-    while len(draft.tokens) < budget and frontier:
-        neg, _, child, parent = heapq.heappop(frontier)
-        draft.tokens.append(child.token)
-        draft.parents.append(parent)
-        draft.probs.append(-neg)
-        push(child, -neg, len(draft.tokens) - 1)
-    draft.score = sum(draft.probs)
-    return draft
+    def _tree(self, node: int, budget: int, min_prob: float) -> Draft:
+        """Greedy expansion: the most probable frontier node next (the earlier pushed among
+        equals); a node's children enter the frontier, most frequent first, once it is drafted."""
+        draft = Draft()
+        frontier: list[tuple[float, int, int, int]] = []  # (-probability, push order, node, parent)
+        pushed = 0
+
+        def push(parent: int, prob: float, index: int) -> None:
+            nonlocal pushed
+            children = self.kids[parent]
+            if children is None:
+                return
+            for child in sorted(children.values(), key=self._rank, reverse=True):
+                p = prob * self.count[child] / self.count[parent]
+                if p < min_prob:
+                    break
+                heapq.heappush(frontier, (-p, pushed, child, index))
+                pushed += 1
+
+        push(node, 1.0, -1)
+        while len(draft.tokens) < budget and frontier:
+            neg, _, child, parent = heapq.heappop(frontier)
+            draft.tokens.append(self.token[child])
+            draft.parents.append(parent)
+            draft.probs.append(-neg)
+            push(child, -neg, len(draft.tokens) - 1)
+        draft.score = sum(draft.probs)
+        return draft
 
 
 class OutputTree:

@@ -6,6 +6,7 @@ and the benchmark's fairness (a prompt never drafts from its own earlier output)
 
 from __future__ import annotations
 
+import gc
 import random
 
 import pytest
@@ -14,7 +15,7 @@ from speccore.bench import REP_SCOPE, WARMUP_SCOPE, Decoded, Schedule, bench_eng
 from speccore.draft_pool import DraftPools
 from speccore.engine import Engine, Request
 from speccore.proposers.base import ProposerConfig
-from speccore.suffix_tree import Draft, DraftRule, OutputTree, SuffixTree
+from speccore.suffix_tree import ROOT, Draft, DraftRule, OutputTree, SuffixTree
 from specops_schemas.security import PolicySettings, SecurityTier
 from specops_services.engine.security import SecurityPolicies
 
@@ -231,7 +232,20 @@ def test_a_tree_without_its_sequences_holds_no_nodes() -> None:
         tree.extend(i, [rng.randrange(4) for _ in range(30)])
     for i in range(6):
         tree.remove(i)
-    assert tree.nodes == 0 and tree.root.children == {} and tree.root.best is None
+    assert tree.nodes == 0 and not tree.kids[ROOT] and tree.best[ROOT] == -1
+
+
+def test_a_tree_adds_nothing_for_the_garbage_collector_to_scan() -> None:
+    # Every tracked object is scanned by each full collection, which stalls a decoding step;
+    # a tree of tens of thousands of nodes must not add to them.
+    rng = random.Random(3)
+    seqs = [[rng.randrange(50) for _ in range(400)] for _ in range(5)]
+    gc.collect()
+    before = len(gc.get_objects())
+    tree = _tree_of(seqs, depth=24)
+    after = len(gc.get_objects())
+    assert tree.nodes > 20_000
+    assert after - before < 50
 
 
 # --- F-S1, on the real model ----------------------------------------------------------------------
