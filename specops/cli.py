@@ -66,7 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--prompts", type=Path, help='JSONL of {"prompt", "completion"} lines: their prompts, as chat'
     )
-    bench.add_argument("--methods", default="none,ngram", help="comma-separated; none is always included")
+    bench.add_argument(
+        "--methods",
+        default="none,ngram",
+        help="comma-separated; none is always included. A method may set its family's knobs, "
+        "e.g. suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2, so that one run measures "
+        "several settings of a family",
+    )
     draft_args(bench)
     _sampling_args(bench)
     bench.add_argument("--n-prompts", type=positive, default=10)
@@ -247,7 +253,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _reads_datastore(method: str) -> bool:
-    spec = families.families().get(method)
+    spec = families.families().get(method.split(":")[0])
     return spec is not None and spec.draft_source == DraftSource.DATASTORE
 
 

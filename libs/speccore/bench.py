@@ -45,7 +45,7 @@ from speccore.metrics import GenerationMetrics
 from speccore.model_cache import release_memory
 from speccore.models import LoadedModel, load_model
 from speccore.proposers import NONE, default_k, spec_of
-from speccore.proposers.base import ProposerConfig
+from speccore.proposers.base import KnobValue, ProposerConfig, knob_values
 from speccore.sampling import SamplingParams
 from speccore.tracing import traced_generate
 
@@ -295,6 +295,11 @@ class BenchSpec:
             raise SpecError("a method is listed twice")
         if self.reps <= 0 or self.n_prompts <= 0 or self.batch_size <= 0:
             raise SpecError("--reps, --n-prompts and --batch-size must be positive")
+        for method in self.methods:
+            if method not in HF_METHODS:
+                family, knobs = method_variant(method)
+                if family != NONE:
+                    knob_values(family, ProposerConfig(knobs=knobs))  # SpecError before any decoding
 
 
 class BenchPrompt(Protocol):
@@ -323,11 +328,41 @@ def build_methods(target: LoadedModel, spec: BenchSpec) -> dict[str, Method]:
             stock = stock or stock_twin(target)
             methods[method] = hf_method(HFGenerator(method, stock, k, spec.draft))
             continue
-        k = spec.k or default_k(method)
-        head = head_for(method, spec.heads, target.ref)
-        cfg = ProposerConfig(k=k, draft=spec.draft, datastore=spec.datastore, head=head, **spec.tree)
-        methods[method] = engine_method(bench_engine(target, method, cfg))
+        family, knobs = method_variant(method)
+        k = spec.k or default_k(family)
+        head = head_for(family, spec.heads, target.ref)
+        cfg = ProposerConfig(
+            k=k, draft=spec.draft, datastore=spec.datastore, head=head, knobs=knobs, **spec.tree
+        )
+        methods[method] = engine_method(bench_engine(target, family, cfg))
     return methods
+
+
+def _number(method: str, name: str, text: str) -> KnobValue:
+    """A knob's value as written: an int, else a float (every knob is a number)."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    raise SpecError(f"method {method!r}: knob {name} takes a number, got {text!r}")
+
+
+def method_variant(method: str) -> tuple[str, dict[str, KnobValue]]:
+    """A bench method's family and knobs: ``suffix`` is the family at its defaults,
+    ``suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2`` the family with those knobs
+    (the family's own names, checked when its proposer is built), so that one run can
+    measure several settings of a family side by side."""
+    family, *settings = method.split(":")
+    knobs: dict[str, KnobValue] = {}
+    for setting in settings:
+        name, sep, value = setting.partition("=")
+        if not sep or not name or not value:
+            raise SpecError(f"method {method!r}: expected family:knob=value[:knob=value...], got {setting!r}")
+        knobs[name] = _number(method, name, value)
+    if family == NONE and knobs:
+        raise SpecError(f"method {method!r}: plain decoding takes no knobs")
+    return family, knobs
 
 
 def bench_engine(target: LoadedModel, method: str, config: ProposerConfig | None = None) -> Engine:

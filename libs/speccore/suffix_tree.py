@@ -245,6 +245,37 @@ class SuffixTree:
         return draft
 
 
+def merge(first: Draft, second: Draft, budget: int) -> Draft:
+    """Two drafts as one tree of at most ``budget`` nodes: a node both drafted (the same token
+    below the same node) once, at the higher of its two probabilities, and then the most
+    probable nodes first (the earlier among equals, so a node never outlives its parent,
+    whose probability is at least its own)."""
+    tokens, parents, probs = list(first.tokens), list(first.parents), list(first.probs)
+    at = {(parent, token): i for i, (token, parent) in enumerate(zip(tokens, parents, strict=True))}
+    placed: list[int] = []  # second's node i is placed[i]
+    for token, parent, prob in zip(second.tokens, second.parents, second.probs, strict=True):
+        key = (placed[parent] if parent >= 0 else -1, token)
+        node = at.get(key)
+        if node is None:
+            node = at[key] = len(tokens)
+            tokens.append(token)
+            parents.append(key[0])
+            probs.append(prob)
+        else:
+            probs[node] = max(probs[node], prob)
+        placed.append(node)
+    keep = sorted(range(len(tokens)), key=lambda i: (-probs[i], i))[:budget]
+    renumbered = {old: new for new, old in enumerate(keep)}
+    merged = Draft(
+        tokens=[tokens[i] for i in keep],
+        parents=[renumbered[parents[i]] if parents[i] >= 0 else -1 for i in keep],
+        probs=[probs[i] for i in keep],
+        match_len=max(first.match_len, second.match_len),
+    )
+    merged.score = sum(merged.probs)
+    return merged
+
+
 class OutputTree:
     """One scope's global tree (a ``speccore.draft_pool`` pool): the outputs of its finished
     requests, the oldest dropped first past ``max_requests`` requests or ``max_nodes`` nodes."""

@@ -15,6 +15,7 @@ from heads import save_random_head
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
+STRICT_NGRAM = "ngram:ngram_min=3"
 
 
 def specops(*args: str) -> subprocess.CompletedProcess[str]:
@@ -65,14 +66,16 @@ def test_generate_streams_text_without_json(smollm):
 def test_bench_writes_results(smollm, tmp_path):
     dest = tmp_path / "bench.json"
     out = specops(
-        "bench", "--model", MODEL, "--workload", "code", "--methods", "ngram,hf",
+        "bench", "--model", MODEL, "--workload", "code", "--methods", f"ngram,hf,{STRICT_NGRAM}",
         "--n-prompts", "2", "--reps", "1", "--max-new-tokens", "8", "--json", str(dest),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads(dest.read_text())
-    assert set(result["methods"]) == {"none", "ngram", "hf"}
+    assert set(result["methods"]) == {"none", "ngram", "hf", STRICT_NGRAM}
     assert result["methods"]["none"]["speedup_vs_none"] == 1.0
     assert result["methods"]["ngram"]["identical_to_baseline"] is True
+    # A family with its knobs set is measured beside the family at its defaults.
+    assert result["methods"][STRICT_NGRAM]["identical_to_baseline"] is True
     assert result["methods"]["hf"]["identical_to_baseline"] is True
     assert result["plain_decoding_limit"]["tokens_per_s"] > 0
     # What acceptance alone allows: none is its own limit; identical output in no more
@@ -140,6 +143,24 @@ def test_bad_input_gives_one_line_error(smollm, gemma, args, message, capsys):
     assert out.returncode == 2
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("methods", "message"),
+    [
+        ("ngram,suffix:use_tree_spec", "expected family:knob=value"),
+        ("suffix:nope=1", "unknown option 'nope' for suffix"),
+        ("suffix:use_tree_spec=yes", "knob use_tree_spec takes a number"),
+        ("suffix:use_tree_spec=2", "use_tree_spec is 0 (a path) or 1 (a tree)"),
+        ("none:k=2", "plain decoding takes no knobs"),
+    ],
+)
+def test_a_bad_method_variant_gives_one_line_error(methods, message, capsys):
+    args = ["--model", MODEL, "--workload", "code", "--methods", methods, "--n-prompts", "1"]
+    out = specops_here(capsys, "bench", *args)
+    assert out.returncode == 2
+    assert message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 

@@ -17,6 +17,7 @@ from stats import chi_square_pvalue
 
 import speccore.verify
 from speccore.datastore import build_datastore
+from speccore.draft_pool import DraftPools
 from speccore.engine import Engine, Request
 from speccore.models import load_model
 from speccore.proposers.base import ProposerConfig
@@ -160,6 +161,19 @@ def test_greedy_output_with_tuned_rest_knobs_is_identical_to_plain_decoding(
     gens = engine.generate([Request(p, GREEDY_NEW_TOKENS) for p in few_prompts])
     assert [g.token_ids for g in gens] == few_reference
     assert all(g.metrics.drafted_tokens > 0 for g in gens)
+
+
+def test_greedy_output_of_suffix_trees_over_both_sources_is_identical_to_plain_decoding(
+    smollm, few_prompts, few_reference
+):
+    # As a tree, suffix drafts from the row's own tree and the scope's earlier outputs at once.
+    knobs = {"use_tree_spec": 1, "suffix_decoding_max_spec_factor": 2}
+    pools: DraftPools = DraftPools()
+    engine = Engine(smollm, "suffix", ProposerConfig(k=8, knobs=knobs), draft_pools=pools)
+    for _ in range(2):  # the second pass also drafts from the first pass's outputs
+        gens = engine.generate([Request(p, GREEDY_NEW_TOKENS, draft_scope="t") for p in few_prompts])
+        assert [g.token_ids for g in gens] == few_reference
+    assert pools.totals.hits > 0
 
 
 @pytest.mark.parametrize("label", [*HEADS, DISTILLED])

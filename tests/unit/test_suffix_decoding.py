@@ -15,7 +15,7 @@ from speccore.bench import REP_SCOPE, WARMUP_SCOPE, Decoded, Schedule, bench_eng
 from speccore.draft_pool import DraftPools
 from speccore.engine import Engine, Request
 from speccore.proposers.base import ProposerConfig
-from speccore.suffix_tree import ROOT, Draft, DraftRule, OutputTree, SuffixTree
+from speccore.suffix_tree import ROOT, Draft, DraftRule, OutputTree, SuffixTree, merge
 from specops_schemas.security import PolicySettings, SecurityTier
 from specops_services.engine.security import SecurityPolicies
 
@@ -199,6 +199,29 @@ def test_a_growing_sequence_counts_like_one_added_whole() -> None:
     for end in range(2, len(seq)):
         assert _same(grown.speculate(seq[:end], rule), whole.speculate(seq[:end], rule))
     assert grown.nodes == whole.nodes
+
+
+def _draft(*nodes: tuple[int, int, float]) -> Draft:
+    """A draft from (token, parent, probability) nodes."""
+    draft = Draft([t for t, _, _ in nodes], [p for _, p, _ in nodes], [q for _, _, q in nodes])
+    draft.score = sum(draft.probs)
+    return draft
+
+
+def test_merged_drafts_share_their_common_nodes_and_keep_the_most_probable() -> None:
+    own = _draft((5, -1, 0.9), (6, 0, 0.6), (7, 1, 0.3))
+    pooled = _draft((5, -1, 0.5), (8, 0, 0.45), (9, 1, 0.4), (4, -1, 0.35))
+    merged = merge(own, pooled, budget=16)
+    # 5 once, at its higher probability; 8 below it beside 6; 9 below 8; 4 a second root.
+    nodes = {(merged.tokens[merged.parents[i]] if merged.parents[i] >= 0 else None, t, p)
+             for i, (t, p) in enumerate(zip(merged.tokens, merged.probs, strict=True))}  # fmt: skip
+    assert nodes == {(None, 5, 0.9), (5, 6, 0.6), (6, 7, 0.3), (5, 8, 0.45), (8, 9, 0.4), (None, 4, 0.35)}
+    assert merged.probs == sorted(merged.probs, reverse=True)  # most probable first
+    assert merged.score == pytest.approx(0.9 + 0.6 + 0.3 + 0.45 + 0.4 + 0.35)
+    # A smaller budget keeps the most probable nodes, each with its parent.
+    small = merge(own, pooled, budget=3)
+    assert list(zip(small.tokens, small.parents, strict=True)) == [(5, -1), (6, 0), (8, 0)]
+    assert merge(own, Draft(), budget=16).tokens == own.tokens
 
 
 # --- bounded memory -----------------------------------------------------------------------------

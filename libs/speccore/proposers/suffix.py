@@ -1,7 +1,9 @@
 """Suffix decoding (speccore.suffix_tree): each row drafts from a tree over its own prompt and
 output so far and, when its request names a scope and the engine has pools, from the
-scope's tree over earlier requests' outputs (``speccore.suffix_tree.OutputTree``); the
-better-scoring draft wins, the row's own on a tie (as Arctic Inference does).
+scope's tree over earlier requests' outputs (``speccore.suffix_tree.OutputTree``). As a
+path (vLLM's drafts) the better-scoring draft wins, the row's own on a tie (as Arctic
+Inference does); as a tree (``use_tree_spec``) both go into one tree, which the verifier
+checks at once, so a step that either source would have drafted well keeps its tokens.
 
 A scope's tree is fed when a request finishes (Arctic also feeds outputs while they grow,
 so that concurrent requests see each other's partial outputs); a request never drafts from
@@ -14,7 +16,7 @@ import torch
 
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, capped, knob_values
 from speccore.state import Sequence
-from speccore.suffix_tree import NODE_BYTES, Draft, DraftRule, OutputTree, SuffixTree
+from speccore.suffix_tree import NODE_BYTES, Draft, DraftRule, OutputTree, SuffixTree, merge
 
 # Nodes one scope's global tree may hold (about 58 MB at NODE_BYTES, about 12k output tokens
 # at depth 24), beside the max_cached_requests bound: Python nodes must stay bounded too.
@@ -67,6 +69,9 @@ class SuffixProposer(Proposer):
         if self.draft_pools is None or seq.draft_scope is None:
             return own
         pooled = self.draft_pools.pool(seq.draft_scope).tree.speculate(tokens, rule)
+        if self.tree:
+            self.draft_pools.record(seq.draft_scope, len(pooled.tokens) if pooled.tokens else None)
+            return merge(own, pooled, budget)
         wins = pooled.score > own.score
         self.draft_pools.record(seq.draft_scope, len(pooled.tokens) if wins else None)
         return pooled if wins else own
