@@ -43,7 +43,7 @@ from specops_services.predictor.calibration_set import CalibrationPoint, calibra
 
 MODEL = "smollm2-135m-instruct"
 WORKLOADS = ("chat", "code", "structured", "agentic", "summarization", "rag", "reasoning")
-# Each family's key options: ngram's depth, suffix's path and tree, EAGLE as a chain and as
+# Each family's key options: ngram's depth, suffix's path and tree at factors 1 and 2, EAGLE as a chain and as
 # the catalog's widest 3-deep tree, Medusa at that tree (its chain of 4 trails it), rest
 # and lookahead at their first shape (rest only where the catalog keeps it: code).
 GRID = (
@@ -57,6 +57,8 @@ GRID = (
     "eagle-k3-t4x2x1-",
     "suffix-k16-path",
     "suffix-k16-tree",
+    "suffix-k16-f2-path",
+    "suffix-k16-f2-tree",
 )
 DRAFT_GRID = ("draft_model-k4-self7",)
 TRACKED = Path("bench/results/predictor-calibration.json")
@@ -175,6 +177,7 @@ def measure(args: argparse.Namespace, data: dict[str, Any]) -> None:
         note = data.setdefault("remeasured", {}).setdefault(
             family, {"date": time.strftime("%Y-%m-%d"), "why": args.why, "workloads": []}
         )
+        data["protocol"]["grid"] = list(GRID)  # the grid the rows now follow
         done = set(note["workloads"])
     else:
         done = {row["workload"] for row in data["rows"]}

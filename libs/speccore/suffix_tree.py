@@ -264,6 +264,9 @@ def merge(first: Draft, second: Draft, budget: int) -> Draft:
         else:
             probs[node] = max(probs[node], prob)
         placed.append(node)
+    for i, parent in enumerate(parents):  # parents come first; undo rounding (p x c / c > p)
+        if parent >= 0:
+            probs[i] = min(probs[i], probs[parent])
     keep = sorted(range(len(tokens)), key=lambda i: (-probs[i], i))[:budget]
     renumbered = {old: new for new, old in enumerate(keep)}
     merged = Draft(

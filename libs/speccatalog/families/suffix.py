@@ -33,12 +33,16 @@ FACTOR = "suffix_decoding_max_spec_factor"
 MIN_PROB = "suffix_decoding_min_token_prob"
 TREE = "use_tree_spec"
 # Host-side work per step, speccore's trees in Python: a match walk per match length over
-# two trees; measured 1.4 ms a step (ngram: 0.34) on HumanEval, smollm2, 2 CPU threads
-# (`specops bench --workload code`: draft_time_s / verify_steps).
-LOOKUP_S = 1.4e-3
-# Budgets: drafts are cut by the match length first, so a large budget costs only where
-# matches are long (vLLM's docs suggest 16-32; its default is the tree depth, 24).
-K_GRID = (8, 16)
+# two trees; measured 0.7 ms a step (ngram: 0.32) on the agentic set, smollm2, 2 CPU threads
+# (`specops bench --workload agentic --n-prompts 48`: draft_time_s / verify_steps).
+LOOKUP_S = 0.7e-3
+# Budget: drafts are cut by the match length first (at most FACTOR tokens per matched
+# token), so a large budget costs only where matches are long (vLLM's docs suggest 16-32).
+# The factor matters more: on the agentic set (48 prompts, smollm2, one run) factor 2 as a
+# tree took 3.82 tokens a step against 3.23 for vLLM's default path (factor 1): 2.50x
+# none against 2.30x.
+K = 16
+FACTORS = (1.0, 2.0)
 # Chain-equivalent greedy acceptance. Where nothing repeats across requests, suffix drafts
 # what prompt lookup does (ngram's measured priors: chat and code on smollm2); where
 # requests repeat earlier outputs (structured, agentic) the paper measures up to 5.3x on
@@ -68,8 +72,13 @@ class Suffix(FamilySpec):
 
     def candidates(self, known: Known) -> list[Shape]:
         return [
-            Shape(f"suffix-k{k}-{'tree' if tree else 'path'}", self.name, k, options={TREE: tree})
-            for k in K_GRID
+            Shape(
+                f"suffix-k{K}{'' if factor == 1 else f'-f{factor:g}'}-{'tree' if tree else 'path'}",
+                self.name,
+                K,
+                options={TREE: tree} if factor == 1 else {TREE: tree, FACTOR: factor},
+            )
+            for factor in FACTORS
             for tree in (0, 1)
         ]
 
