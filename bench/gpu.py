@@ -60,8 +60,12 @@ HEADS_PLAN: Plan = (
     ("heldout-chat", ("none", "medusa", "eagle"), BIG_TREE),
 )
 # Suffix decoding against prompt lookup where a verify block costs about one token: the
-# repetitive agentic set first (what suffix decoding is for), then chat and code.
-SUFFIX_PLAN: Plan = tuple((name, ("none", "ngram", "suffix"), {}) for name in ("agentic", "chat", "code"))
+# repetitive agentic set first (what suffix decoding is for), then chat and code; suffix as
+# vLLM drafts it (a path, factor 1) and as speccore's best CPU shape (a tree, factor 2).
+SUFFIX_TREE = "suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2"
+SUFFIX_PLAN: Plan = tuple(
+    (name, ("none", "ngram", "suffix", SUFFIX_TREE), {}) for name in ("agentic", "chat", "code")
+)
 PLANS = {"heads": HEADS_PLAN, "suffix": SUFFIX_PLAN}
 
 
