@@ -351,8 +351,8 @@ def _number(method: str, name: str, text: str) -> KnobValue:
 def method_variant(method: str) -> tuple[str, dict[str, KnobValue]]:
     """A bench method's family and knobs: ``suffix`` is the family at its defaults,
     ``suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2`` the family with those knobs
-    (the family's own names, checked when its proposer is built), so that one run can
-    measure several settings of a family side by side."""
+    (the family's own names; BenchSpec checks them against the family before anything
+    decodes), so that one run can measure several settings of a family side by side."""
     family, *settings = method.split(":")
     knobs: dict[str, KnobValue] = {}
     for setting in settings:

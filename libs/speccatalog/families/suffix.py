@@ -38,9 +38,9 @@ TREE = "use_tree_spec"
 LOOKUP_S = 0.7e-3
 # Budget: drafts are cut by the match length first (at most FACTOR tokens per matched
 # token), so a large budget costs only where matches are long (vLLM's docs suggest 16-32).
-# The factor matters more: on the agentic set (48 prompts, smollm2, one run) factor 2 as a
-# tree took 3.82 tokens a step against 3.23 for vLLM's default path (factor 1): 2.50x
-# none against 2.30x.
+# The factor matters more: on the agentic set (48 prompts x 2 reps, smollm2; bench/results/
+# smollm2-135m-instruct-agentic48-suffix-greedy-cpu2.json) factor 2 as a tree took 3.82
+# tokens a step against 3.23 for vLLM's default path (factor 1): 2.39x none against 2.25x.
 K = 16
 FACTORS = (1.0, 2.0)
 # Chain-equivalent greedy acceptance. Where nothing repeats across requests, suffix drafts
