@@ -222,6 +222,11 @@ def test_merged_drafts_share_their_common_nodes_and_keep_the_most_probable() -> 
     small = merge(own, pooled, budget=3)
     assert list(zip(small.tokens, small.parents, strict=True)) == [(5, -1), (6, 0), (8, 0)]
     assert merge(own, Draft(), budget=16).tokens == own.tokens
+    # Products of count ratios can round a child above its parent (0.4 x 5 / 5); the merged
+    # tree still lists every parent before its children, as the verifier needs.
+    rounded = merge(_draft((1, -1, 0.4), (2, 0, 0.4000000000000001)), _draft((3, -1, 0.5)), budget=16)
+    assert all(parent < i for i, parent in enumerate(rounded.parents))
+    assert list(zip(rounded.tokens, rounded.parents, strict=True)) == [(3, -1), (1, -1), (2, 1)]
 
 
 # --- bounded memory -----------------------------------------------------------------------------
