@@ -9,9 +9,12 @@ requests joining and leaving a continuous batch. Skipped without a CUDA device
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from speccore.batching import ContinuousBatcher
+from speccore.draft_pool import DraftPools
 from speccore.engine import Engine, Request
 from speccore.models import LoadedModel, load_model
 from speccore.proposers.base import ProposerConfig
@@ -31,7 +34,10 @@ CONFIGS = {
     "eagle": ProposerConfig(head="builtin:eagle"),
     "eagle-tree16": ProposerConfig(head="builtin:eagle", tree_topk=4, tree_tokens=16),
     "draft_model": ProposerConfig(k=4, draft="self:12"),
+    "suffix": ProposerConfig(k=16),
 }
+# Suffix as a factor-2 tree over the row's own tree and the scope's earlier outputs.
+SUFFIX_TREE = ProposerConfig(k=16, knobs={"use_tree_spec": 1, "suffix_decoding_max_spec_factor": 2})
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +60,15 @@ def plain(target, requests) -> list[list[int]]:
 def test_each_family_alone_emits_plain_greedy_tokens(target, requests, plain, label) -> None:
     engine = Engine(target, label.split("-")[0], CONFIGS[label])
     assert [engine.generate([r])[0].token_ids for r in requests] == plain
+
+
+def test_suffix_trees_over_earlier_outputs_emit_plain_greedy_tokens(target, requests, plain) -> None:
+    pools: DraftPools = DraftPools()
+    engine = Engine(target, "suffix", SUFFIX_TREE, draft_pools=pools)
+    for _ in range(2):  # the second pass drafts from the first pass's outputs too
+        scoped = [replace(r, draft_scope="t") for r in requests]
+        assert [engine.generate([r])[0].token_ids for r in scoped] == plain
+    assert pools.totals.hits > 0
 
 
 @pytest.mark.parametrize("method", ["none", "ngram", "eagle"])
