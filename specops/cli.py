@@ -253,7 +253,9 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _reads_datastore(method: str) -> bool:
-    spec = families.families().get(method.split(":")[0])
+    from speccore.bench import method_variant
+
+    spec = families.families().get(method_variant(method)[0])
     return spec is not None and spec.draft_source == DraftSource.DATASTORE
 
 
