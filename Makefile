@@ -66,10 +66,10 @@ bench: setup
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
 
 # Issue 22's speedups (README "Suffix decoding and heads trained at scale"): suffix against
-# ngram on the repetitive agentic set (24 and 48 prompts, and by kind) and on chat and code,
-# what a verify block costs by its size, and the EAGLE
+# ngram on the repetitive agentic set (24 and 48 prompts, the 48 also with a prefix cache, and
+# by kind) and on chat and code, what a verify block costs by its size, and the EAGLE
 # head trained on the 1.6M-token distill-256 chunks (builtin:eagle) on held-out chat (depth 5,
-# top-2, 8 nodes; static and with three probability floors). About 80 minutes on a quiet
+# top-2, 8 nodes; static and with three probability floors). About 95 minutes on a quiet
 # 2-core CPU.
 # PASSIVE: on a shared host, spinning idle OpenMP threads of the jobs beside it slow decoding many times.
 speedups: export OMP_WAIT_POLICY := PASSIVE
@@ -80,6 +80,9 @@ speedups: setup
 	$(BENCH) --workload agentic --n-prompts 48 --reps 2 \
 		--methods none,ngram,suffix,suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2 \
 		--json $(RESULTS)-agentic48-suffix-greedy-cpu2.json
+	$(BENCH) --workload agentic --n-prompts 48 --reps 2 --prefix-cache \
+		--methods none,ngram,suffix,suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2 \
+		--json $(RESULTS)-agentic48-prefix-cache-greedy-cpu2.json
 	$(PY) bench/verify_cost.py --json bench/results/verify-cost-smollm2-cpu2.json
 	for wl in code chat; do \
 		$(BENCH) --workload $$wl --methods none,ngram,suffix --n-prompts 6 --reps 1 \

@@ -78,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--n-prompts", type=positive, default=10)
     bench.add_argument("--reps", type=positive, default=3)
     bench.add_argument("--batch-size", type=positive, default=1)
+    bench.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="every speccore method reuses the KV of earlier prompts' shared prefixes, as vLLM's "
+        "and SGLang's prefix caches do (each rep starts empty)",
+    )
     bench.add_argument("--json", type=Path, help="where to write the results (default bench/results/...)")
 
     ds = sub.add_parser("datastore", help="REST datastores")
@@ -230,6 +236,7 @@ def _bench(args: argparse.Namespace) -> int:
         heads=tuple(args.head),
         prompts=str(args.prompts) if args.prompts else None,
         tree=tree_knobs(args),
+        prefix_cache=args.prefix_cache,
     )
     prompts = (
         file_prompts(args.prompts, spec.n_prompts)

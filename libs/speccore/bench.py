@@ -10,7 +10,10 @@ Fair to cross-request drafting (a family whose spec is ``cross_request``, e.g. s
 each rep's requests name their own draft scope, and the warm-up another, so such a
 method's pool holds only what other, earlier prompts of the same rep wrote (and, in a
 batch, what batch-mates that finished first wrote) — never an earlier rep's output of the
-same prompt, nor the warm-up's. :func:`bench_engine` gives it one pool at a time.
+same prompt, nor the warm-up's. :func:`bench_engine` gives it one pool at a time, and
+likewise one scope of prefix cache when the spec asks for one (``prefix_cache``: every
+speccore method, ``none`` included, reuses the KV of earlier prompts' shared prefixes, as
+vLLM's and SGLang's prefix caches do).
 
 :func:`interleave` is the protocol with its hooks (a callback per measured rep,
 resume from stored reps, a failing method dropped while the others go on); the
@@ -44,6 +47,7 @@ from speccore.hf_baselines import HF_DEFAULT_K, HF_METHODS, HFGenerator
 from speccore.metrics import GenerationMetrics
 from speccore.model_cache import release_memory
 from speccore.models import LoadedModel, load_model
+from speccore.prefix_cache import PrefixCache
 from speccore.proposers import NONE, default_k, spec_of
 from speccore.proposers.base import KnobValue, ProposerConfig, knob_values
 from speccore.sampling import SamplingParams
@@ -287,6 +291,7 @@ class BenchSpec:
     heads: tuple[str, ...] = ()  # head directories; medusa and eagle each take the one they decode
     prompts: str | None = None  # JSONL of {"prompt", "completion"} lines used instead of the workload's
     tree: dict[str, Any] = field(default_factory=dict)  # ProposerConfig tree fields for medusa/eagle
+    prefix_cache: bool = False  # speccore methods reuse the rep's earlier prompts' prefixes
 
     def __post_init__(self) -> None:
         if "none" not in self.methods:
@@ -334,7 +339,7 @@ def build_methods(target: LoadedModel, spec: BenchSpec) -> dict[str, Method]:
         cfg = ProposerConfig(
             k=k, draft=spec.draft, datastore=spec.datastore, head=head, knobs=knobs, **spec.tree
         )
-        methods[method] = engine_method(bench_engine(target, family, cfg))
+        methods[method] = engine_method(bench_engine(target, family, cfg, prefix_cache=spec.prefix_cache))
     return methods
 
 
@@ -365,11 +370,20 @@ def method_variant(method: str) -> tuple[str, dict[str, KnobValue]]:
     return family, knobs
 
 
-def bench_engine(target: LoadedModel, method: str, config: ProposerConfig | None = None) -> Engine:
+def bench_engine(
+    target: LoadedModel, method: str, config: ProposerConfig | None = None, *, prefix_cache: bool = False
+) -> Engine:
     """The engine that measures ``method``: a cross-request family gets draft pools that keep
-    one scope (the rep's), so each rep starts with an empty pool (see the module's docstring)."""
+    one scope (the rep's), so each rep starts with an empty pool (see the module's docstring);
+    with ``prefix_cache``, a prefix cache that keeps one scope alike."""
     cross_request = method != NONE and spec_of(method).cross_request
-    return Engine(target, method, config, draft_pools=DraftPools(max_scopes=1) if cross_request else None)
+    return Engine(
+        target,
+        method,
+        config,
+        draft_pools=DraftPools(max_scopes=1) if cross_request else None,
+        prefix_cache=PrefixCache(max_scopes=1) if prefix_cache else None,
+    )
 
 
 def run_bench(
@@ -472,6 +486,7 @@ def _acceptance(ms: list[GenerationMetrics]) -> dict[str, object]:
         "draft_time_s": sum(m.draft_time_s for m in ms),
         "verify_time_s": sum(m.verify_time_s for m in ms),
         "extra_memory_bytes": max(m.extra_memory_bytes for m in ms),
+        "cached_prompt_fraction": sum(m.cached_prompt_tokens for m in ms) / sum(m.prompt_tokens for m in ms),
     }
 
 

@@ -31,6 +31,7 @@ from speccore.errors import SpecError
 from speccore.kv_cache import StaticKVCache
 from speccore.metrics import GenerationMetrics
 from speccore.models import LoadedModel
+from speccore.prefix_cache import Prefix, PrefixCache, Reuse
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
 from speccore.runner import ModelRunner, pad_rows
 from speccore.sampling import SamplingParams
@@ -119,12 +120,15 @@ class Engine:
         lossy_accept_threshold: float | None = None,
         adaptive: bool = False,
         draft_pools: DraftPools[Any] | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         """``adaptive``: choose each step's draft size from the batch and the measured
         acceptance (speccore.adaptive) instead of always drafting the configured size.
         ``draft_pools``: cross-request pools the proposer drafts from and finished requests
         feed, per ``Request.draft_scope`` (families that read them: ngram, suffix); the engine
-        binds them to its proposer's kind of pool."""
+        binds them to its proposer's kind of pool.
+        ``prefix_cache``: prompts' keys and values (and features) kept per scope, which later
+        prompts of the scope that start alike reuse instead of prefilling (speccore.prefix_cache)."""
         if lossy_accept_threshold is not None and not 0.0 < lossy_accept_threshold <= 1.0:
             raise SpecError(f"lossy_accept_threshold must be in (0, 1], got {lossy_accept_threshold}")
         self.target = target
@@ -143,6 +147,7 @@ class Engine:
             if not self.proposer.adapts_draft:
                 raise SpecError(f"adaptive k does not apply to {method}: its draft size is fixed")
             self.adaptive = AdaptiveK(k_max=self.proposer.draft_nodes)
+        self.prefix_cache = prefix_cache
         self.draft_pools = draft_pools
         if draft_pools is not None:
             if self.proposer is None or not self.proposer.reads_draft_pools:
@@ -243,23 +248,64 @@ class Engine:
             )
 
     def _prefill(self, run: Batch) -> torch.Tensor | None:
-        """Commit every prompt token but the last, which is the first step's pending token.
+        """Commit every prompt token but the last, which is the first step's pending token:
+        a row's longest prefix the prefix cache holds is copied, the rest goes through the target.
 
         Returns the proposer's features of the committed tokens ([batch, n-1, F]) if it reads any.
         """
-        tokens, counts = pad_rows([s.prompt_ids[:-1] for s in run.seqs])
-        if int(counts.max()) == 0:
-            return None
-        _, features = self._forward(run.cache, tokens)
-        run.cache.commit(counts)
+        rows = [s.prompt_ids[:-1] for s in run.seqs]
+        reused = self._reuse_prefixes(run, rows)
+        starts = [r.length if r is not None else 0 for r in reused]
+        for m, start in zip(run.metrics, starts, strict=True):
+            m.cached_prompt_tokens = start
+        tokens, counts = pad_rows([row[start:] for row, start in zip(rows, starts, strict=True)])
+        features = None
+        if int(counts.max()) > 0:
+            _, features = self._forward(run.cache, tokens)
+            run.cache.commit(counts)
+        if any(starts) and self._reads_features:
+            features = joined_features(reused, features, counts)
+        self._keep_prefixes(run, rows, starts, features)
         return features
+
+    def _reuse_prefixes(self, run: Batch, rows: list[list[int]]) -> list[Reuse | None]:
+        """Per row, the prefix its scope's cache holds (copied into the row's cache), or None."""
+        reused: list[Reuse | None] = [None] * len(rows)
+        if self.prefix_cache is None:
+            return reused
+        for b, (seq, row) in enumerate(zip(run.seqs, rows, strict=True)):
+            if seq.draft_scope is None:
+                continue
+            found = self.prefix_cache.lookup(seq.draft_scope, row)
+            if found is not None:
+                keys = [k[:, : found.length] for k in found.prefix.keys]
+                run.cache.write_prefix(b, keys, [v[:, : found.length] for v in found.prefix.values])
+                reused[b] = found
+        return reused
+
+    def _keep_prefixes(
+        self, run: Batch, rows: list[list[int]], starts: list[int], features: torch.Tensor | None
+    ) -> None:
+        """Hand each prefilled prompt of a scope to the prefix cache (unless it was all reused)."""
+        if self.prefix_cache is None:
+            return
+        for b, (seq, row, start) in enumerate(zip(run.seqs, rows, starts, strict=True)):
+            if seq.draft_scope is None or start == len(row) or len(row) < self.prefix_cache.min_tokens:
+                continue
+            keys, values = run.cache.read_prefix(b, len(row))
+            feats = features[b, : len(row)].clone() if features is not None else None
+            self.prefix_cache.add(seq.draft_scope, Prefix(tuple(row), keys, values, feats))
+
+    @property
+    def _reads_features(self) -> bool:
+        return self.proposer is not None and self.proposer.needs_hidden_states
 
     def _forward(
         self, cache: StaticKVCache, tokens: torch.Tensor, parents: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target's final hidden states [batch, q, hidden], and the features the
         proposer reads ([batch, q, F], see Proposer.feature_layers) or None."""
-        if self.proposer is None or not self.proposer.needs_hidden_states:
+        if not self._reads_features:
             return self.runner.forward(cache, tokens, parents), None
         hidden, tapped = self.runner.forward_tapped(cache, tokens, parents, taps=self.taps)
         return hidden, tapped if tapped is not None else hidden
@@ -330,6 +376,20 @@ class Engine:
         if seq.finished and self.draft_pools is not None and seq.draft_scope is not None:
             self.draft_pools.add(seq.draft_scope, seq.prompt_ids, seq.output_ids)
         run.metrics[row].mark_emitted(time.perf_counter() - run.starts[row], finished=seq.finished)
+
+
+def joined_features(
+    reused: list[Reuse | None], fresh: torch.Tensor | None, counts: torch.Tensor
+) -> torch.Tensor:
+    """Each row's features of its reused prefix, then of what was prefilled (``fresh``:
+    [batch, q, F], a row's first ``counts`` valid): [batch, longest, F], right-padded with zeros."""
+    pieces: list[list[torch.Tensor]] = []
+    for b, found in enumerate(reused):
+        row = [found.prefix.features[: found.length]] if found and found.prefix.features is not None else []
+        pieces.append(row + ([fresh[b, : int(counts[b])]] if fresh is not None else []))
+    like = next(t for row in pieces for t in row)
+    parts = [torch.cat(row) if row else like.new_zeros((0, like.shape[-1])) for row in pieces]
+    return torch.nn.utils.rnn.pad_sequence(parts, batch_first=True)
 
 
 def block_of(seqs: list[Sequence], tree: DraftTree) -> Block:

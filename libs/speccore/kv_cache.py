@@ -116,6 +116,31 @@ class StaticKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (*self._keys, *self._values))
 
+    def read_prefix(self, row: int, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of each layer's keys and values of a row's first ``length`` committed tokens
+        ([kv_heads, length, head_dim] each)."""
+        if length > int(self.lengths[row]):
+            raise ValueError(f"row {row} holds {int(self.lengths[row])} committed tokens, not {length}")
+        return (
+            [k[row, :, :length].clone() for k in self._keys],
+            [v[row, :, :length].clone() for v in self._values],
+        )
+
+    def write_prefix(self, row: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Commit ``keys``/``values`` (each layer's [kv_heads, n, head_dim], from ``read_prefix``)
+        as an empty row's first n tokens."""
+        if int(self.lengths[row]) != 0:
+            raise ValueError(f"row {row} is not empty")
+        n = keys[0].shape[1]
+        with torch.inference_mode():
+            for bufs, parts in ((self._keys, keys), (self._values, values)):
+                for layer, part in enumerate(parts):
+                    if layer == len(bufs):  # no forward pass yet: no buffer
+                        shape = (self.slots, part.shape[0], self.capacity, part.shape[2])
+                        bufs.append(torch.zeros(shape, device=self.device, dtype=part.dtype))
+                    bufs[layer][row, :, :n] = part
+        self.lengths[row] = n
+
     def take(self, rows: list[int]) -> StaticKVCache:
         """These rows only, in this order (continuous batching drops finished rows), in place:
         row ``rows[j]`` moves to slot j where they differ. Returns this cache."""

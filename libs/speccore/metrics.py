@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass(slots=True)
 class GenerationMetrics:
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of them, taken from the prefix cache instead of prefilled
     new_tokens: int = 0
     verify_steps: int = 0
     drafted_tokens: int = 0

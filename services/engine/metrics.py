@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from speccore.draft_pool import DraftPools
+from speccore.prefix_cache import PrefixCache
 from specops_services.engine.logic import SpecCounts
 
 PREFIX = "specops:"
@@ -172,6 +173,9 @@ class EngineMetrics:
     def watch_pools(self, pools: DraftPools) -> None:
         self.registry.register(_PoolCollector(pools, self.model_name))
 
+    def watch_prefix_caches(self, caches: list[PrefixCache]) -> None:
+        self.registry.register(_PrefixCacheCollector(caches, self.model_name))
+
 
 class _PoolCollector(Collector):
     """The draft pools' counters, summed over the scopes, read when /metrics is scraped. Not
@@ -211,3 +215,27 @@ class _PoolCollector(Collector):
             gauge = GaugeMetricFamily(PREFIX + name, help_text, labels=labels)
             gauge.add_metric([self.model_name], value)
             yield gauge
+
+
+class _PrefixCacheCollector(Collector):
+    """The engines' prefix caches, summed over engines and scopes (not per scope, as the
+    pools), read when /metrics is scraped; in tokens, as vLLM's prefix cache counters."""
+
+    def __init__(self, caches: list[PrefixCache], model_name: str) -> None:
+        self.caches = caches
+        self.model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model_name"]
+        for name, help_text, value in (
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prompt_tokens"),
+            ("prefix_cache_hits", "Prompt tokens the prefix cache held (not prefilled).", "reused_tokens"),
+        ):
+            counter = CounterMetricFamily(PREFIX + name, help_text, labels=labels)
+            counter.add_metric([self.model_name], sum(getattr(c.stats, value) for c in self.caches))
+            yield counter
+        gauge = GaugeMetricFamily(
+            PREFIX + "prefix_cache_bytes", "Bytes the prefix caches hold.", labels=labels
+        )
+        gauge.add_metric([self.model_name], sum(c.held_bytes for c in self.caches))
+        yield gauge

@@ -120,6 +120,11 @@ class EngineServer:
         self.draft_pools: DraftPools | None = pools[0] if pools else None
         if self.draft_pools is not None:
             self.metrics.watch_pools(self.draft_pools)
+        caches = [e.prefix_cache for e in self.batcher.engines.values() if e.prefix_cache is not None]
+        if caches:
+            self.metrics.watch_prefix_caches(caches)
+        # Requests name a scope when some engine keeps state across requests.
+        self.scoped = self.draft_pools is not None or bool(caches)
 
     @property
     def model_name(self) -> str:
@@ -182,7 +187,7 @@ class EngineServer:
             raise InvalidRequest(400, str(exc)) from None
         requests: list[Request] = []
         context = self.target.max_context
-        scope = self.security.draft_scope(key.tenant) if self.draft_pools is not None else None
+        scope = self.security.draft_scope(key.tenant) if self.scoped else None
         for ids in prompts:
             choices = logic.choice_requests(
                 ids,

@@ -46,8 +46,8 @@ DEFAULT_MAX_BATCH = 32
 ENGINE_OPTIONS = (
     "model", "device", "dtype", "threads", "method", "k", "draft", "datastore", "head", "tree_shape",
     "tree_topk", "tree_tokens", "tree_min_prob", "max_batch", "host", "port", "served_model_name",
-    "from_run", "url", "token", "adaptive_k", "nats_url", "draft_pool", "jitter", "jitter_interval_ms",
-    "security_tier", "security_policies",
+    "from_run", "url", "token", "adaptive_k", "prefix_cache_mb", "nats_url", "draft_pool", "jitter",
+    "jitter_interval_ms", "security_tier", "security_policies",
 )  # fmt: skip
 # Drift control (services/engine/drift.py): engine-only as well.
 DRIFT_OPTIONS = (
@@ -80,6 +80,13 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
         action="store_const",
         const=True,
         help=f"choose each step's draft size from the batch and the measured acceptance ({ADAPTIVE_K_ENV}=1)",
+    )
+    g.add_argument(
+        "--prefix-cache-mb",
+        type=decoding.positive,
+        help="keep prompts' keys and values, up to this many MiB per engine and scope (one scope, or "
+        "one per tenant where the policy keeps caches per tenant; the 16 most recent scopes), and "
+        "skip prefilling the prefix a new prompt shares with one of them (default off)",
     )
     add_security_options(p)
     add_drift_options(p)
@@ -199,6 +206,7 @@ def run(args: argparse.Namespace, served: Served) -> int:
     """Load the target, build the engine and serve until SIGTERM / SIGINT."""
     from speccore.draft_pool import DraftPools
     from speccore.engine import Engine
+    from speccore.prefix_cache import PrefixCache
     from speccore.proposers import NONE, ProposerConfig, default_k, spec_of
     from specops_services.engine.app import serve
     from specops_services.engine.serving import ServerOptions
@@ -214,7 +222,13 @@ def run(args: argparse.Namespace, served: Served) -> int:
     cross_request = served.method != NONE and spec_of(served.method).cross_request
     pools = DraftPools() if args.draft_pool or cross_request else None
     config = _builtin_datastore(target, served.config)
-    engine = Engine(target, served.method, config, adaptive=adaptive, draft_pools=pools)
+
+    def prefix_cache() -> PrefixCache | None:  # one per engine: its entries hold its own features
+        return PrefixCache(max_bytes=args.prefix_cache_mb << 20) if args.prefix_cache_mb else None
+
+    engine = Engine(
+        target, served.method, config, adaptive=adaptive, draft_pools=pools, prefix_cache=prefix_cache()
+    )
     engines = {engine.method: engine}
     if drift is not None:
         for method in drift.methods[1:]:
@@ -223,6 +237,7 @@ def run(args: argparse.Namespace, served: Served) -> int:
                 method,
                 ProposerConfig(k=default_k(method)) if method != "none" else None,
                 adaptive=adaptive and method != "none",
+                prefix_cache=prefix_cache(),
             )
     options = ServerOptions(
         served_model_name=args.served_model_name or served.model,

@@ -1,7 +1,8 @@
 """Issue 20's side-channel mitigations in `specops serve engine` (its own process, smollm2 with
 n-gram and the cross-request draft pool, real NATS): paced release (F-S2) delivers plain
 decoding's text, streamed or not; a tenant whose policy keeps caches per tenant drafts nothing
-from another tenant's pool entries (F-S1), while tenants of the single-tenant tier share them;
+from another tenant's pool entries and reuses no prefix another tenant's prompt left in the
+prefix cache (F-S1), while tenants of the single-tenant tier share them;
 an opted-out tenant is decoded without speculation (F-S3); a `policy_changed` event on the bus
 changes a tenant's policy. What the tests read is the text and /metrics, never timing
 (bench/side_channel.py measures the timing)."""
@@ -55,7 +56,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory, nats_url: str) -> Iterator[
     tmp = tmp_path_factory.mktemp("engine")
     policies = tmp / "policies.json"
     policies.write_text(json.dumps([p.model_dump(mode="json") for p in POLICIES]))
-    args = ["--model", MODEL, "--method", "ngram", "--draft-pool", "--jitter", "pace"]
+    args = ["--model", MODEL, "--method", "ngram", "--draft-pool", "--prefix-cache-mb", "64"]
+    args += ["--jitter", "pace"]
     args += [
         "--jitter-interval-ms",
         str(PACE_MS),
@@ -168,6 +170,24 @@ def test_per_tenant_caches_keep_a_tenants_pool_entries_from_another(engine: tupl
     assert _metric(url, "draft_pool_hits_total") > hits
     # /metrics says how the pools do, not how much each tenant asks.
     assert "iso-a" not in httpx.get(f"{url}/metrics").text
+
+
+def test_a_tenants_prefix_cache_serves_only_that_tenants_later_prompts(
+    engine: tuple[str, Path], smollm: LoadedModel
+) -> None:
+    url, _ = engine
+    brief = "You are a release bot. Reply with one line that names the version and the date. " * 3
+    first, second = brief + "Version 2.1 ships today.", brief + "Version 2.2 ships tomorrow."
+    queried, hits = _metric(url, "prefix_cache_queries_total"), _metric(url, "prefix_cache_hits_total")
+    assert _complete(url, first, "iso-a") == _plain(smollm, first)
+    assert _metric(url, "prefix_cache_queries_total") > queried
+    assert _metric(url, "prefix_cache_hits_total") == hits  # nothing held yet
+    assert _complete(url, second, "iso-b") == _plain(smollm, second)
+    assert _metric(url, "prefix_cache_hits_total") == hits  # a's prompt is not b's to reuse
+    assert _complete(url, second, "iso-a") == _plain(smollm, second)
+    shared = len(smollm.encode_prompt(brief, chat=False)) - 1
+    assert _metric(url, "prefix_cache_hits_total") - hits >= shared  # a's own brief was reused
+    assert _metric(url, "prefix_cache_bytes") > 0
 
 
 def test_an_opted_out_tenant_is_decoded_without_speculation(

@@ -87,6 +87,22 @@ def test_bench_writes_results(smollm, tmp_path):
     assert "free_drafting_limit" not in result["methods"]["hf"]
 
 
+def test_bench_with_a_prefix_cache_reuses_the_agents_shared_prompts(smollm, tmp_path):
+    dest = tmp_path / "bench.json"
+    out = specops(
+        "bench", "--model", MODEL, "--workload", "agentic", "--methods", "suffix", "--prefix-cache",
+        "--n-prompts", "4", "--reps", "1", "--max-new-tokens", "4", "--json", str(dest),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(dest.read_text())
+    assert result["spec"]["prefix_cache"] is True
+    for method in ("none", "suffix"):
+        # The fourth prompt is the first tool session's second step: the tools and the first
+        # step are its prefix.
+        assert 0.1 < result["methods"][method]["cached_prompt_fraction"] < 1
+    assert result["methods"]["suffix"]["identical_to_baseline"] is True
+
+
 @pytest.fixture(scope="module")
 def heads(smollm, tmp_path_factory) -> dict[str, Path]:
     """Medusa heads trained (here: saved at random) for another hidden size and for the
