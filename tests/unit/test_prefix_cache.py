@@ -125,3 +125,19 @@ def test_heads_read_the_reused_prefix_features(smollm, agent_prompts, tmp_path):
     fresh = Engine(smollm, "eagle", config)
     _, full = fresh._forward(fresh.runner.new_cache(1, 1024), torch.tensor([agent_prompts[2][:-1]]))
     assert torch.equal(starts[1][1, : len(agent_prompts[2]) - 1], full[0])
+
+
+def test_gemmas_sliding_window_layers_decode_alike_after_a_reused_prefix(gemma):
+    """gemma-3 mixes sliding-window and full attention layers: a prompt longer than the window,
+    most of it reused, decodes as after a whole prefill."""
+    brief = SYSTEM * 20
+    prompts = [gemma.encode_prompt(brief + q, chat=False) for q in ("Do you sell tyres?", "Brakes?")]
+    assert len(prompts[1]) > gemma.model.config.sliding_window
+    plain = Engine(gemma, "none")
+    reference = [plain.generate([Request(p, NEW_TOKENS)])[0].token_ids for p in prompts]
+    cache = PrefixCache()
+    engine = Engine(gemma, "suffix", ProposerConfig(k=8), prefix_cache=cache)
+    got = [engine.generate([Request(p, NEW_TOKENS, draft_scope="t")])[0].token_ids for p in prompts]
+    assert got == reference
+    assert cache.stats.hits == 1
+    assert cache.stats.reused_tokens > gemma.model.config.sliding_window
