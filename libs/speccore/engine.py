@@ -58,8 +58,9 @@ class Request:
     sampling: SamplingParams = SamplingParams()
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    # The cross-request draft pool (speccore.draft_pool) it drafts from and, once finished,
-    # feeds; None: none. Only with an engine that has pools.
+    # The scope of the cross-request state it reads and feeds (None: none): the draft pool
+    # (speccore.draft_pool) it drafts from and, once finished, feeds, and the prefix cache
+    # (speccore.prefix_cache) its prompt reuses and joins; each where the engine has one.
     draft_scope: str | None = None
 
 

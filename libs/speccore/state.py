@@ -22,7 +22,7 @@ class Sequence:
     max_new_tokens: int
     sampling: SamplingParams
     generator: torch.Generator | None = None
-    draft_scope: str | None = None  # the cross-request draft pool it reads and feeds (Request's)
+    draft_scope: str | None = None  # the scope of its draft pool and prefix cache (Request's)
     output_ids: list[int] = field(default_factory=list)
     finished: bool = False
     finish_reason: str | None = None
