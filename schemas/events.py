@@ -144,6 +144,9 @@ class RepMetrics(Model):
     """speccore's per-generation metrics (libs/speccore/metrics.py), summed over a rep's prompts."""
 
     prompt_tokens: int = Field(ge=0, description="Prompt tokens processed.")
+    cached_prompt_tokens: int = Field(
+        default=0, ge=0, description="Of them, taken from the prefix cache instead of prefilled."
+    )
     new_tokens: int = Field(ge=0, description="Tokens generated.")
     verify_steps: int = Field(ge=0, description="Target forward passes that verified drafts.")
     drafted_tokens: int = Field(ge=0, description="Draft tokens proposed.")

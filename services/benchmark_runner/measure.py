@@ -244,6 +244,7 @@ def rep_metrics(ms: Sequence[GenerationMetrics], wall_s: float) -> RepMetrics:
     decode_s = sum(max(m.total_time_s - m.ttft_s, 0.0) for m in ms if m.new_tokens > 1)
     return RepMetrics(
         prompt_tokens=sum(m.prompt_tokens for m in ms),
+        cached_prompt_tokens=sum(m.cached_prompt_tokens for m in ms),
         new_tokens=new_tokens,
         verify_steps=steps,
         drafted_tokens=drafted,
