@@ -123,6 +123,10 @@ gemma-bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/specops bench --model gemma-3-270m --workload agentic \
 		--methods none,ngram,suffix --n-prompts 24 --max-new-tokens 128 --threads 2 --reps 1 \
 		--json bench/results/gemma-3-270m-agentic24-suffix-greedy-cpu2.json
+	OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/specops bench --model gemma-3-270m --workload agentic \
+		--methods none,ngram,suffix,suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2 \
+		--prefix-cache --n-prompts 24 --max-new-tokens 128 --threads 2 --reps 1 \
+		--json bench/results/gemma-3-270m-agentic24-prefix-cache-greedy-cpu2.json
 
 # The predictor's calibration set (README "The calibrated predictor"): the catalog's key
 # options of every family that runs here x 7 workloads, 8 prompts, 64 new tokens, 1 rep,
