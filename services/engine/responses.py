@@ -24,6 +24,7 @@ from specops_services.engine.protocol import (
     ChatCompletionResponse,
     CompletionChoice,
     CompletionResponse,
+    PromptTokensDetails,
     Usage,
     error_response,
 )
@@ -47,7 +48,13 @@ class Header:
 
 def usage(prompt_tokens: int, stream: ChoiceStream) -> Usage:
     done = stream.completion_tokens
-    return Usage(prompt_tokens=prompt_tokens, completion_tokens=done, total_tokens=prompt_tokens + done)
+    cached = stream.cached_tokens
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=done,
+        total_tokens=prompt_tokens + done,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached) if cached is not None else None,
+    )
 
 
 async def completion(h: Header, stream: ChoiceStream, prompt_tokens: int) -> CompletionResponse:

@@ -36,7 +36,7 @@ from specops_services.engine.metrics import EngineMetrics
 from specops_services.engine.protocol import ChatCompletionRequest, CompletionRequest
 from specops_services.engine.security import SecurityPolicies
 from specops_services.engine.security_events import PolicyFeed
-from specops_services.engine.worker import EngineWorker, Event, Failed
+from specops_services.engine.worker import EngineWorker, Event, Failed, Tokens
 
 
 class InvalidRequest(Exception):
@@ -121,10 +121,11 @@ class EngineServer:
         if self.draft_pools is not None:
             self.metrics.watch_pools(self.draft_pools)
         caches = [e.prefix_cache for e in self.batcher.engines.values() if e.prefix_cache is not None]
-        if caches:
+        self.prefix_caching = bool(caches)  # usage then tells the prompt tokens it held
+        if self.prefix_caching:
             self.metrics.watch_prefix_caches(caches)
         # Requests name a scope when some engine keeps state across requests.
-        self.scoped = self.draft_pools is not None or bool(caches)
+        self.scoped = self.draft_pools is not None or self.prefix_caching
 
     @property
     def model_name(self) -> str:
@@ -159,6 +160,7 @@ class EngineServer:
             plain=prepared.plain,
             pace_s=prepared.pace_s,
             metrics=self.metrics,
+            cached_details=self.prefix_caching,
         )
 
     def _completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
@@ -224,7 +226,10 @@ class ChoiceStream:
         plain: bool = False,
         pace_s: float | None = None,
         metrics: EngineMetrics | None = None,
+        cached_details: bool = False,
     ) -> None:
+        """``cached_details``: report the prompt tokens the prefix cache held (``cached_tokens``,
+        the first choice's: every choice has the one prompt), else None."""
         loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Event] = asyncio.Queue()
 
@@ -236,6 +241,7 @@ class ChoiceStream:
         self.tickets = [worker.submit(i, r, sink, arrival, key, plain=plain) for i, r in enumerate(requests)]
         self.texts = [IncrementalText(tokenizer) for _ in requests]
         self.completion_tokens = 0
+        self.cached_tokens: int | None = 0 if cached_details else None
         self.pace_s = pace_s
         self.metrics = metrics
         self._open = set(range(self.n))
@@ -263,6 +269,10 @@ class ChoiceStream:
                 reasons[index] = reason
         return texts, reasons
 
+    def _note_cached(self, event: Tokens) -> None:
+        if self.cached_tokens is not None and event.index == 0 and event.cached_prompt_tokens is not None:
+            self.cached_tokens = event.cached_prompt_tokens
+
     async def _as_they_come(self) -> AsyncIterator[tuple[int, list[int], str | None]]:
         """The worker's updates (index, tokens, finish reason) as they arrive."""
         ended = 0
@@ -271,6 +281,7 @@ class ChoiceStream:
             if isinstance(event, Failed):
                 raise EngineFailure(event.message)
             ended += event.finish_reason is not None
+            self._note_cached(event)
             yield event.index, event.tokens, event.finish_reason
 
     async def _paced(self, interval_s: float) -> AsyncIterator[tuple[int, list[int], str | None]]:
@@ -299,6 +310,7 @@ class ChoiceStream:
                 if isinstance(event, Failed):
                     raise EngineFailure(event.message)
                 ended += event.finish_reason is not None
+                self._note_cached(event)
                 # On the loop's clock when the update is handled, not when the worker made it:
                 # the first release anchors the grid, and the loop's delay in taking the
                 # worker's update depends on what the worker does next (its draft and verify

@@ -48,6 +48,7 @@ class Tokens:
     index: int
     tokens: list[int]
     finish_reason: str | None = None
+    cached_prompt_tokens: int | None = None  # on the last update: of its prompt, from the prefix cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +232,8 @@ class EngineWorker:
                 self.drift.finished(ticket.key, update.method, ticket.counted)
             self._log_finished(ticket, reason)
         if update.tokens or update.finished:
-            self._send(ticket, Tokens(ticket.index, list(update.tokens), reason))
+            cached = gen.metrics.cached_prompt_tokens if gen is not None else None
+            self._send(ticket, Tokens(ticket.index, list(update.tokens), reason, cached))
 
     def _send(self, ticket: Ticket, event: Event) -> None:
         try:

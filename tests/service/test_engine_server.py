@@ -100,6 +100,7 @@ def test_greedy_text_is_specops_generates_streaming_or_not(
     done = client.completions.create(model=MODEL, prompt=TEXTS[1], max_tokens=MAX_TOKENS, temperature=0)
     assert done.choices[0].text == expected_plain
     assert done.usage is not None and done.usage.prompt_tokens > 0
+    assert done.usage.prompt_tokens_details is None  # no prefix cache: nothing to tell
     pieces = client.completions.create(
         model=MODEL, prompt=TEXTS[1], max_tokens=MAX_TOKENS, temperature=0, stream=True
     )

@@ -184,9 +184,12 @@ def test_a_tenants_prefix_cache_serves_only_that_tenants_later_prompts(
     assert _metric(url, "prefix_cache_hits_total") == hits  # nothing held yet
     assert _complete(url, second, "iso-b") == _plain(smollm, second)
     assert _metric(url, "prefix_cache_hits_total") == hits  # a's prompt is not b's to reuse
-    assert _complete(url, second, "iso-a") == _plain(smollm, second)
+    with _client(url, "iso-a") as c:
+        again = c.completions.create(model=MODEL, prompt=second, max_tokens=MAX_TOKENS, temperature=0)
+    assert again.choices[0].text == _plain(smollm, second)
     shared = len(smollm.encode_prompt(brief, chat=False)) - 1
     assert _metric(url, "prefix_cache_hits_total") - hits >= shared  # a's own brief was reused
+    assert again.usage.prompt_tokens_details.cached_tokens >= shared  # and usage says so
     assert _metric(url, "prefix_cache_bytes") > 0
 
 
