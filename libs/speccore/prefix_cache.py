@@ -70,15 +70,15 @@ class PrefixStats:
     prompt_tokens: int = 0  # prompt tokens of every lookup (prefilled or reused)
 
 
-def shared_length(a: tuple[int, ...], b: list[int]) -> int:
+def shared_length(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     """How many leading tokens ``a`` and ``b`` have in common."""
     n = min(len(a), len(b))
-    if tuple(b[:n]) == a[:n]:
+    if b[:n] == a[:n]:
         return n
     lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if tuple(b[lo:mid]) == a[lo:mid]:
+        if b[lo:mid] == a[lo:mid]:
             lo = mid
         else:
             hi = mid
@@ -112,8 +112,9 @@ class PrefixCache:
             return None
         self.scopes.move_to_end(scope)
         best: Reuse | None = None
+        wanted = tuple(tokens)
         for prefix in entries.values():
-            length = shared_length(prefix.tokens, tokens)
+            length = shared_length(prefix.tokens, wanted)
             if length >= self.min_tokens and (best is None or length > best.length):
                 best = Reuse(prefix, length)
         if best is not None:
@@ -129,7 +130,7 @@ class PrefixCache:
             return
         entries = self.scopes.setdefault(scope, OrderedDict())
         self.scopes.move_to_end(scope)
-        for held in [t for t in entries if shared_length(t, list(prefix.tokens)) == len(t)]:
+        for held in [t for t in entries if shared_length(t, prefix.tokens) == len(t)]:
             self.held_bytes -= entries.pop(held).nbytes
         entries[prefix.tokens] = prefix
         self.held_bytes += prefix.nbytes

@@ -27,10 +27,10 @@ def _prefix(tokens: list[int]) -> Prefix:
 
 
 def test_shared_length_counts_leading_common_tokens():
-    assert shared_length((1, 2, 3, 4), [1, 2, 3, 4, 5]) == 4
-    assert shared_length((1, 2, 3, 4), [1, 2, 9, 4]) == 2
-    assert shared_length((1, 2, 3), [7]) == 0
-    assert shared_length(tuple(range(100)), [*range(63), -1, *range(64, 100)]) == 63
+    assert shared_length((1, 2, 3, 4), (1, 2, 3, 4, 5)) == 4
+    assert shared_length((1, 2, 3, 4), (1, 2, 9, 4)) == 2
+    assert shared_length((1, 2, 3), (7,)) == 0
+    assert shared_length(tuple(range(100)), (*range(63), -1, *range(64, 100))) == 63
 
 
 def test_lookup_takes_the_longest_shared_prefix_of_the_scope_only():
