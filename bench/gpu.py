@@ -210,6 +210,13 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--batch-rows", type=int, default=32)
     p.add_argument("--out", type=Path, required=False)
+    p.add_argument("--sets", help="comma-separated prompt sets of the plan to measure (default: all)")
+    p.add_argument("--methods", help="comma-separated methods, instead of each prompt set's in the plan")
+    p.add_argument(
+        "--prefix-cache",
+        action="store_true",
+        help="give every method a prefix cache (as specops bench --prefix-cache)",
+    )
     args = p.parse_args()
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -232,6 +239,8 @@ def main() -> int:
         target = load_model(args.model, device=args.device, dtype=dtype)
         result["machine"] = device_facts(target)
         for name, methods, tree in PLANS[args.plan]:
+            if args.sets and name not in args.sets.split(","):
+                continue
             key = f"{dtype}/{name}" + (f"/tree{tree['tree_tokens']}" if tree else "")
             if name == BATCHER:
                 log(f"== {dtype}/batcher")
@@ -248,13 +257,14 @@ def main() -> int:
                 log(f"== {key}")
                 spec = BenchSpec(
                     workload=name,
-                    methods=list(methods),
+                    methods=args.methods.split(",") if args.methods else list(methods),
                     n_prompts=min(args.n_prompts, len(sets[name])),
                     max_new_tokens=args.max_new_tokens,
                     reps=args.reps,
                     draft="self:12",
                     heads=HEADS if {"medusa", "eagle"} & set(methods) else (),
                     tree=dict(tree),
+                    prefix_cache=args.prefix_cache,
                 )
                 result["bench"][key] = run_bench(target, spec, sets[name][: spec.n_prompts], log=log)
             args.out.write_text(json.dumps(result, indent=2))

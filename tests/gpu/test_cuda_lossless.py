@@ -17,6 +17,7 @@ from speccore.batching import ContinuousBatcher
 from speccore.draft_pool import DraftPools
 from speccore.engine import Engine, Request
 from speccore.models import LoadedModel, load_model
+from speccore.prefix_cache import PrefixCache
 from speccore.proposers.base import ProposerConfig
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -69,6 +70,20 @@ def test_suffix_trees_over_earlier_outputs_emit_plain_greedy_tokens(target, requ
         scoped = [replace(r, draft_scope="t") for r in requests]
         assert [engine.generate([r])[0].token_ids for r in scoped] == plain
     assert pools.totals.hits > 0
+
+
+@pytest.mark.parametrize("method", ["none", "suffix"])
+def test_prompts_reusing_cached_prefixes_emit_plain_greedy_tokens(target, requests, plain, method) -> None:
+    # The prompts share their chat template's opening; the second pass finds each whole
+    # prompt held. CUDA's kernels need not give a prefix's keys the bits they get inside
+    # another prompt's prefill: this shows that on these prompts it changes no token.
+    cache = PrefixCache()
+    engine = Engine(target, method, CONFIGS.get(method), prefix_cache=cache)
+    for _ in range(2):
+        scoped = [replace(r, draft_scope="t") for r in requests]
+        assert [engine.generate([r])[0].token_ids for r in scoped] == plain
+    assert cache.stats.hits >= 2 * len(requests) - 1
+    assert cache.stats.reused_tokens > sum(len(r.prompt_ids) for r in requests)
 
 
 @pytest.mark.parametrize("method", ["none", "ngram", "eagle"])
