@@ -17,7 +17,8 @@ share a step. Writes one JSON file:
     .venv/bin/python bench/gpu.py --plan suffix --out bench/results/gpu-h100-suffix.json
 
 ``--plan heads`` (the default) measures the families above; ``--plan suffix`` measures
-suffix decoding against n-gram on the agentic, chat and code sets.
+suffix decoding against n-gram on the agentic, chat and code sets. ``--sets`` and
+``--methods`` narrow a plan; ``--prefix-cache`` gives every method a prefix cache.
 
 The prompt sets come from the packaged data (chat, code, the heads' held-out chat). On a
 host without those packages, write them elsewhere with ``--export-prompts FILE`` and pass
