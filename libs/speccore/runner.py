@@ -94,6 +94,19 @@ class ModelRunner:
         if inputs is None or (tokens is not None and embeds is not None):
             raise ValueError("give either tokens or embeds")
         batch, q = inputs.shape[:2]
+        with self._threads(batch * q):
+            return self._forward_block(cache, tokens, block_parents, embeds, taps, batch, q)
+
+    def _forward_block(
+        self,
+        cache: StaticKVCache,
+        tokens: torch.Tensor | None,
+        block_parents: torch.Tensor | None,
+        embeds: torch.Tensor | None,
+        taps: tuple[int, ...],
+        batch: int,
+        q: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if block_parents is None:
             anc = torch.tril(torch.ones(q, q, dtype=torch.bool)).expand(batch, q, q)
         else:
@@ -132,6 +145,12 @@ class ModelRunner:
             )
         return out.last_hidden_state, tap.features() if tap is not None else None
 
+    def _threads(self, rows: int) -> contextlib.AbstractContextManager[None]:
+        """On the row-invariant CPU kernels a small block's small ops run on one thread."""
+        if self.fold_groups is None:
+            return contextlib.nullcontext()
+        return cpu_kernels.serial_small_ops(rows)
+
     def _mask(self, mask: torch.Tensor) -> torch.Tensor:
         """[batch, q, width] bool -> what the model's attention takes: [batch, 1, q, width] bool,
         or the row-invariant attention's folded bias."""
@@ -145,7 +164,8 @@ class ModelRunner:
         """[..., hidden] -> [..., vocab] float32 logits, with the model's soft-capping."""
         if self.head is None:
             raise RuntimeError("this model has no output embedding")
-        logits = self.head(hidden).float()
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
+        with self._threads(hidden.numel() // hidden.shape[-1]):
+            logits = self.head(hidden).float()
+            if self.softcap:
+                logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from speccore import cpu_kernels
 from speccore.cpu_kernels import (
     MIN_LINEAR_ROWS,
     PackedGroup,
@@ -59,6 +60,42 @@ def test_block_and_batch_logits_equal_single_token_logits_bit_for_bit(
     for row in range(3):
         alone = _one_at_a_time(runner, prefixes[row], blocks[row])
         assert torch.equal(batched[row], alone), f"row {row} differs from decoding alone"
+
+
+@pytest.mark.parametrize("model_name", ["smollm", "gemma"])
+@torch.inference_mode()
+def test_small_blocks_on_one_thread_give_the_bits_of_all_threads(
+    model_name: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decoding step's small ops run on one thread (serial_small_ops): each block size a
+    step takes gives the logits it gives with every op on two threads, and the caller's
+    thread count is back afterwards."""
+    runner = ModelRunner(request.getfixturevalue(model_name).model)
+    gen = torch.Generator().manual_seed(8)
+    prefix = torch.randint(100, 30000, (1, PREFIX), generator=gen)
+    blocks = [torch.randint(100, 30000, (1, q), generator=gen) for q in (1, 6, 16)]
+    seen: list[int] = []  # the threads ops after the output matmul get
+    assert runner.head is not None
+    hook = runner.head.register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        outs: dict[int, list[torch.Tensor]] = {}
+        for serial_rows in (cpu_kernels.SERIAL_MAX_ROWS, 0):  # 0: no block is small
+            monkeypatch.setattr(cpu_kernels, "SERIAL_MAX_ROWS", serial_rows)
+            cache = runner.new_cache(1, 1024)
+            runner.forward(cache, prefix)
+            cache.commit(torch.tensor([PREFIX]))
+            seen.clear()
+            outs[serial_rows] = [runner.logits(runner.forward(cache, block)) for block in blocks]
+            assert seen == [1 if serial_rows else 2] * len(blocks)
+            assert torch.get_num_threads() == 2
+    finally:
+        hook.remove()
+        torch.set_num_threads(threads)
+    serial, parallel = outs.values()
+    for block, one, two in zip(blocks, serial, parallel, strict=True):
+        assert torch.equal(one, two), f"a block of {block.shape[1]} changes with its small ops' threads"
 
 
 @torch.inference_mode()
