@@ -40,15 +40,15 @@ its attention sums in another order: equal within rounding, not bit for bit.)
   float bias (``fold_mask``), once per forward instead of once per layer; a
   boolean mask (Hugging Face's own, e.g. under ``generate``) is folded here.
 
-- a small block (``SERIAL_MAX_ROWS`` rows or fewer: decoding and verifying drafts, not
-  prefill) runs everything but the packed matmuls on one thread (``serial_small_ops``).
-  Its element-wise ops, norms, softmax and attention matmuls are small enough that
-  waking a second thread costs more than it saves: with idle OpenMP threads asleep
-  (``OMP_WAIT_POLICY=PASSIVE``, as the services run) each parallel region waits for a
-  thread to wake, and a block of 6 tokens crosses PyTorch's grain size in a few hundred
-  of them a step. Measured on the 2-core hosts (smollm2-135m, fp32, 2 threads): one
-  token 27.6 -> 26.0 ms, 6 tokens 34.0 -> 27.8 ms; with spinning idle threads (the
-  default policy) no change. The thread count changes no bit (a test checks).
+- where idle OpenMP threads sleep at once (``OMP_WAIT_POLICY=PASSIVE``, as the services
+  run), a small block (``SERIAL_MAX_ROWS`` rows or fewer: decoding and verifying drafts,
+  not prefill) runs everything but the packed matmuls on one thread
+  (``serial_small_ops``): each parallel region of its element-wise ops, norms, softmax
+  and attention matmuls would wait for a sleeping thread to wake, and a block of 6 tokens
+  crosses PyTorch's grain size in a few hundred of them a step. Measured on the 2-core
+  hosts (smollm2-135m, fp32, 2 threads, ``bench/serial_ops.py``): decoding 9-11 % faster
+  under PASSIVE, 2-6 % slower with idle threads spinning (the default policy), where it
+  stays off. The thread count changes no bit (a test checks).
 
 On CUDA the stock kernels stay: there losslessness rests on the verifier alone.
 """
@@ -56,6 +56,7 @@ On CUDA the stock kernels stay: there losslessness rests on the verifier alone.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Iterator
 
@@ -73,8 +74,10 @@ MIN_QUERY_ROWS = 8
 HEAD_DIM_CHUNK = 64
 # Projections that read one input and are packed into one matmul (Llama-family names).
 FUSED_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-# Blocks of at most this many rows (batch x tokens) run all but their matmuls on one thread.
+# Blocks of at most this many rows (batch x tokens) run all but their matmuls on one thread,
+# where idle OpenMP threads sleep at once (libgomp reads the policy when the process starts).
 SERIAL_MAX_ROWS = 16
+IDLE_THREADS_SLEEP = os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
 
 
 class _Threads(threading.local):
@@ -88,9 +91,10 @@ _threads = _Threads()
 def serial_small_ops(rows: int) -> Iterator[None]:
     """Run a forward pass of ``rows`` rows with PyTorch on one thread, except the packed
     matmuls, which keep the threads set before (see the module's docstring). Nothing
-    changes for a larger block, a single thread, or inside another such pass."""
+    changes where idle threads spin, for a larger block, a single thread, or inside
+    another such pass."""
     threads = torch.get_num_threads()
-    if rows > SERIAL_MAX_ROWS or threads == 1 or _threads.matmul:
+    if not IDLE_THREADS_SLEEP or rows > SERIAL_MAX_ROWS or threads == 1 or _threads.matmul:
         yield
         return
     _threads.matmul = threads

@@ -67,9 +67,10 @@ def test_block_and_batch_logits_equal_single_token_logits_bit_for_bit(
 def test_small_blocks_on_one_thread_give_the_bits_of_all_threads(
     model_name: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A decoding step's small ops run on one thread (serial_small_ops): each block size a
-    step takes gives the logits it gives with every op on two threads, and the caller's
-    thread count is back afterwards."""
+    """Where idle threads sleep, a decoding step's small ops run on one thread
+    (serial_small_ops): each block size a step takes gives the logits it gives with every
+    op on two threads, and the caller's thread count is back afterwards."""
+    monkeypatch.setattr(cpu_kernels, "IDLE_THREADS_SLEEP", True)
     runner = ModelRunner(request.getfixturevalue(model_name).model)
     gen = torch.Generator().manual_seed(8)
     prefix = torch.randint(100, 30000, (1, PREFIX), generator=gen)
