@@ -95,55 +95,43 @@ class ModelRunner:
             raise ValueError("give either tokens or embeds")
         batch, q = inputs.shape[:2]
         with self._threads(batch * q):
-            return self._forward_block(cache, tokens, block_parents, embeds, taps, batch, q)
-
-    def _forward_block(
-        self,
-        cache: StaticKVCache,
-        tokens: torch.Tensor | None,
-        block_parents: torch.Tensor | None,
-        embeds: torch.Tensor | None,
-        taps: tuple[int, ...],
-        batch: int,
-        q: int,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if block_parents is None:
-            anc = torch.tril(torch.ones(q, q, dtype=torch.bool)).expand(batch, q, q)
-        else:
-            anc = ancestor_mask(block_parents)
-        width = cache.begin_block(q)
-        lengths = cache.lengths
-        positions = lengths[:, None] + depths(anc)  # [batch, q]
-        block_cols = lengths[:, None] + torch.arange(q)  # [batch, q]
-        mask = (torch.arange(width)[None, :] < lengths[:, None])[:, None, :].repeat(1, q, 1)
-        mask.scatter_(2, block_cols[:, None, :].expand(batch, q, q), anc)  # [batch, q, width]
-        full = self._mask(mask)
-        if self.lean is not None:
-            hidden, tapped = self.lean.forward(
-                cache,
-                tokens.to(self.device) if tokens is not None else None,
-                embeds.to(self.device) if embeds is not None else None,
-                positions.to(self.device),
-                full,
-                taps,
-            )
-            return hidden, torch.cat(tapped, dim=-1) if taps else None
-        attn: torch.Tensor | dict[str, torch.Tensor] = full
-        if self.sliding_window is not None:
-            kv_pos = torch.arange(width).repeat(batch, 1).scatter_(1, block_cols, positions)
-            near = (positions[:, :, None] - kv_pos[:, None, :]) < self.sliding_window
-            attn = {"full_attention": full, "sliding_attention": self._mask(mask & near)}
-        tap = LayerTap(self.model, taps) if taps else None
-        with tap.capture() if tap is not None else contextlib.nullcontext():
-            out = self.backbone(
-                input_ids=tokens.to(self.device) if tokens is not None else None,
-                inputs_embeds=embeds.to(self.device) if embeds is not None else None,
-                attention_mask=attn,
-                position_ids=positions.to(self.device),
-                past_key_values=cache,
-                use_cache=True,
-            )
-        return out.last_hidden_state, tap.features() if tap is not None else None
+            if block_parents is None:
+                anc = torch.tril(torch.ones(q, q, dtype=torch.bool)).expand(batch, q, q)
+            else:
+                anc = ancestor_mask(block_parents)
+            width = cache.begin_block(q)
+            lengths = cache.lengths
+            positions = lengths[:, None] + depths(anc)  # [batch, q]
+            block_cols = lengths[:, None] + torch.arange(q)  # [batch, q]
+            mask = (torch.arange(width)[None, :] < lengths[:, None])[:, None, :].repeat(1, q, 1)
+            mask.scatter_(2, block_cols[:, None, :].expand(batch, q, q), anc)  # [batch, q, width]
+            full = self._mask(mask)
+            if self.lean is not None:
+                hidden, tapped = self.lean.forward(
+                    cache,
+                    tokens.to(self.device) if tokens is not None else None,
+                    embeds.to(self.device) if embeds is not None else None,
+                    positions.to(self.device),
+                    full,
+                    taps,
+                )
+                return hidden, torch.cat(tapped, dim=-1) if taps else None
+            attn: torch.Tensor | dict[str, torch.Tensor] = full
+            if self.sliding_window is not None:
+                kv_pos = torch.arange(width).repeat(batch, 1).scatter_(1, block_cols, positions)
+                near = (positions[:, :, None] - kv_pos[:, None, :]) < self.sliding_window
+                attn = {"full_attention": full, "sliding_attention": self._mask(mask & near)}
+            tap = LayerTap(self.model, taps) if taps else None
+            with tap.capture() if tap is not None else contextlib.nullcontext():
+                out = self.backbone(
+                    input_ids=tokens.to(self.device) if tokens is not None else None,
+                    inputs_embeds=embeds.to(self.device) if embeds is not None else None,
+                    attention_mask=attn,
+                    position_ids=positions.to(self.device),
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+            return out.last_hidden_state, tap.features() if tap is not None else None
 
     def _threads(self, rows: int) -> contextlib.AbstractContextManager[None]:
         """On the row-invariant CPU kernels a small block's small ops run on one thread."""
