@@ -4,10 +4,10 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
 
-.PHONY: setup chromium screenshots test demo bench speedups gemma-head gemma-bench calibrate gpu-bench report lint \
+.PHONY: setup engines engines-bench chromium screenshots test demo bench speedups gemma-head gemma-bench calibrate gpu-bench report lint \
 	asyncapi scale-check chaos tune-bench t3-bench side-channel
 
-setup: $(STAMP) chromium
+setup: $(STAMP) chromium engines
 
 $(STAMP): pyproject.toml scripts/fetch_data.py
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -20,6 +20,12 @@ $(STAMP): pyproject.toml scripts/fetch_data.py
 	$(PIP) install --no-deps speculators==0.9.0
 	$(PY) scripts/fetch_data.py
 	touch $@
+
+# vLLM's CPU build in an environment of its own (specplatform.engines; `specops engines` says
+# where): the benchmark-runner launches it as a server, the tests check specops' flags against
+# it. A no-op once installed with the current pins.
+engines: $(STAMP)
+	$(VENV)/bin/specops engines install vllm
 
 # The browser tests' Chromium (tests/browser/, scripts/console_screenshots.py): Debian's
 # chromium and chromium-driver, installed with apt-get when missing and this is root;
@@ -149,6 +155,13 @@ calibrate: setup
 GPU_BENCH_ARGS ?=
 gpu-bench: setup
 	$(PY) bench/gpu.py --out bench/results/gpu-bench.json $(GPU_BENCH_ARGS)
+
+# speccore against vLLM's CPU build (the environment `make setup` installs) on the same prompts:
+# none, ngram and suffix on chat, code and agentic traffic, greedy, each against its own engine's
+# none; outputs compared with it. About 20 minutes on 2 cores. ENGINES_BENCH_ARGS adds options.
+ENGINES_BENCH_ARGS ?=
+engines-bench: setup
+	OMP_WAIT_POLICY=PASSIVE $(PY) bench/engines.py --out bench/results/engines-cpu2.json $(ENGINES_BENCH_ARGS)
 
 # The serving report (README "Serving report"): `specops serve engine` per method, closed-loop
 # load at concurrency 1, 8 and 32 on ShareGPT, MT-Bench and HumanEval, p50/p99 TTFT/TPOT/e2e,

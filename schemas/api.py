@@ -228,6 +228,11 @@ class ApplyResponse(Model):
     family: Family = Field(description="Its family.")
     config: EngineConfig = Field(description="Structured engine configuration.")
     cli_args: list[str] = Field(description="The same configuration as launch arguments for the engine.")
+    requires: list[str] = Field(
+        default_factory=list,
+        description="Python packages the engine needs beside itself for this candidate, e.g. "
+        "`arctic-inference` for vLLM's suffix method; install them into the engine's environment.",
+    )
 
 
 class ProblemFieldError(Model):

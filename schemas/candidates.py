@@ -66,6 +66,24 @@ class RankedCandidate(Model):
     prediction: Prediction = Field(description="The predictor's expectation for it.")
 
 
+class Top5Evidence(Model):
+    """What the `topk5` gate decides on for a candidate measured on an engine server: its own
+    outputs (the plan's sampling), read teacher-forced by the baseline server, which reports
+    the target's most likely tokens at every position (vLLM's `prompt_logprobs`)."""
+
+    prompts: int = Field(ge=1, description="Prompts the candidate decoded.")
+    tokens: int = Field(ge=0, description="Output tokens scored.")
+    inside_top5: int = Field(ge=0, description="Output tokens among the target's 5 most likely.")
+    expected_inside_top5: float = Field(
+        ge=0.0,
+        description="How many of them the target's own sampling puts there in expectation: the tokens "
+        "when greedy; sampled, the top-5 share of the target's 20 most likely tokens under the plan's "
+        "temperature, top-k and top-p at each position (the rest of the vocabulary left out, which can "
+        "only raise it: the stricter side).",
+    )
+    worst_prompt_share: Fraction = Field(description="The lowest share inside the top 5 of one prompt.")
+
+
 class Measurement(Model):
     """Summary of a candidate's reps in one bench (speedups are within-rep ratios to the baseline)."""
 
@@ -96,8 +114,20 @@ class Measurement(Model):
     greedy_agreement: Fraction | None = Field(
         None,
         description="Share of the bench's prompts whose greedy output on the candidate's server equals the "
-        "baseline server's, text for text: what the `exact` gate of an engine measured over HTTP (vLLM, "
+        "baseline server's (text for text; token for token where the server returns token ids, as vLLM "
+        "does for the topk5 evidence): what the `exact` gate of an engine measured over HTTP (vLLM, "
         "SGLang, `specops serve engine`) decides on. None for benches measured in-process.",
+    )
+    top5: Top5Evidence | None = Field(
+        None,
+        description="What the `topk5` gate of a candidate measured on a vLLM server decides on; None "
+        "otherwise.",
+    )
+    launch_args: list[str] | None = Field(
+        None,
+        description="The flags its engine server was launched with after the model (benches over HTTP): "
+        "the speculative flags `apply` renders for the candidate, then the server settings every method "
+        "of the bench shares. None in-process, and for a server attached to by URL.",
     )
 
 

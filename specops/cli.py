@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         db,
         deploy,
         dlq,
+        engines,
         heads,
         nats,
         report,
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         heads,
         deploy,
         datastores,
+        engines,
         report,
     ):
         module.add_parsers(sub)

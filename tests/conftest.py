@@ -11,7 +11,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from speccore.models import LoadedModel, load_model  # noqa: E402
+from speccore.models import LoadedModel, engine_checkpoint, load_model  # noqa: E402
 
 # Real servers for the service and integration tests, the bus helpers' `js`, and the spans a
 # test's process traced (tests/fixtures/).
@@ -29,6 +29,12 @@ torch.set_num_threads(2)
 @pytest.fixture(scope="session")
 def smollm() -> LoadedModel:
     return load_model("smollm2-135m-instruct", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint() -> str:
+    """smollm2's dequantized directory: what vLLM loads for the offline alias."""
+    return engine_checkpoint("smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")

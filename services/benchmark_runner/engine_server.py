@@ -93,18 +93,35 @@ def launch_command(
 
     EngineCannotRun when the engine cannot run the candidate (the catalog's refusal).
     """
+    flags = launch_args(engine, candidate, draft_paths=draft_paths, extra_args=extra_args)
+    return [*server_command(engine, executable, model, port), *flags]
+
+
+def server_command(engine: HttpEngine, executable: Sequence[str], model: str, port: int) -> list[str]:
+    """The command up to the flags: the launcher, the model, and the address."""
+    where = ["--host", HOST, "--port", str(port)]
+    if engine == HttpEngine.VLLM:
+        return [*executable, "serve", model, *where]
+    if engine == HttpEngine.SGLANG:
+        return [*executable, "--model-path", model, *where]
+    return [*executable, "serve", "engine", "--model", model, *where]
+
+
+def launch_args(
+    engine: HttpEngine,
+    candidate: Candidate | None,
+    *,
+    draft_paths: Mapping[str, str] | None = None,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The flags after the model and address: the candidate's, exactly as ``apply`` renders
+    them (``engine_config``; none for vLLM's and SGLang's baseline), then the server settings."""
     flags: list[str] = []
     if candidate is not None:
         _, flags = engine_config(candidate, engine.catalog_engine, draft_paths=draft_paths)
-    where = ["--host", HOST, "--port", str(port)]
-    if engine == HttpEngine.VLLM:
-        head = [*executable, "serve", model, *where]
-    elif engine == HttpEngine.SGLANG:
-        head = [*executable, "--model-path", model, *where]
-    else:
-        head = [*executable, "serve", "engine", "--model", model, *where]
+    if engine == HttpEngine.SPECOPS:
         flags = flags or ["--method", "none"]
-    return [*head, *flags, *extra_args]
+    return [*flags, *extra_args]
 
 
 def free_port() -> int:

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from speccatalog.artifacts import find_head, is_head_id
 from speccatalog.families.base import DraftSource
@@ -157,25 +158,25 @@ def outcome(
     plan: BenchPlan,
     rows: Iterable[RepRow],
     failures: dict[str, CandidateFailure],
-    greedy_agreement: dict[str, float] | None = None,
+    served: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> BenchOutcome:
     """The bench's summaries from its rep rows, stored and new, in plan order.
 
-    `greedy_agreement` (benches over HTTP): per candidate id, what its summary reports
-    for the exact gate.
+    `served` (benches over HTTP): per method, the Measurement fields measured on its
+    server besides the reps (its launch flags, the gate's evidence).
     """
     by_method: dict[str, list[RepRow]] = {}
     for row in rows:
         by_method.setdefault(row.candidate_id, []).append(row)
-    agreement = greedy_agreement or {}
+    extra = served or {}
     order = [c.candidate_id for c in plan.candidates]
+
+    def summary(method: str) -> Measurement:
+        return summarise(by_method[method]).model_copy(update=dict(extra.get(method, {})))
+
     return BenchOutcome(
-        baseline=summarise(by_method[BASELINE_ID]),
-        results=[
-            summarise(by_method[m]).model_copy(update={"greedy_agreement": agreement.get(m)})
-            for m in order
-            if m not in failures and m in by_method
-        ],
+        baseline=summary(BASELINE_ID),
+        results=[summary(m) for m in order if m not in failures and m in by_method],
         failures=[failures[m] for m in order if m in failures],
     )
 

@@ -22,10 +22,14 @@ published, stored and gated like one in-process. What differs:
   scraped before and after each batch (engine_metrics.py, their time left out of the
   method's); a batch's counts are booked on its first request's metrics, so a rep's
   sums are the server's.
-- After the reps, for an `exact` gate, every server decodes the prompts greedily one
-  at a time and each candidate's texts are compared with the baseline's:
-  `Measurement.greedy_agreement`, which the quality gate judges (it cannot decode on
-  an engine it does not run).
+- After the reps, the servers gather the evidence of the plan's gate method, which the
+  quality gate judges (it cannot decode on an engine it does not run): for `exact`,
+  every candidate's greedy texts against the baseline's (`Measurement.greedy_agreement`);
+  for `topk5` on vLLM, every candidate's outputs scored by the baseline server
+  (`Measurement.top5`, gate_http), and, when the plan is greedy, their tokens against
+  the baseline's.
+- Each method's launch flags after the model (`apply`'s, then the shared server
+  settings) are kept with its summary (`Measurement.launch_args`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,12 +50,13 @@ from speccore.bench import BaselineFailed, Decoded, RepRun, Schedule, describe, 
 from speccore.engine import Request
 from speccore.errors import SpecError
 from speccore.metrics import GenerationMetrics
+from speccore.models import engine_checkpoint
 from speccore.sampling import SamplingParams
 from specops_schemas.candidates import BASELINE_ID, Candidate
 from specops_schemas.catalog import Engine, ErrorStage, GateMethod, Mode
 from specops_schemas.engine_flags import EngineCannotRun
 from specops_schemas.events import BenchPlan, CandidateFailure
-from specops_services.benchmark_runner import engine_metrics
+from specops_services.benchmark_runner import engine_metrics, gate_http
 from specops_services.benchmark_runner.engine_server import (
     HOST,
     EngineServer,
@@ -59,7 +64,8 @@ from specops_services.benchmark_runner.engine_server import (
     HttpEngine,
     ServerSpec,
     free_port,
-    launch_command,
+    launch_args,
+    server_command,
 )
 from specops_services.benchmark_runner.measure import (
     BATCH_SIZE,
@@ -80,6 +86,8 @@ from specprompts.sources import Prompt
 log = logging.getLogger(__name__)
 
 GREEDY = SamplingParams()
+# Prompts the topk5 evidence decodes per candidate (the in-process gate's sample size).
+GATE_PROMPTS = 4
 
 
 def http_engine(plan: BenchPlan, settings: BenchmarkRunnerSettings) -> HttpEngine | None:
@@ -141,6 +149,34 @@ class HttpMethod:
             self._generate(Request([i], max_new_tokens, GREEDY, seed + i)).text
             for i in range(len(self.prompts))
         ]
+
+    def decode_ids(
+        self, index: int, max_new_tokens: int, sampling: SamplingParams, seed: int
+    ) -> tuple[list[int], list[int]]:
+        """Prompt ``index`` decoded with ``sampling``: the prompt's token ids as the server
+        encoded them and the output's (vLLM's ``return_token_ids``)."""
+        prompt = self.prompts[index]
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k or -1,
+            "seed": seed,
+            "return_token_ids": True,
+        }
+        if prompt.chat:
+            path, body["messages"] = "chat/completions", [{"role": "user", "content": prompt.text}]
+        else:
+            path, body["prompt"] = "completions", prompt.text
+        response = httpx.post(f"{self.server.url}/v1/{path}", json=body, timeout=self.timeout_s)
+        response.raise_for_status()
+        answer = response.json()
+        choice = answer["choices"][0]
+        prompt_ids = answer.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        if prompt_ids is None or choice.get("token_ids") is None:
+            raise SpecError(f"the {self.engine} server returned no token ids (return_token_ids)")
+        return list(prompt_ids), list(choice["token_ids"])
 
     def _counts(self, before: str, after: str, new_tokens: int) -> engine_metrics.SpecCounts | None:
         if self.engine == HttpEngine.SGLANG:
@@ -232,13 +268,18 @@ def measure_http(
     stored = check_done(plan, done)
     rows = list(stored.values())
     failures: dict[str, CandidateFailure] = {}
-    agreement: dict[str, float] = {}
     candidates = {c.candidate_id: c for c in plan.candidates}
     pending = [r for r in range(plan.reps) if any((m, r) not in stored for m in [BASELINE_ID, *candidates])]
-    # The exact gate's greedy comparison needs every candidate's server, stored reps or not.
-    greedy = plan.quality_gate == GateMethod.EXACT
-    if not pending and not greedy:
-        return outcome(plan, rows, failures)
+    # The gate's evidence (gate_http) needs every candidate's server, stored reps or not.
+    gated = plan.quality_gate == GateMethod.EXACT or (
+        plan.quality_gate == GateMethod.TOPK5 and engine == HttpEngine.VLLM
+    )
+    servers = _Servers(plan, engine, settings, [], corpora or Corpora(None, None))
+    served: dict[str, dict[str, Any]] = {
+        m: {"launch_args": args} for m, args in servers.launched(candidates).items()
+    }
+    if not pending and not gated:
+        return outcome(plan, rows, failures, served)
     try:
         prompts = load_prompts(str(plan.fingerprint), plan.n_prompts, plan.seed)
     except SpecError as err:
@@ -251,7 +292,7 @@ def measure_http(
         seed=plan.seed,
         batch_size=BATCH_SIZE if plan.mode == Mode.BATCH else 1,
     )
-    servers = _Servers(plan, engine, settings, prompts, corpora or Corpora(None, None))
+    servers.prompts = prompts
     with contextlib.ExitStack() as stack:
         stack.callback(servers.stop)
         try:
@@ -260,14 +301,14 @@ def measure_http(
             raise MeasureError(ErrorStage.BENCHMARK, f"the baseline server did not start: {err}") from err
         for cid, candidate in candidates.items():
             measured = all((cid, r) in stored for r in pending)
-            if measured and not greedy:
+            if measured and not gated:
                 continue
             try:
                 methods[cid] = servers.method(cid, candidate)
             except (EngineCannotRun, EngineStartError, SpecError, openai.OpenAIError, httpx.HTTPError) as err:
                 if not measured:
                     failures[cid] = _start_failure(cid, engine, err)
-                else:  # its reps are stored: still measured, but with no greedy comparison its gate fails
+                else:  # its reps are stored: still measured, but with no evidence its gate fails
                     log.warning(
                         "run %s: %s's server did not start again: %s", plan.run_id, cid, describe(err)
                     )
@@ -285,9 +326,14 @@ def measure_http(
             raise MeasureError(ErrorStage.BENCHMARK, str(err)) from err
         for cid, why in dropped.items():
             failures[cid] = CandidateFailure(candidate_id=cid, error_stage=ErrorStage.BENCHMARK, message=why)
-        if greedy:
-            agreement = _greedy_agreement(plan, {m: methods[m] for m in methods if m not in failures})
-    return outcome(plan, rows, failures, agreement)
+        live = {m: methods[m] for m in methods if m not in failures}
+        if plan.quality_gate == GateMethod.EXACT:
+            for cid, share in _greedy_agreement(plan, live).items():
+                served.setdefault(cid, {})["greedy_agreement"] = share
+        elif gated:
+            for cid, fields in _top5(plan, live).items():
+                served.setdefault(cid, {}).update(fields)
+    return outcome(plan, rows, failures, served)
 
 
 def _start_failure(candidate_id: str, engine: HttpEngine, err: Exception) -> CandidateFailure:
@@ -298,6 +344,40 @@ def _start_failure(candidate_id: str, engine: HttpEngine, err: Exception) -> Can
         )
     message = f"its {engine} server did not start: {describe(err)}"
     return CandidateFailure(candidate_id=candidate_id, error_stage=ErrorStage.MODEL_LOAD, message=message)
+
+
+def _top5(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[str, dict[str, Any]]:
+    """Per candidate still measured, its Measurement fields for the topk5 gate: its outputs on
+    the gate's prompts with the plan's sampling, scored by the baseline server teacher-forced
+    (gate_http), and, greedy, the share of prompts whose tokens are the baseline's own. A
+    candidate whose decoding fails gets none (its gate then fails it)."""
+    baseline = methods[BASELINE_ID]
+    reader = gate_http.TeacherForcing(baseline.server.url, baseline.model, baseline.timeout_s)
+    sampling = sampling_params(plan.sampling)
+    n = min(GATE_PROMPTS, len(baseline.prompts))
+    want: list[list[int]] | None = None
+    if sampling.greedy:
+        try:
+            want = [baseline.decode_ids(i, plan.max_new_tokens, sampling, plan.seed + i)[1] for i in range(n)]
+        except (httpx.HTTPError, SpecError, KeyError) as err:
+            gate_http.log_failure(plan.run_id, "the baseline's greedy outputs", err)
+    found: dict[str, dict[str, Any]] = {}
+    for cid, method in methods.items():
+        if cid == BASELINE_ID:
+            continue
+        try:
+            scored, outputs = [], []
+            for i in range(n):
+                prompt_ids, output = method.decode_ids(i, plan.max_new_tokens, sampling, plan.seed + i)
+                scored.append(gate_http.score_positions(reader.entries(prompt_ids, output), output, sampling))
+                outputs.append(output)
+        except (httpx.HTTPError, SpecError, ValueError, KeyError) as err:
+            gate_http.log_failure(plan.run_id, f"the topk5 evidence of {cid}", err)
+            continue
+        found[cid] = {"top5": gate_http.top5_evidence(scored)}
+        if want is not None:
+            found[cid]["greedy_agreement"] = sum(a == b for a, b in zip(want, outputs, strict=True)) / n
+    return found
 
 
 def _greedy_agreement(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[str, float]:
@@ -348,16 +428,23 @@ class _Servers:
         server.start()
         return HttpMethod(self.engine, server, self.prompts, self.settings.bench_engine_request_timeout_s)
 
-    def _spec(self, key: str, candidate: Candidate | None) -> ServerSpec:
+    def launched(self, candidates: Mapping[str, Candidate]) -> dict[str, list[str]]:
+        """Per method launched (not attached to by URL): the flags its server gets after the
+        model and address; a candidate the engine cannot run has none."""
+        found: dict[str, list[str]] = {}
+        for key, candidate in {BASELINE_ID: None, **candidates}.items():
+            if key in self.settings.bench_engine_urls:
+                continue
+            with contextlib.suppress(EngineCannotRun, SpecError):
+                found[key] = self._args(candidate)
+        return found
+
+    def _args(self, candidate: Candidate | None) -> list[str]:
         s = self.settings
-        url = s.bench_engine_urls.get(key)
-        if url is not None:
-            return ServerSpec(self.engine, None, url, s.bench_engine_start_timeout_s)
         paths = {}
         if candidate is not None and is_head_id(candidate.draft):
             paths[str(candidate.draft)] = str(registry_head(str(candidate.draft), self.corpora))
-        port = free_port()
-        extra = s.engine_args()
+        extra = s.engine_args(self.engine.value)
         if self.engine == HttpEngine.SPECOPS:
             # speccore's server runs where and as the in-process bench would.
             extra = [
@@ -369,15 +456,21 @@ class _Servers:
                 str(s.threads),
                 *extra,
             ]
-        command = launch_command(
-            self.engine,
-            s.engine_command(self.engine),
-            self.plan.target.model_ref,
-            candidate,
-            port=port,
-            draft_paths=paths,
-            extra_args=extra,
-        )
+        return launch_args(self.engine, candidate, draft_paths=paths, extra_args=extra)
+
+    def _spec(self, key: str, candidate: Candidate | None) -> ServerSpec:
+        s = self.settings
+        url = s.bench_engine_urls.get(key)
+        if url is not None:
+            return ServerSpec(self.engine, None, url, s.bench_engine_start_timeout_s)
+        port = free_port()
+        model = self.plan.target.model_ref
+        if self.engine != HttpEngine.SPECOPS:
+            model = engine_checkpoint(model)  # an offline alias as the directory vLLM loads
+        command = [
+            *server_command(self.engine, s.engine_command(self.engine), model, port),
+            *self._args(candidate),
+        ]
         threads = str(s.threads)
         env = {"SPECOPS_THREADS": threads, "OMP_NUM_THREADS": threads}
         return ServerSpec(self.engine, command, f"http://{HOST}:{port}", s.bench_engine_start_timeout_s, env)

@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from specplatform import engines
 from specplatform.hostlock import MeasureLockDir
 from specplatform.settings import Settings, service_settings
 
@@ -40,7 +41,9 @@ class BenchmarkRunnerSettings(Settings):
         "over HTTP on `specops serve engine` servers (the protocol vLLM and SGLang are measured with).",
     )
     bench_vllm_command: str = Field(
-        "vllm", description="SPECOPS_BENCH_VLLM_COMMAND: the vLLM executable (`<it> serve <model> ...`)."
+        "",
+        description="SPECOPS_BENCH_VLLM_COMMAND: the vLLM executable (`<it> serve <model> ...`); default: "
+        "the one `specops engines install vllm` installed, else `vllm` on the PATH.",
     )
     bench_sglang_command: str = Field(
         "python -m sglang.launch_server",
@@ -69,11 +72,21 @@ class BenchmarkRunnerSettings(Settings):
     )
 
     def engine_command(self, engine: str) -> list[str]:
-        """The executable part of the launch command of `engine` (vllm, sglang, specops)."""
-        return shlex.split(getattr(self, f"bench_{engine}_command"))
+        """The executable part of the launch command of `engine` (vllm, sglang, specops): the
+        setting, else the engine's installed environment (specplatform.engines), else its name."""
+        given = getattr(self, f"bench_{engine}_command")
+        if given:
+            return shlex.split(given)
+        return engines.launcher(engine) or [engine]
 
-    def engine_args(self) -> list[str]:
-        return shlex.split(self.bench_engine_args)
+    def engine_args(self, engine: str) -> list[str]:
+        """Server settings of every launch of `engine`: the setting, else those of the engine's
+        installed environment when that is what launches (specplatform.engines), else none."""
+        if self.bench_engine_args:
+            return shlex.split(self.bench_engine_args)
+        env = engines.ENVIRONMENTS.get(engine)
+        own = env is not None and not getattr(self, f"bench_{engine}_command")
+        return list(env.server_args) if own and env is not None else []
 
 
 def runner_settings(given: Settings | None = None) -> BenchmarkRunnerSettings:

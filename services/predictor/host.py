@@ -21,6 +21,7 @@ from specops_schemas.catalog import Engine
 from specops_services.predictor.logic import profile_of_gpu_name
 from specops_services.predictor.plan import CPU_BENCH, GPU_BENCH, BenchDefaults, HostInfo
 from specops_services.predictor.settings import PredictorSettings
+from specplatform import engines
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ def gpu_name() -> str | None:
 def host_info(settings: PredictorSettings) -> HostInfo:
     """The host as planning sees it; UnknownHardware if SPECOPS_HOST_GPU names no profile,
     ValueError if SPECOPS_MEASURED_ENGINES names an unknown engine."""
-    engines = frozenset(Engine(e.strip()) for e in settings.measured_engines.split(",") if e.strip())
+    engines = measured_engines(settings.measured_engines)
     info = dataclasses.replace(_host_hardware(settings), engines=engines)
     sizes = (settings.bench_reps, settings.bench_prompts, settings.bench_new_tokens)
     if sizes == (None, None, None):
@@ -62,6 +63,14 @@ def host_info(settings: PredictorSettings) -> HostInfo:
         max_new_tokens=settings.bench_new_tokens or default.max_new_tokens,
     )
     return dataclasses.replace(info, bench=bench)
+
+
+def measured_engines(setting: str) -> frozenset[Engine]:
+    """The engines SPECOPS_MEASURED_ENGINES names; `auto`: speccore and the installed ones."""
+    if setting.strip().lower() == AUTO:
+        installed = {Engine(name) for name in engines.ENVIRONMENTS if engines.state(name).runnable}
+        return frozenset({Engine.SPECCORE, *installed})
+    return frozenset(Engine(e.strip()) for e in setting.split(",") if e.strip())
 
 
 def _host_hardware(settings: PredictorSettings) -> HostInfo:

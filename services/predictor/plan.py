@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from speccatalog import families
 from speccatalog.artifacts import is_head_id
 from speccatalog.families.base import BUILTIN_PREFIX
-from speccatalog.hardware import Deployment, HardwareError, deploy, resolve_profile
+from speccatalog.hardware import Deployment, HardwareError, HardwareProfile, deploy, resolve_profile
 from speccatalog.public_heads import public_heads
 from speccatalog.targets import DatastoreRef, HeadRef, TargetError, TargetInfo, resolve_target
 from speccatalog.workloads import temperature
@@ -37,6 +37,7 @@ from specops_services.predictor.calibration import Calibration, calibration_for
 from specops_services.predictor.catalog import Pruned, build_catalog, known_for
 from specops_services.predictor.model import HistoryRow, Workload, predict
 from specops_services.predictor.scoring import predicted_front, rank
+from specplatform import engines
 
 F = Fingerprint
 FINGERPRINT_CONTEXT: dict[Fingerprint, int] = {
@@ -62,6 +63,11 @@ class BenchDefaults:
 
 CPU_BENCH = BenchDefaults(reps=2, n_prompts=3, max_new_tokens=48)
 GPU_BENCH = BenchDefaults(reps=3, n_prompts=10, max_new_tokens=128)
+
+
+class EngineNotInstalled(HardwareError):
+    """A `cpu`-profile run on an engine this host cannot launch (error_stage `validation`):
+    on a CPU a prediction alone says nothing, so the run is refused with the fix."""
 
 
 class NoFeasibleCandidate(ValueError):
@@ -162,6 +168,22 @@ def builtin_head_refs(target: TargetInfo) -> list[HeadRef]:
     ]
 
 
+def _check_engine_runs(engine: Engine, profile: HardwareProfile, host: HostInfo) -> None:
+    """EngineNotInstalled for a `cpu` run on an engine this CPU host does not measure."""
+    if profile.kind != "cpu" or host.cuda or engine in host.engines:
+        return
+    env = engines.ENVIRONMENTS.get(str(engine))
+    fix = (
+        f"install it with `{env.install_command}` (`make setup` does), then restart the predictor"
+        if env is not None
+        else f"specops does not install {engine} here; where its server runs, add it to "
+        "SPECOPS_MEASURED_ENGINES and set the benchmark-runner's launch command"
+    )
+    raise EngineNotInstalled(
+        f"the cpu profile measures {engine} on this host, but it cannot launch it: {fix}"
+    )
+
+
 def _why_not_measurable(request: RunCreateRequest, target: TargetInfo, host: HostInfo) -> str | None:
     engine = request.target.engine
     profile = resolve_profile(request.target.gpu)
@@ -239,6 +261,7 @@ def plan_run(
         raise ValueError(f"top_n must be positive, got {top_n}")
     info = target or resolve_target(request.target.model_ref)
     profile = resolve_profile(request.target.gpu)
+    _check_engine_runs(request.target.engine, profile, host)
     fingerprint = request.workload.fingerprint
     latency_batch, throughput_batch = MODE_BATCHES[request.mode]
     context = min(FINGERPRINT_CONTEXT[fingerprint], info.context)

@@ -22,10 +22,12 @@ class PredictorSettings(Settings):
         "measured; otherwise only the offline aliases and local directories are.",
     )
     measured_engines: str = Field(
-        "speccore",
+        "auto",
         description="SPECOPS_MEASURED_ENGINES: comma-separated engines whose runs are measured here "
-        "(speccore, vllm, sglang); vLLM and SGLang only where the benchmark-runner can launch them "
-        "(SPECOPS_BENCH_VLLM_COMMAND, ...). A run on another engine gets the predicted winner, unmeasured.",
+        "(speccore, vllm, sglang), or `auto`: speccore and every engine whose environment "
+        "`specops engines install` made (specplatform.engines). vLLM and SGLang only where the "
+        "benchmark-runner can launch them (SPECOPS_BENCH_VLLM_COMMAND, ...). A run on another engine "
+        "gets the predicted winner, unmeasured; on the `cpu` profile it is refused.",
     )
     enable_cascade: bool = Field(
         False,

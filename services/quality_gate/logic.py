@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import TypeVar
 
 from specbus.envelope import Envelope, EventPayload
-from specops_schemas.candidates import Candidate, GateOutcome
+from specops_schemas.candidates import Candidate, GateOutcome, Top5Evidence
 from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRunning
 from specops_schemas.heads import HeadFailed, HeadGated, HeadGateResult, HeadTrained
@@ -105,6 +105,33 @@ def exact_over_http(candidate: Candidate, agreement: float, threshold: float) ->
             "measured_over": "http",
             "reason": "greedy outputs of the candidate's engine server against the baseline server's, "
             "prompt by prompt, on the bench's prompts",
+        },
+    )
+
+
+def topk5_over_http(candidate: Candidate, evidence: Top5Evidence, threshold: float) -> GateOutcome:
+    """The `topk5` verdict of a candidate measured on a vLLM server, on what its bench scored
+    (Measurement.top5): its tokens inside the target's top 5 over the number the target's own
+    sampling puts there in expectation, as the in-process method scores."""
+    score = evidence.inside_top5 / evidence.expected_inside_top5 if evidence.expected_inside_top5 else 1.0
+    return GateOutcome(
+        method=GateMethod.TOPK5,
+        passed=score >= threshold,
+        score=score,
+        threshold=threshold,
+        details={
+            "candidate_id": candidate.candidate_id,
+            "measured": True,
+            "measured_over": "http",
+            "prompts": evidence.prompts,
+            "tokens": evidence.tokens,
+            "outside_top5": evidence.tokens - evidence.inside_top5,
+            "share_inside_top5": evidence.inside_top5 / evidence.tokens if evidence.tokens else 1.0,
+            "target_expected_share": (
+                evidence.expected_inside_top5 / evidence.tokens if evidence.tokens else 1.0
+            ),
+            "worst_prompt_share": evidence.worst_prompt_share,
+            "reason": "the candidate server's outputs, read teacher-forced by the baseline server",
         },
     )
 

@@ -55,11 +55,12 @@ class GateRunner:
 
         `skipped` and `pending` load nothing. A candidate measured on an engine server
         (vLLM, SGLang, `specops serve engine`) is gated `exact` on the greedy outputs its
-        bench compared (`measured.greedy_agreement`), loading nothing either; a vLLM or
-        SGLang candidate under another method, which needs decoding in this process, fails
-        closed. A candidate the gate cannot run on gets a failed verdict
-        (logic.gate_unavailable); a target that cannot be loaded raises
-        speccore.model_cache.ModelLoadError, which fails the whole run.
+        bench compared (`measured.greedy_agreement`), and a vLLM candidate `topk5` on the
+        outputs its bench scored (`measured.top5`), loading nothing either; a vLLM or SGLang
+        candidate under another method, which needs decoding in this process, fails closed.
+        A candidate the gate cannot run on gets a failed verdict (logic.gate_unavailable); a
+        target that cannot be loaded raises speccore.model_cache.ModelLoadError, which fails
+        the whole run.
         """
         method = plan.quality_gate
         if method == GateMethod.SKIPPED:
@@ -69,10 +70,13 @@ class GateRunner:
         agreement = measured.greedy_agreement if measured is not None else None
         if method == GateMethod.EXACT and agreement is not None:
             return logic.exact_over_http(candidate, agreement, Thresholds().exact)
+        top5 = measured.top5 if measured is not None else None
+        if method == GateMethod.TOPK5 and top5 is not None:
+            return logic.topk5_over_http(candidate, top5, Thresholds().topk5)
         if plan.target.engine != Engine.SPECCORE:
             why = (
-                f"a {plan.target.engine} candidate is gated on its server's greedy outputs (method exact), "
-                f"which its bench did not report; {method} decodes on speccore"
+                f"a {plan.target.engine} candidate is gated on the evidence its bench gathered on the engine "
+                f"servers (exact; topk5 on vLLM), which it did not report; {method} decodes on speccore"
             )
             return logic.gate_unavailable(method, candidate, SpecError(why))
         # The gate decodes on the same device a benchmark-runner measures on: a gate running

@@ -40,6 +40,31 @@ def test_vllm_ngram() -> None:
     }
 
 
+def test_vllm_ngram_carries_the_measured_window_without_options() -> None:
+    """vLLM fills a missing window as min = max = 5; speccore measured its defaults, 1..4."""
+    body = vllm_json(cand(Family.NGRAM, 4))
+    assert (body["prompt_lookup_min"], body["prompt_lookup_max"]) == (1, 4)
+
+
+@pytest.mark.parametrize(
+    "options", [{"prompt_lookup_min": 2, "prompt_lookup_max": 3}, {"min_match": 2, "max_match": 3}]
+)
+def test_vllm_ngram_takes_the_windows_other_names(options: dict[str, int]) -> None:
+    body = vllm_json(cand(Family.NGRAM, 4, options=options))
+    assert (body["prompt_lookup_min"], body["prompt_lookup_max"]) == (2, 3)
+
+
+def test_vllm_ngram_refuses_a_window_whose_min_exceeds_its_max() -> None:
+    with pytest.raises(EngineCannotRun, match="ngram_min <= ngram_max, got 5, 3"):
+        engine_config(cand(Family.NGRAM, 4, options={"ngram_min": 5, "ngram_max": 3}), Engine.VLLM)
+
+
+def test_apply_names_the_package_vllms_suffix_needs() -> None:
+    suffix = apply_response("run-1", cand(Family.SUFFIX, 16), Engine.VLLM)
+    ngram = apply_response("run-1", cand(Family.NGRAM, 4), Engine.VLLM)
+    assert suffix.requires == ["arctic-inference"] and ngram.requires == []
+
+
 def test_vllm_draft_model_uses_model_and_draft_tp_1() -> None:
     body = vllm_json(cand(Family.DRAFT_MODEL, draft="meta-llama/Llama-3.2-1B-Instruct"))
     assert body == {
@@ -134,6 +159,12 @@ def test_sglang_ngram_drafts_the_measured_chain() -> None:
     assert ngram.speculative_eagle_topk is None
     # The match-window flags are gone from SGLang's parser; they must never be rendered.
     assert not any("match-window" in arg for arg in args)
+
+
+def test_sglang_ngram_is_offered_on_a_cpu_host() -> None:
+    """SGLang's `_handle_ngram` accepts cuda, cpu and xpu (sglang 0.5.23)."""
+    ngram = families.family("ngram")
+    assert ngram.engine_refusal(cand(Family.NGRAM, 5), "sglang", gpu_kind="cpu") is None
 
 
 @pytest.mark.parametrize("family", [Family.MEDUSA, Family.REST, Family.LOOKAHEAD, Family.CASCADE])

@@ -9,6 +9,7 @@ engine server use, with vLLM's counter names and labels; the end-to-end bench on
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -17,12 +18,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
+from speccore.sampling import SamplingParams
 from specops_schemas.api import Target
-from specops_schemas.candidates import Candidate, Measurement
+from specops_schemas.candidates import Candidate, Measurement, Top5Evidence
 from specops_schemas.catalog import Engine, Family, GateMethod
 from specops_schemas.engine_flags import EngineCannotRun
 from specops_schemas.events import BenchPlan
-from specops_services.benchmark_runner import engine_metrics
+from specops_services.benchmark_runner import engine_metrics, gate_http
 from specops_services.benchmark_runner.engine_server import (
     EngineServer,
     EngineStartError,
@@ -251,11 +253,49 @@ def test_the_exact_gate_over_http_loads_nothing(tmp_path: Path) -> None:
     verdict = runner.evaluate(_plan("vllm"), NGRAM, measured=summary)
     assert verdict.method == GateMethod.EXACT and verdict.passed is False and verdict.score == 0.5
     closed = runner.evaluate(_plan("vllm", gate="topk5"), NGRAM, measured=summary)
-    assert closed.passed is False and "greedy outputs" in str(closed.details["error"])
+    assert closed.passed is False and "did not report" in str(closed.details["error"])
     assert len(runner.models) == 0
 
 
-def _summary(greedy_agreement: float) -> Measurement:
+def test_the_topk5_gate_over_http_judges_what_the_bench_scored(tmp_path: Path) -> None:
+    """Greedy, a lossless candidate's tokens are all inside; one token in ten outside fails 0.95."""
+    runner = GateRunner(QualityGateSettings(measure_lock_dir=tmp_path))
+    plan = _plan("vllm", gate="topk5")
+    lossless = Top5Evidence(
+        prompts=4, tokens=40, inside_top5=40, expected_inside_top5=40.0, worst_prompt_share=1
+    )
+    lossy = Top5Evidence(
+        prompts=4, tokens=40, inside_top5=36, expected_inside_top5=40.0, worst_prompt_share=0.6
+    )
+    passed = runner.evaluate(plan, NGRAM, measured=_summary(None).model_copy(update={"top5": lossless}))
+    failed = runner.evaluate(plan, NGRAM, measured=_summary(None).model_copy(update={"top5": lossy}))
+    assert passed.method == GateMethod.TOPK5 and passed.passed is True and passed.score == 1.0
+    assert (
+        failed.passed is False and failed.score == pytest.approx(0.9) and failed.details["outside_top5"] == 4
+    )
+    assert len(runner.models) == 0
+
+
+def test_top5_scoring_of_the_baselines_prompt_logprobs() -> None:
+    """Ranks come from the baseline's report at each output position; sampled, the expected
+    share is the top 5's mass under the plan's temperature and nucleus."""
+    entry = {
+        str(t): {"logprob": math.log(p), "rank": r}
+        for r, (t, p) in enumerate(
+            [(11, 0.5), (12, 0.2), (13, 0.1), (14, 0.1), (15, 0.05), (16, 0.05)], start=1
+        )
+    }
+    scored = gate_http.score_positions([entry, entry], [11, 16], SamplingParams())
+    assert scored.ranks == [1, 6] and scored.top5_mass == [1.0, 1.0]
+    evidence = gate_http.top5_evidence([scored])
+    assert (evidence.tokens, evidence.inside_top5, evidence.worst_prompt_share) == (2, 1, 0.5)
+    probs = [0.5, 0.2, 0.1, 0.1, 0.05, 0.05]
+    assert gate_http.top5_mass([math.log(p) for p in probs], SamplingParams(1.0)) == pytest.approx(0.95)
+    # top_p 0.75 keeps the first three tokens (0.8 of the mass), all inside the top 5.
+    assert gate_http.top5_mass([math.log(p) for p in probs], SamplingParams(1.0, top_p=0.75)) == 1.0
+
+
+def _summary(greedy_agreement: float | None) -> Measurement:
     return Measurement(
         candidate_id=NGRAM.candidate_id,
         reps=1,

@@ -47,6 +47,7 @@ from specops_services.predictor.model import (
 )
 from specops_services.predictor.plan import (
     BenchDefaults,
+    EngineNotInstalled,
     HostInfo,
     Plan,
     UploadedDatastore,
@@ -576,7 +577,11 @@ def test_measurable_only_where_the_host_matches() -> None:
     assert not plan_run(request(), run_id="r", host=gpu_host).measurable_here
     assert plan_run(request(gpu="H100-80GB"), run_id="r", host=gpu_host).measurable_here
     assert not plan_run(request(gpu="H200"), run_id="r", host=gpu_host).measurable_here
-    assert not plan_run(request(engine="vllm"), run_id="r", host=CPU_HOST).measurable_here
+    with pytest.raises(EngineNotInstalled, match="specops engines install vllm"):
+        plan_run(request(engine="vllm"), run_id="r", host=CPU_HOST)
+    with_vllm = dataclasses.replace(CPU_HOST, engines=frozenset({Engine.SPECCORE, Engine.VLLM}))
+    vllm_cpu = plan_run(request(engine="vllm"), run_id="r", host=with_vllm).bench_plan
+    assert vllm_cpu is not None and vllm_cpu.target.engine == Engine.VLLM
     chat = plan_run(request(fingerprint="chat"), run_id="r", host=CPU_HOST)
     assert chat.bench_plan is not None and chat.bench_plan.sampling.temperature > 0.0
 

@@ -243,12 +243,13 @@ def test_families_speccore_cannot_run_are_refused(gate) -> None:
 
 @pytest.mark.slow
 def test_candidate_options_reach_speccore(smollm) -> None:
-    options = {"ngram_max": 2, "prompt_lookup_min": 1, LOSSY_OPTION: 0.2}
+    # prompt_lookup_min: vLLM's name for ngram_min, which speccore reads too (measured as rendered).
+    options = {"ngram_max": 2, "prompt_lookup_min": 2, LOSSY_OPTION: 0.2}
     candidate = Candidate(candidate_id="ngram-2", family="ngram", k=4, options=options)
     engine = build_engine(smollm, candidate)
-    assert (engine.proposer.k, engine.proposer.ngram_max) == (4, 2)
+    assert (engine.proposer.k, engine.proposer.ngram_min, engine.proposer.ngram_max) == (4, 2, 2)
     assert engine.lossy_accept_threshold == 0.2
-    assert ignored_options(candidate) == ["prompt_lookup_min"]  # a vLLM flag, not speccore's
+    assert ignored_options(candidate) == []
     for bad in ({"ngram_max": "two"}, {LOSSY_OPTION: True}, {LOSSY_OPTION: 1.5}):
         with pytest.raises(SpecError):
             build_engine(smollm, Candidate(candidate_id="bad", family="ngram", k=4, options=bad))

@@ -183,6 +183,8 @@ class FamilySpec:
     # EAGLE-2's dynamic tree; EAGLE-3: 3).
     head_artifacts: ClassVar[Mapping[str, int]] = {}
     engines: ClassVar[frozenset[str]] = frozenset({SPECCORE})
+    # Python packages an engine needs beside itself to run the family (apply names them).
+    engine_packages: ClassVar[Mapping[str, tuple[str, ...]]] = {}
     skipped_for: ClassVar[frozenset[str]] = frozenset()  # workload fingerprints it is not offered for
 
     # --- the catalog -----------------------------------------------------------------

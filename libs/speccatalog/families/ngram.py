@@ -12,13 +12,13 @@ from speccatalog.families.base import (
     SPECCORE,
     VLLM,
     CandidateLike,
+    EngineRefusal,
     FamilyError,
     FamilySpec,
     Knob,
     KnobValue,
     Known,
     Shape,
-    int_option,
     sglang_chain,
 )
 
@@ -53,8 +53,13 @@ class Ngram(FamilySpec):
         Knob("ngram_min", 1, (1, 2, 3), "shortest suffix n-gram that may match"),
         Knob("ngram_max", 4, (3, 4, 5), "longest suffix n-gram tried first"),
     )
-    aliases = {"min_match": "ngram_min", "max_match": "ngram_max"}
-    engine_options = frozenset({"prompt_lookup_min", "prompt_lookup_max"})
+    # Users' names (min_match, max_match) and vLLM's (prompt_lookup_*) for the same window.
+    aliases = {
+        "min_match": "ngram_min",
+        "max_match": "ngram_max",
+        "prompt_lookup_min": "ngram_min",
+        "prompt_lookup_max": "ngram_max",
+    }
     copies_input = True
     engines = frozenset({SPECCORE, VLLM, SGLANG})
 
@@ -65,11 +70,6 @@ class Ngram(FamilySpec):
             for lo, hi in MATCHES
         ]
 
-    def engine_refusal(self, candidate: CandidateLike, engine: str, *, gpu_kind: str) -> str | None:
-        if engine == SGLANG and gpu_kind != "gpu":
-            return "SGLang's NGRAM speculative decoding is CUDA-only"
-        return super().engine_refusal(candidate, engine, gpu_kind=gpu_kind)
-
     def draft_cost(self, candidate: CandidateLike, known: Known) -> DraftCost:
         return DraftCost(lookup_s=LOOKUP_S, verify_nodes=candidate.k)
 
@@ -78,11 +78,17 @@ class Ngram(FamilySpec):
         return PRIORS[fingerprint] * (1.0 + 0.05 * (int(candidate.options.get("ngram_min", 1)) - 1))
 
     def vllm(self, candidate: CandidateLike, draft_path: str | None) -> dict[str, Any]:
+        """The lookup window speccore measured, defaults and aliases resolved: vLLM fills a
+        missing ``prompt_lookup_*`` from k, not from speccore's defaults."""
+        try:
+            knobs = self.knob_values(candidate.options)
+        except FamilyError as exc:
+            raise EngineRefusal(f"vLLM cannot run this candidate: {exc}") from None
         return {
             "method": "ngram",
             "num_speculative_tokens": candidate.k,
-            "prompt_lookup_max": int_option(candidate, "ngram_max"),
-            "prompt_lookup_min": int_option(candidate, "ngram_min"),
+            "prompt_lookup_max": knobs["ngram_max"],
+            "prompt_lookup_min": knobs["ngram_min"],
         }
 
     def sglang(self, candidate: CandidateLike, draft_path: str | None) -> dict[str, Any]:

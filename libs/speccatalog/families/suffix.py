@@ -69,6 +69,8 @@ class Suffix(FamilySpec):
     copies_input = True
     cross_request = True
     engines = frozenset({SPECCORE, VLLM})
+    # vLLM's suffix method imports Snowflake's Arctic Inference, which vLLM does not depend on.
+    engine_packages = {VLLM: ("arctic-inference",)}
 
     def candidates(self, known: Known) -> list[Shape]:
         return [
