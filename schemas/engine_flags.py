@@ -79,7 +79,7 @@ def apply_response(
         family=candidate.family,
         config=config,
         cli_args=args,
-        requires=list(families.family(candidate.family).engine_packages.get(engine.value, ())),
+        requires=list(families.family(candidate.family).engine_packages.get(str(engine), ())),
     )
 
 

@@ -25,6 +25,7 @@ PROMPT = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b
 PLAN_AND_APPLY = """
 import json
 from specops_schemas.api import RunCreateRequest
+from specops_schemas.catalog import Engine
 from specops_schemas.engine_flags import EngineCannotRun, apply_response
 from specops_services.predictor.plan import HostInfo, plan_run
 
@@ -33,7 +34,9 @@ def plan(engine):
         "target": {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": engine},
         "workload": {"fingerprint": "code"},
     })
-    return plan_run(request, run_id="r", host=HostInfo(cuda=False))
+    # A CPU host where vLLM's CPU build is installed (specops engines install vllm).
+    host = HostInfo(cuda=False, engines=frozenset({Engine.SPECCORE, Engine.VLLM}))
+    return plan_run(request, run_id="r", host=host)
 
 speccore, vllm = plan("speccore"), plan("vllm")
 toy = [r for r in speccore.ranked if r.candidate.family == "toy"]
