@@ -15,13 +15,15 @@ def test_options_speccore_reads_and_flags_for_other_engines() -> None:
         candidate_id="n",
         family="ngram",
         k=4,
-        options={"min_match": 2, "ngram_max": 3, "prompt_lookup_min": 1, "eagle_version": 3},
+        # min_match and prompt_lookup_min: other names of ngram_min; eagle_version is EAGLE's.
+        options={"min_match": 2, "ngram_max": 3, "prompt_lookup_min": 2, "eagle_version": 3},
     )
     spec = speccore_candidate(candidate)
     assert spec.family == "ngram"
     assert (spec.config.k, spec.config.knobs["ngram_min"], spec.config.knobs["ngram_max"]) == (4, 2, 3)
-    assert ignored_options(candidate) == ["eagle_version", "prompt_lookup_min"]
-    for bad in ({"ngram_max": "3"}, {"ngram_max": True}, {"ngram_max": 0}, {"ngram_mx": 3}):
+    assert ignored_options(candidate) == ["eagle_version"]
+    two_values = {"min_match": 2, "prompt_lookup_min": 1}
+    for bad in ({"ngram_max": "3"}, {"ngram_max": True}, {"ngram_max": 0}, {"ngram_mx": 3}, two_values):
         with pytest.raises(SpecError):
             speccore_candidate(Candidate(candidate_id="b", family="ngram", k=4, options=bad))
 

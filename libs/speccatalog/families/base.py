@@ -261,6 +261,7 @@ class FamilySpec:
         """
         known = {k.name: k for k in self.knobs}
         values = {k.name: k.default for k in self.knobs}
+        given: dict[str, str] = {}  # knob -> the option name that set it
         for key, value in options.items():
             name = self.aliases.get(key, key)
             if key in self.engine_options:
@@ -268,7 +269,11 @@ class FamilySpec:
             if name not in known:
                 names = ", ".join(sorted({*known, *self.aliases})) or "none"
                 raise FamilyError(f"unknown option '{key}' for {self.name}; it reads {names}")
-            values[name] = known[name].coerce(value)
+            coerced = known[name].coerce(value)
+            if name in given and values[name] != coerced:
+                raise FamilyError(f"options '{given[name]}' and '{key}' both set {name}, to different values")
+            given[name] = key
+            values[name] = coerced
         self.check_knobs(values)
         return values
 
