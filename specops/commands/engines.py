@@ -44,8 +44,8 @@ def report() -> list[dict[str, object]]:
         {
             "engine": "sglang",
             "runnable": False,
-            "reason": "not installable here: sglang 0.5.23 on the package index is a CUDA build (torch "
-            "2.14.1 with CUDA, flashinfer and sgl-kernel for sm90/sm100 only); its CPU backend needs "
+            "reason": "cannot serve on this CPU: sglang 0.5.23 installs (an 11 GB CUDA stack), but "
+            "sgl-kernel on the package index has CUDA kernels only and its CPU backend needs "
             "sgl-kernel built from source. Its flags are checked against its pinned source",
         }
     )
