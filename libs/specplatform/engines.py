@@ -19,7 +19,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,7 +44,6 @@ class EngineEnvironment:
     # Server settings its launches get unless the user gives their own (the same for a bench's
     # baseline and candidates): what a CPU host needs to serve the offline aliases as speccore does.
     server_args: tuple[str, ...]
-    why: str  # what the engine is for here, one line
 
     @property
     def install_command(self) -> str:
@@ -92,7 +91,6 @@ VLLM = EngineEnvironment(
         "--max-model-len",
         "4096",
     ),
-    why="vLLM's CPU build: none, ngram, suffix and draft_model speculation on this host",
 )
 ENVIRONMENTS: dict[str, EngineEnvironment] = {VLLM.name: VLLM}
 
@@ -153,32 +151,30 @@ def launcher(name: str) -> list[str] | None:
     return list(found.command) if found is not None and found.runnable else None
 
 
-Run = Callable[[Sequence[str]], None]
-
-
 def _run(command: Sequence[str]) -> None:
     print("+", " ".join(command), file=sys.stderr, flush=True)
     subprocess.run(list(command), check=True)
 
 
-def install(name: str, root: Path | None = None, *, run: Run = _run) -> EngineState:
+def install(name: str, root: Path | None = None) -> EngineState:
     """Create (or repair) the engine's environment with its pins; CalledProcessError when a
     step fails, with nothing stamped, so the engine still reads as not installed."""
     env = ENVIRONMENTS[name]
     where = environment_dir(name, root)
-    if state(name, root).runnable:
-        return state(name, root)
+    found = state(name, root)
+    if found.runnable:
+        return found
     (where / STAMP).unlink(missing_ok=True)
     python = where / "bin" / "python"
     if not python.exists():
         where.parent.mkdir(parents=True, exist_ok=True)
-        run([sys.executable, "-m", "venv", str(where)])
+        _run([sys.executable, "-m", "venv", str(where)])
     pip = [str(python), "-m", "pip", "--disable-pip-version-check", "-q"]
-    run([*pip, "install", *env.packages])
+    _run([*pip, "install", *env.packages])
     present = [p for p in env.remove if _has_package(python, p)]
     if present:
-        run([*pip, "uninstall", "-y", *present])
-    run([str(python), "-c", env.check])
+        _run([*pip, "uninstall", "-y", *present])
+    _run([str(python), "-c", env.check])
     launcher = where / "bin" / env.executable
     launcher.write_text(f"#!{python}\n{env.launcher_source}")
     launcher.chmod(0o755)

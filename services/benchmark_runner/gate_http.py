@@ -17,7 +17,6 @@ method on the servers, and the gate judges it (quality_gate.logic):
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,11 +24,8 @@ from typing import Any
 
 import httpx
 
-from speccore.bench import describe
 from speccore.sampling import SamplingParams
 from specops_schemas.candidates import Top5Evidence
-
-log = logging.getLogger(__name__)
 
 TOP_K = 5
 # vLLM's default --max-logprobs: the most tokens its prompt_logprobs reports per position.
@@ -121,7 +117,3 @@ class TeacherForcing:
         response.raise_for_status()
         found = response.json()["choices"][0]["prompt_logprobs"]
         return list(found[len(prompt_ids) :])
-
-
-def log_failure(run_id: str, what: str, err: Exception) -> None:
-    log.warning("run %s: %s failed: %s", run_id, what, describe(err))

@@ -360,7 +360,7 @@ def _top5(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[str, dict[str
         try:
             want = [baseline.decode_ids(i, plan.max_new_tokens, sampling, plan.seed + i)[1] for i in range(n)]
         except (httpx.HTTPError, SpecError, KeyError) as err:
-            gate_http.log_failure(plan.run_id, "the baseline's greedy outputs", err)
+            log.warning("run %s: the baseline's greedy outputs failed: %s", plan.run_id, describe(err))
     found: dict[str, dict[str, Any]] = {}
     for cid, method in methods.items():
         if cid == BASELINE_ID:
@@ -372,7 +372,7 @@ def _top5(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[str, dict[str
                 scored.append(gate_http.score_positions(reader.entries(prompt_ids, output), output, sampling))
                 outputs.append(output)
         except (httpx.HTTPError, SpecError, ValueError, KeyError) as err:
-            gate_http.log_failure(plan.run_id, f"the topk5 evidence of {cid}", err)
+            log.warning("run %s: the topk5 evidence of %s failed: %s", plan.run_id, cid, describe(err))
             continue
         found[cid] = {"top5": gate_http.top5_evidence(scored)}
         if want is not None:

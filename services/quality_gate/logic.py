@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Mapping
 from typing import TypeVar
 
+from pydantic import JsonValue
+
 from specbus.envelope import Envelope, EventPayload
 from specops_schemas.candidates import Candidate, GateOutcome, Top5Evidence
 from specops_schemas.catalog import ErrorStage, GateMethod
@@ -99,13 +101,11 @@ def exact_over_http(candidate: Candidate, agreement: float, threshold: float) ->
         passed=agreement >= threshold,
         score=agreement,
         threshold=threshold,
-        details={
-            "candidate_id": candidate.candidate_id,
-            "measured": True,
-            "measured_over": "http",
-            "reason": "greedy outputs of the candidate's engine server against the baseline server's, "
+        details=_over_http(
+            candidate,
+            "greedy outputs of the candidate's engine server against the baseline server's, "
             "prompt by prompt, on the bench's prompts",
-        },
+        ),
     )
 
 
@@ -119,21 +119,28 @@ def topk5_over_http(candidate: Candidate, evidence: Top5Evidence, threshold: flo
         passed=score >= threshold,
         score=score,
         threshold=threshold,
-        details={
-            "candidate_id": candidate.candidate_id,
-            "measured": True,
-            "measured_over": "http",
-            "prompts": evidence.prompts,
-            "tokens": evidence.tokens,
-            "outside_top5": evidence.tokens - evidence.inside_top5,
-            "share_inside_top5": evidence.inside_top5 / evidence.tokens if evidence.tokens else 1.0,
-            "target_expected_share": (
-                evidence.expected_inside_top5 / evidence.tokens if evidence.tokens else 1.0
-            ),
-            "worst_prompt_share": evidence.worst_prompt_share,
-            "reason": "the candidate server's outputs, read teacher-forced by the baseline server",
-        },
+        details=_over_http(
+            candidate,
+            "the candidate server's outputs, read teacher-forced by the baseline server",
+            prompts=evidence.prompts,
+            tokens=evidence.tokens,
+            outside_top5=evidence.tokens - evidence.inside_top5,
+            share_inside_top5=evidence.inside_top5 / evidence.tokens if evidence.tokens else 1.0,
+            target_expected_share=evidence.expected_inside_top5 / evidence.tokens if evidence.tokens else 1.0,
+            worst_prompt_share=evidence.worst_prompt_share,
+        ),
     )
+
+
+def _over_http(candidate: Candidate, reason: str, **evidence: JsonValue) -> dict[str, JsonValue]:
+    """The details of a verdict on evidence a bench gathered on engine servers."""
+    return {
+        "candidate_id": candidate.candidate_id,
+        "measured": True,
+        "measured_over": "http",
+        **evidence,
+        "reason": reason,
+    }
 
 
 def target_unavailable(event: Envelope[BenchCompleted], message: str) -> Envelope[RunFailed]:
