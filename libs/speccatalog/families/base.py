@@ -200,7 +200,7 @@ class FamilySpec:
         return None
 
     def engine_refusal(self, candidate: CandidateLike, engine: str, *, gpu_kind: str) -> str | None:
-        """Why ``engine`` cannot run ``candidate`` (reference/engines.md)."""
+        """Why ``engine`` cannot run ``candidate``."""
         if engine not in self.engines:
             return f"{engine} does not implement {self.name}"
         if engine != SPECCORE and (candidate.draft or "").startswith(SELF_PREFIX):
