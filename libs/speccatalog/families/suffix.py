@@ -5,7 +5,8 @@ requests' outputs. Speculation grows with the match length; zero weights.
 
 The knobs carry vLLM's option names and defaults (the installed vLLM's ``SpeculativeConfig``,
 speccatalog.engine_args), so a candidate renders to vLLM as measured; ``use_tree_spec``
-(Arctic's name) drafts the paper's greedy tree instead of a path, which speccore verifies and vLLM does not draft.
+(Arctic's name) drafts the paper's greedy tree instead of a path, which speccore verifies
+and vLLM does not draft.
 """
 
 from __future__ import annotations
