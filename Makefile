@@ -163,14 +163,14 @@ ENGINES_BENCH_ARGS ?=
 engines-bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(PY) bench/engines.py --out bench/results/engines-cpu2.json $(ENGINES_BENCH_ARGS)
 
-# The serving report (README "Serving report"): `specops serve engine` per method, closed-loop
-# load at concurrency 1, 8 and 32 on ShareGPT, MT-Bench and HumanEval, p50/p99 TTFT/TPOT/e2e,
-# goodput, acceptance per distribution, $/1M tokens. About 13 min on the shared 2-core CPU with
-# the five default methods (none, n-gram, EAGLE, both with --adaptive-k) and one repetition;
-# the README's run is REPORT_ARGS="--reps 2" (26 min). REPORT_ARGS adds or overrides options.
+# The serving report (README "Serving report"): a server per method, speccore's (`specops serve
+# engine`: none, n-gram, EAGLE, both with --adaptive-k) beside vLLM's CPU build (--vllm: none,
+# ngram, suffix with apply's flags), closed-loop load at concurrency 1, 8 and 32 on ShareGPT,
+# MT-Bench and HumanEval, p50/p99 TTFT/TPOT/e2e, goodput, acceptance per distribution, $/1M
+# tokens. REPORT_ARGS adds or overrides options (the README's run: --reps 2).
 REPORT_ARGS ?=
 report: setup
-	$(VENV)/bin/specops report --model smollm2-135m-instruct --n-prompts 8 --max-tokens 64 \
+	$(VENV)/bin/specops report --model smollm2-135m-instruct --n-prompts 8 --max-tokens 64 --vllm \
 		--out bench/results/serving-report-cpu2 $(REPORT_ARGS)
 
 # Two live replicas of every service (the gateway's share its port), six runs at once:

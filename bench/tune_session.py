@@ -4,7 +4,8 @@
    bench/t1_latency.py does), so no winner cache or datastore of another run interferes.
 2. With --corpus-dir: the tenant uploads a corpus (every `*.py` file under the folders
    given, one JSONL record each) as its REST datastore (`POST datastores`).
-3. A T1 run for smollm2-135m-instruct / --fingerprint / cpu / speccore, followed to its end.
+3. A T1 run for smollm2-135m-instruct / --fingerprint / cpu / --engine (speccore, or
+   vLLM's CPU build where `make setup` installed it), followed to its end.
 4. A tune session on that run (`POST tune-sessions`, --budget-minutes, --families), its
    events printed as they come (one line per trial).
 5. The result: the T1 winner (as T1 measured it, and as the session re-measured it among
@@ -16,6 +17,8 @@
         --out bench/results/tune-code-cpu2.json
     .venv/bin/python bench/tune_session.py --fingerprint code --budget-minutes 12 --families rest \
         --corpus-dir .venv/lib/python3.11/site-packages/pydantic --out bench/results/tune-corpus-cpu2.json
+    .venv/bin/python bench/tune_session.py --engine vllm --fingerprint code --budget-minutes 30 \
+        --out bench/results/tune-vllm-code-cpu2.json
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from specops_schemas.tune import TrialResult, TuneSessionResponse, TuneTrialComp
 from specplatform.settings import load_settings
 
 MODEL = "smollm2-135m-instruct"
-TARGET = {"model_ref": MODEL, "gpu": "cpu", "engine": "speccore"}
 RUN_TIMEOUT_S = 1800.0
 REGISTER_WAIT_S = 5.0
 
@@ -56,8 +58,10 @@ def corpus_jsonl(folders: list[Path]) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def t1_run(client: SpeculativeClient, fingerprint: str) -> Any:
-    run = client.runs.create(target=TARGET, workload=fingerprint)
+def t1_run(client: SpeculativeClient, fingerprint: str, engine: str) -> Any:
+    run = client.runs.create(
+        target={"model_ref": MODEL, "gpu": "cpu", "engine": engine}, workload=fingerprint
+    )
     print(f"T1 run {run.id} ({fingerprint}) ...", file=sys.stderr, flush=True)
     start = time.monotonic()
     for event in client.runs.stream(run.id):
@@ -160,6 +164,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--fingerprint", default="code")
+    parser.add_argument("--engine", default="speccore", choices=("speccore", "vllm"))
     parser.add_argument("--budget-minutes", type=float, default=20.0)
     parser.add_argument("--reps", type=int, default=None, help="reps per trial (default: the tuner's)")
     parser.add_argument("--families", default=None, help="comma-separated families the search may try")
@@ -185,7 +190,7 @@ def main() -> int:
             print(f"datastore {store.id}: {len(data):,} bytes", file=sys.stderr, flush=True)
             # The predictor learns the datastore from its event, a moment after the upload.
             time.sleep(REGISTER_WAIT_S)
-        run = t1_run(client, args.fingerprint)
+        run = t1_run(client, args.fingerprint, args.engine)
         if datastore_id is not None and not any(c.candidate.draft == datastore_id for c in run.candidates):
             raise SystemExit(
                 f"tune_session: T1 run {run.id} offers no candidate drafting from {datastore_id}"
@@ -202,6 +207,7 @@ def main() -> int:
     result = {
         "gateway": args.url or default_url(),
         "model": MODEL,
+        "engine": args.engine,
         "fingerprint": args.fingerprint,
         "budget_minutes": args.budget_minutes,
         "families": args.families,

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 def _sampling(args: argparse.Namespace):
     from speccore.sampling import SamplingParams
 
-    return SamplingParams(args.temperature, args.top_k, args.top_p)
+    return SamplingParams.of(args)
 
 
 def _generate(args: argparse.Namespace) -> int:

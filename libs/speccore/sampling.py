@@ -7,10 +7,22 @@ probability distribution that the verifier can compare between draft and target.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from speccore.errors import SpecError
+
+
+class GivenSampling(Protocol):
+    """Sampling as a request, a plan or the command line gives it."""
+
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def top_p(self) -> float: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +38,11 @@ class SamplingParams:
             raise SpecError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise SpecError(f"top-p must be in (0, 1], got {self.top_p}")
+
+    @classmethod
+    def of(cls, given: GivenSampling) -> SamplingParams:
+        """speccore's sampling for one given elsewhere; OpenAI/vLLM's top_k -1 (disabled) is 0."""
+        return cls(given.temperature, max(given.top_k, 0), given.top_p)
 
     @property
     def greedy(self) -> bool:

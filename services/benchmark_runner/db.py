@@ -10,7 +10,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from specops_schemas.events import RepMetrics
-from specops_services.benchmark_runner.measure import RepRow
+from specops_services.benchmark_runner.protocol import RepRow
 
 _STORED = """
     SELECT candidate_id, rep, metrics, speedup FROM bench_results

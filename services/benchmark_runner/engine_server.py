@@ -139,6 +139,7 @@ class ServerSpec:
     url: str
     start_timeout_s: float
     env: Mapping[str, str] | None = None
+    log: Path | None = None  # where its output goes (appended, kept); None: a temporary file
 
 
 class EngineServer:
@@ -166,10 +167,13 @@ class EngineServer:
                     f"{self.spec.engine} is not installed here: {command[0]!r} not found "
                     f"(set SPECOPS_BENCH_{self.spec.engine.upper()}_COMMAND or attach a URL)"
                 )
-            # Closed (and deleted) by stop(), which every path out of the bench reaches.
-            self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
-                prefix=f"specops-{self.spec.engine}-", suffix=".log"
-            )
+            # Closed (a temporary one deleted) by stop(), which every path out of the bench reaches.
+            if self.spec.log is not None:
+                self._log = self.spec.log.open("ab")  # noqa: SIM115
+            else:
+                self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+                    prefix=f"specops-{self.spec.engine}-", suffix=".log"
+                )
             env = os.environ | dict(self.spec.env or {})
             # A process group of its own: stop() ends the server and whatever it spawned.
             self._proc = subprocess.Popen(

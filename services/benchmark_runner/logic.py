@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from specbus.envelope import Envelope, EventPayload
 from specops_schemas.events import BenchCompleted, BenchRepMeasured, BenchRequested, RunFailed
-from specops_services.benchmark_runner.measure import BenchOutcome, MeasureError, RepRow
+from specops_services.benchmark_runner.protocol import BenchOutcome, MeasureError, RepRow
 
 PRODUCER = "benchmark-runner"
 # What this service publishes (its NATS user may publish these subjects only).

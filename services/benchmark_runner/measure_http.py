@@ -1,9 +1,9 @@
 """Measure a bench plan on OpenAI-compatible engine servers: vLLM, SGLang or `specops serve engine`.
 
-The same protocol as in-process (speccore.bench.interleave: warm-up, interleaved reps,
-speedups as same-rep ratios to the baseline, a failing candidate dropped alone) and the
-same rows and summaries (measure.rep_metrics, measure.outcome), so a bench over HTTP is
-published, stored and gated like one in-process. What differs:
+The HTTP source of the measuring protocol (protocol.py: warm-up, interleaved reps,
+speedups as same-rep ratios to the baseline, a failing candidate dropped alone, the same
+rows and summaries), so a bench over HTTP is published, stored and gated like one
+in-process. What differs:
 
 - Each method decodes on a server of its own (engine_server.py): the baseline on the
   engine without speculation, each candidate with its rendered flags. Every server is
@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +46,7 @@ import httpx
 import openai
 
 from speccatalog.artifacts import is_head_id
-from speccore.bench import BaselineFailed, Decoded, RepRun, Schedule, describe, interleave
+from speccore.bench import Decoded, Method, Schedule, describe
 from speccore.engine import Request
 from speccore.errors import SpecError
 from speccore.metrics import GenerationMetrics
@@ -55,7 +55,7 @@ from speccore.sampling import SamplingParams
 from specops_schemas.candidates import BASELINE_ID, Candidate
 from specops_schemas.catalog import Engine, ErrorStage, GateMethod, Mode
 from specops_schemas.engine_flags import EngineCannotRun
-from specops_schemas.events import BenchPlan, CandidateFailure
+from specops_schemas.events import BenchPlan
 from specops_services.benchmark_runner import engine_metrics, gate_http
 from specops_services.benchmark_runner.engine_server import (
     HOST,
@@ -67,17 +67,16 @@ from specops_services.benchmark_runner.engine_server import (
     launch_args,
     server_command,
 )
-from specops_services.benchmark_runner.measure import (
+from specops_services.benchmark_runner.measure import Corpora, registry_head
+from specops_services.benchmark_runner.protocol import (
     BATCH_SIZE,
     BenchOutcome,
-    Corpora,
+    CandidateFailed,
+    Fields,
     MeasureError,
     RepCallback,
     RepRow,
-    check_done,
-    outcome,
-    registry_head,
-    sampling_params,
+    run,
 )
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
 from specprompts.sets import load_prompts
@@ -265,85 +264,129 @@ def measure_http(
     corpora: Corpora | None = None,
 ) -> BenchOutcome:
     """Measure every rep of `plan` not in `done` on `engine` servers (see the module's docstring)."""
-    stored = check_done(plan, done)
-    rows = list(stored.values())
-    failures: dict[str, CandidateFailure] = {}
-    candidates = {c.candidate_id: c for c in plan.candidates}
-    pending = [r for r in range(plan.reps) if any((m, r) not in stored for m in [BASELINE_ID, *candidates])]
-    # The gate's evidence (gate_http) needs every candidate's server, stored reps or not.
-    gated = plan.quality_gate == GateMethod.EXACT or (
-        plan.quality_gate == GateMethod.TOPK5 and engine == HttpEngine.VLLM
-    )
-    servers = _Servers(plan, engine, settings, [], corpora or Corpora(None, None))
-    served: dict[str, dict[str, Any]] = {
-        m: {"launch_args": args} for m, args in servers.launched(candidates).items()
-    }
-    if not pending and not gated:
-        return outcome(plan, rows, failures, served)
     try:
         prompts = load_prompts(str(plan.fingerprint), plan.n_prompts, plan.seed)
     except SpecError as err:
         raise MeasureError(ErrorStage.VALIDATION, f"no prompt set for this plan: {err}") from err
-    schedule = Schedule(
-        prompts=[[i] for i in range(len(prompts))],  # prompt indices (HttpMethod._generate)
-        reps=plan.reps,
-        max_new_tokens=plan.max_new_tokens,
-        sampling=sampling_params(plan.sampling),
-        seed=plan.seed,
-        batch_size=BATCH_SIZE if plan.mode == Mode.BATCH else 1,
-    )
-    servers.prompts = prompts
-    with contextlib.ExitStack() as stack:
-        stack.callback(servers.stop)
+    source = HttpSource(plan, engine, settings, prompts, corpora or Corpora(None, None))
+    return run(plan, source, on_rep=on_rep, done=done)
+
+
+@dataclass(slots=True)
+class HttpSource:
+    """The plan's methods on `engine` servers: the command or URL of each method's, and
+    those started so far (stopped when the bench ends, fails or is cancelled)."""
+
+    plan: BenchPlan
+    engine: HttpEngine
+    settings: BenchmarkRunnerSettings
+    prompts: Sequence[Prompt]
+    corpora: Corpora
+    started: list[EngineServer] = field(default_factory=list)
+    opened: dict[str, HttpMethod] = field(default_factory=dict)
+
+    @property
+    def needs_every_method(self) -> bool:
+        """The gate's evidence (gate_http) needs every candidate's server, stored reps or not."""
+        gate = self.plan.quality_gate
+        return gate == GateMethod.EXACT or (gate == GateMethod.TOPK5 and self.engine == HttpEngine.VLLM)
+
+    def fields(self, candidates: Mapping[str, Candidate]) -> Fields:
+        """Per method launched (not attached to by URL): the flags its server gets after the
+        model and address; a candidate the engine cannot run has none."""
+        found: Fields = {}
+        for key, candidate in {BASELINE_ID: None, **candidates}.items():
+            if key in self.settings.bench_engine_urls:
+                continue
+            with contextlib.suppress(EngineCannotRun, SpecError):
+                found[key] = {"launch_args": self._args(candidate)}
+        return found
+
+    def open(self, stack: contextlib.ExitStack) -> Schedule:
+        stack.callback(self.stop)
+        return Schedule(
+            prompts=[[i] for i in range(len(self.prompts))],  # prompt indices (HttpMethod._generate)
+            reps=self.plan.reps,
+            max_new_tokens=self.plan.max_new_tokens,
+            sampling=SamplingParams.of(self.plan.sampling),
+            seed=self.plan.seed,
+            batch_size=BATCH_SIZE if self.plan.mode == Mode.BATCH else 1,
+        )
+
+    def baseline(self) -> Method:
         try:
-            methods: dict[str, HttpMethod] = {BASELINE_ID: servers.method(BASELINE_ID, None)}
+            return self._start(BASELINE_ID, None)
         except (EngineStartError, openai.OpenAIError, httpx.HTTPError) as err:
             raise MeasureError(ErrorStage.BENCHMARK, f"the baseline server did not start: {err}") from err
-        for cid, candidate in candidates.items():
-            measured = all((cid, r) in stored for r in pending)
-            if measured and not gated:
-                continue
-            try:
-                methods[cid] = servers.method(cid, candidate)
-            except (EngineCannotRun, EngineStartError, SpecError, openai.OpenAIError, httpx.HTTPError) as err:
-                if not measured:
-                    failures[cid] = _start_failure(cid, engine, err)
-                else:  # its reps are stored: still measured, but with no evidence its gate fails
-                    log.warning(
-                        "run %s: %s's server did not start again: %s", plan.run_id, cid, describe(err)
-                    )
 
-        def report(run: RepRun) -> None:
-            row = RepRow.of(run)
-            on_rep(row)
-            rows.append(row)
-
+    def method(self, candidate: Candidate) -> Method:
+        """A candidate's server; refused by the engine (validation), or did not start (model_load)."""
         try:
-            dropped = interleave(
-                schedule, dict(methods), report, baseline=BASELINE_ID, stored=lambda m, r: (m, r) in stored
-            )
-        except BaselineFailed as err:
-            raise MeasureError(ErrorStage.BENCHMARK, str(err)) from err
-        for cid, why in dropped.items():
-            failures[cid] = CandidateFailure(candidate_id=cid, error_stage=ErrorStage.BENCHMARK, message=why)
-        live = {m: methods[m] for m in methods if m not in failures}
-        if plan.quality_gate == GateMethod.EXACT:
-            for cid, share in _greedy_agreement(plan, live).items():
-                served.setdefault(cid, {})["greedy_agreement"] = share
-        elif gated:
-            for cid, fields in _top5(plan, live).items():
-                served.setdefault(cid, {}).update(fields)
-    return outcome(plan, rows, failures, served)
+            return self._start(candidate.candidate_id, candidate)
+        except EngineCannotRun as err:
+            raise CandidateFailed(ErrorStage.VALIDATION, str(err)) from err
+        except (EngineStartError, SpecError, openai.OpenAIError, httpx.HTTPError) as err:
+            message = f"its {self.engine} server did not start: {describe(err)}"
+            raise CandidateFailed(ErrorStage.MODEL_LOAD, message) from err
 
+    def evidence(self, live: Collection[str]) -> Fields:
+        methods = {m: self.opened[m] for m in live}
+        if self.plan.quality_gate == GateMethod.EXACT:
+            agreement = _greedy_agreement(self.plan, methods)
+            return {cid: {"greedy_agreement": share} for cid, share in agreement.items()}
+        if self.needs_every_method:
+            return _top5(self.plan, methods)
+        return {}
 
-def _start_failure(candidate_id: str, engine: HttpEngine, err: Exception) -> CandidateFailure:
-    """A candidate whose server could not run: refused by the engine, or did not start."""
-    if isinstance(err, EngineCannotRun):
-        return CandidateFailure(
-            candidate_id=candidate_id, error_stage=ErrorStage.VALIDATION, message=str(err)
-        )
-    message = f"its {engine} server did not start: {describe(err)}"
-    return CandidateFailure(candidate_id=candidate_id, error_stage=ErrorStage.MODEL_LOAD, message=message)
+    def stop(self) -> None:
+        for server in reversed(self.started):
+            server.stop()
+
+    def _start(self, key: str, candidate: Candidate | None) -> HttpMethod:
+        """Start (or attach to) the server of method `key` and connect to it."""
+        server = EngineServer(self._spec(key, candidate))
+        self.started.append(server)
+        log.info("run %s: starting the %s server of %s", self.plan.run_id, self.engine, key)
+        server.start()
+        method = HttpMethod(self.engine, server, self.prompts, self.settings.bench_engine_request_timeout_s)
+        self.opened[key] = method
+        return method
+
+    def _args(self, candidate: Candidate | None) -> list[str]:
+        s = self.settings
+        paths = {}
+        if candidate is not None and is_head_id(candidate.draft):
+            paths[str(candidate.draft)] = str(registry_head(str(candidate.draft), self.corpora))
+        extra = s.engine_args(self.engine.value)
+        if self.engine == HttpEngine.SPECOPS:
+            # speccore's server runs where and as the in-process bench would.
+            extra = [
+                "--device",
+                s.bench_device,
+                "--dtype",
+                s.bench_dtype,
+                "--threads",
+                str(s.threads),
+                *extra,
+            ]
+        return launch_args(self.engine, candidate, draft_paths=paths, extra_args=extra)
+
+    def _spec(self, key: str, candidate: Candidate | None) -> ServerSpec:
+        s = self.settings
+        url = s.bench_engine_urls.get(key)
+        if url is not None:
+            return ServerSpec(self.engine, None, url, s.bench_engine_start_timeout_s)
+        port = free_port()
+        model = self.plan.target.model_ref
+        if self.engine != HttpEngine.SPECOPS:
+            model = engine_checkpoint(model)  # an offline alias as the directory vLLM loads
+        command = [
+            *server_command(self.engine, s.engine_command(self.engine), model, port),
+            *self._args(candidate),
+        ]
+        threads = str(s.threads)
+        env = {"SPECOPS_THREADS": threads, "OMP_NUM_THREADS": threads}
+        return ServerSpec(self.engine, command, f"http://{HOST}:{port}", s.bench_engine_start_timeout_s, env)
 
 
 def _top5(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[str, dict[str, Any]]:
@@ -353,7 +396,7 @@ def _top5(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[str, dict[str
     candidate whose decoding fails gets none (its gate then fails it)."""
     baseline = methods[BASELINE_ID]
     reader = gate_http.TeacherForcing(baseline.server.url, baseline.model, baseline.timeout_s)
-    sampling = sampling_params(plan.sampling)
+    sampling = SamplingParams.of(plan.sampling)
     n = min(GATE_PROMPTS, len(baseline.prompts))
     want: list[list[int]] | None = None
     if sampling.greedy:
@@ -400,81 +443,3 @@ def _greedy_agreement(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[s
             continue
         agreement[cid] = sum(a == b for a, b in zip(want, got, strict=True)) / len(want)
     return agreement
-
-
-class _Servers:
-    """The bench's servers: the command or URL of each method's, and those started so far."""
-
-    def __init__(
-        self,
-        plan: BenchPlan,
-        engine: HttpEngine,
-        settings: BenchmarkRunnerSettings,
-        prompts: Sequence[Prompt],
-        corpora: Corpora,
-    ) -> None:
-        self.plan = plan
-        self.engine = engine
-        self.settings = settings
-        self.prompts = prompts
-        self.corpora = corpora
-        self.started: list[EngineServer] = []
-
-    def method(self, key: str, candidate: Candidate | None) -> HttpMethod:
-        """Start (or attach to) the server of method `key` and connect to it."""
-        server = EngineServer(self._spec(key, candidate))
-        self.started.append(server)
-        log.info("run %s: starting the %s server of %s", self.plan.run_id, self.engine, key)
-        server.start()
-        return HttpMethod(self.engine, server, self.prompts, self.settings.bench_engine_request_timeout_s)
-
-    def launched(self, candidates: Mapping[str, Candidate]) -> dict[str, list[str]]:
-        """Per method launched (not attached to by URL): the flags its server gets after the
-        model and address; a candidate the engine cannot run has none."""
-        found: dict[str, list[str]] = {}
-        for key, candidate in {BASELINE_ID: None, **candidates}.items():
-            if key in self.settings.bench_engine_urls:
-                continue
-            with contextlib.suppress(EngineCannotRun, SpecError):
-                found[key] = self._args(candidate)
-        return found
-
-    def _args(self, candidate: Candidate | None) -> list[str]:
-        s = self.settings
-        paths = {}
-        if candidate is not None and is_head_id(candidate.draft):
-            paths[str(candidate.draft)] = str(registry_head(str(candidate.draft), self.corpora))
-        extra = s.engine_args(self.engine.value)
-        if self.engine == HttpEngine.SPECOPS:
-            # speccore's server runs where and as the in-process bench would.
-            extra = [
-                "--device",
-                s.bench_device,
-                "--dtype",
-                s.bench_dtype,
-                "--threads",
-                str(s.threads),
-                *extra,
-            ]
-        return launch_args(self.engine, candidate, draft_paths=paths, extra_args=extra)
-
-    def _spec(self, key: str, candidate: Candidate | None) -> ServerSpec:
-        s = self.settings
-        url = s.bench_engine_urls.get(key)
-        if url is not None:
-            return ServerSpec(self.engine, None, url, s.bench_engine_start_timeout_s)
-        port = free_port()
-        model = self.plan.target.model_ref
-        if self.engine != HttpEngine.SPECOPS:
-            model = engine_checkpoint(model)  # an offline alias as the directory vLLM loads
-        command = [
-            *server_command(self.engine, s.engine_command(self.engine), model, port),
-            *self._args(candidate),
-        ]
-        threads = str(s.threads)
-        env = {"SPECOPS_THREADS": threads, "OMP_NUM_THREADS": threads}
-        return ServerSpec(self.engine, command, f"http://{HOST}:{port}", s.bench_engine_start_timeout_s, env)
-
-    def stop(self) -> None:
-        for server in reversed(self.started):
-            server.stop()

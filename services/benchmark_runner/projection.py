@@ -15,7 +15,7 @@ from psycopg import AsyncConnection
 from specbus.envelope import Envelope
 from specops_schemas.events import BenchRepMeasured
 from specops_services.benchmark_runner import db
-from specops_services.benchmark_runner.measure import RepRow
+from specops_services.benchmark_runner.protocol import RepRow
 
 
 async def project(conn: AsyncConnection[Any], event: Envelope[Any]) -> bool:

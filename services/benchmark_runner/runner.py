@@ -13,8 +13,9 @@ import torch
 
 from speccore.model_cache import ModelCache
 from specops_schemas.events import BenchPlan
-from specops_services.benchmark_runner.measure import BenchOutcome, Corpora, RepCallback, RepRow, measure
+from specops_services.benchmark_runner.measure import Corpora, measure
 from specops_services.benchmark_runner.measure_http import http_engine, measure_http
+from specops_services.benchmark_runner.protocol import BenchOutcome, RepCallback, RepRow
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
 from specplatform.hostlock import DeviceLock, device_lock_name
 

@@ -20,7 +20,7 @@ from specbus import outbox, process_once
 from specbus.envelope import Envelope
 from specops_schemas.events import BenchRequested
 from specops_services.benchmark_runner import db, logic, projection
-from specops_services.benchmark_runner.measure import BenchOutcome, MeasureError, RepRow
+from specops_services.benchmark_runner.protocol import BenchOutcome, MeasureError, RepRow
 from specops_services.benchmark_runner.runner import BenchRunner
 from specplatform.db import Pool, tenant_transaction
 

@@ -69,11 +69,6 @@ def update_counts(
     return SpecCounts.of_step(drafted, accepted)
 
 
-def sampling_params(temperature: float, top_k: int, top_p: float) -> SamplingParams:
-    """speccore's sampling; vLLM's top_k -1 (disabled) is speccore's 0."""
-    return SamplingParams(temperature=temperature, top_k=max(top_k, 0), top_p=top_p)
-
-
 def choice_requests(
     prompt_ids: list[int],
     *,

@@ -27,6 +27,7 @@ from speccore.engine import Engine, Request
 from speccore.errors import SpecError
 from speccore.pacing import Pacer
 from speccore.proposers import NONE as PLAIN
+from speccore.sampling import SamplingParams
 from specops_schemas.security import PolicySettings, SecurityPolicy
 from specops_services.engine import logic
 from specops_services.engine.detokenize import Decoder, IncrementalText
@@ -184,7 +185,7 @@ class EngineServer:
         if not prompts:
             raise InvalidRequest(400, "the prompt is empty", "prompt")
         try:
-            sampling = logic.sampling_params(body.temperature, body.top_k, body.top_p)
+            sampling = SamplingParams.of(body)
         except SpecError as exc:
             raise InvalidRequest(400, str(exc)) from None
         requests: list[Request] = []

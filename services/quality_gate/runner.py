@@ -19,13 +19,14 @@ from speccatalog.families.base import DraftSource
 from speccore.errors import SpecError
 from speccore.model_cache import ModelCache
 from speccore.models import LoadedModel
+from speccore.sampling import SamplingParams
 from specops_schemas.candidates import Candidate, GateOutcome, Measurement
 from specops_schemas.catalog import Engine, GateMethod
 from specops_schemas.events import BenchPlan
 from specops_schemas.heads import HeadGateResult, HeadTrained
 from specops_services.quality_gate import heads, logic
 from specops_services.quality_gate.gate import QualityGate, pending, skipped
-from specops_services.quality_gate.sample import GateSample, Thresholds, sampling_params
+from specops_services.quality_gate.sample import GateSample, Thresholds
 from specops_services.quality_gate.settings import QualityGateSettings
 from specplatform.hostlock import DeviceLock, device_lock_name
 from specprompts.corpora import candidate_datastore
@@ -89,7 +90,7 @@ class GateRunner:
             try:
                 resolved = self._with_head(candidate, tenant_id)
                 resolved = self._with_datastore(gate.reference.target, plan, resolved, tenant_id)
-                return gate.evaluate(method, resolved, sampling_params(plan.sampling))
+                return gate.evaluate(method, resolved, SamplingParams.of(plan.sampling))
             # Whatever the candidate's engine raises (bad options, a draft that does not
             # load, OOM, a proposer bug) costs that candidate, not the run; the error is
             # kept in the verdict's details.

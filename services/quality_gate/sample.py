@@ -7,8 +7,6 @@ from dataclasses import dataclass, fields
 
 from speccatalog.workloads import WORKLOADS
 from speccore.errors import SpecError
-from speccore.sampling import SamplingParams
-from specops_schemas.candidates import Sampling
 from specops_schemas.catalog import GateMethod
 from specops_schemas.events import BenchPlan
 
@@ -65,8 +63,3 @@ class GateSample:
     def for_plan(cls, plan: BenchPlan) -> GateSample:
         """The gate's default sample on the plan's workload and seed."""
         return cls(workload=plan.fingerprint.value, seed=plan.seed)
-
-
-def sampling_params(sampling: Sampling) -> SamplingParams:
-    """speccore's sampling parameters for a plan's wire-format ones."""
-    return SamplingParams(sampling.temperature, sampling.top_k, sampling.top_p)

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from specbus.envelope import Envelope, EventPayload, new_event
+from speccatalog.hardware import resolve_profile
 from speccatalog.workloads import temperature
 from specops_schemas.api import Priorities
 from specops_schemas.candidates import (
@@ -109,6 +110,18 @@ def bench_plan(session_id: str, requested: TuneRequested, candidate: Candidate, 
         max_new_tokens=size.max_new_tokens,
         sampling=Sampling(temperature=temperature(run.workload.fingerprint)),
         seed=requested.request.seed,
+    )
+
+
+def space_of(requested: TuneRequested) -> search.Space:
+    """The session's search space: the T1 run's table, the families asked for, what its
+    target's engine runs on its hardware."""
+    target = requested.run_request.target
+    return search.build(
+        requested.run_candidates,
+        requested.request.families,
+        engine=str(target.engine),
+        gpu_kind=resolve_profile(target.gpu).kind,
     )
 
 
@@ -221,7 +234,7 @@ class Session:
     ended: bool
 
     def search_space(self) -> search.Space:
-        return search.build(self.requested.run_candidates, self.requested.request.families)
+        return space_of(self.requested)
 
     def elapsed_s(self, now: datetime) -> float:
         return max((now - self.started_at).total_seconds(), 0.0)

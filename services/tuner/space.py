@@ -10,6 +10,10 @@ engine and workload: the catalog for this session. The space has
   16; asked only for a chain: a tree's depth is its k), and one `f.<knob>` per knob of
   the family's spec (its search grid).
 
+On an engine other than speccore, every value is kept only where that engine runs it
+(the family's `engine_refusal`: vLLM drafts no static tree, nor suffix's greedy tree,
+`use_tree_spec=1`), so no trial is spent on a configuration the engine refuses.
+
 Every value is categorical: a draft or a shape has no order, and k and the knobs come
 in small grids that TPE's categorical kernel handles as well as an integer one.
 Dimensions are conditional on `family` (define-by-run), so a trial has only its own
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from speccatalog.families import family as family_spec
-from speccatalog.families.base import FamilyError, shape_label, slug
+from speccatalog.families.base import SPECCORE, FamilyError, FamilySpec, shape_label, slug
 from specops_schemas.candidates import Candidate, CandidateResult
 from specops_schemas.catalog import ErrorStage, Family
 from specops_schemas.tune import Dimension
@@ -81,8 +85,15 @@ def _draft_value(draft: str | None) -> str:
     return draft if draft is not None else NO_DRAFT
 
 
-def build(rows: Iterable[CandidateResult], allowed: Iterable[Family] | None = None) -> Space:
-    """The space of a T1 run's candidates table (only `allowed` families, if given)."""
+def build(
+    rows: Iterable[CandidateResult],
+    allowed: Iterable[Family] | None = None,
+    *,
+    engine: str = SPECCORE,
+    gpu_kind: str = "gpu",
+) -> Space:
+    """The space of a T1 run's candidates table (only `allowed` families, if given), holding
+    what `engine` on a `gpu_kind` host runs."""
     keep = None if allowed is None else {str(f) for f in allowed}
     seen: dict[str, list[Candidate]] = {}
     for row in rows:
@@ -99,21 +110,42 @@ def build(rows: Iterable[CandidateResult], allowed: Iterable[Family] | None = No
     dims.append(Dimension(name="family", choices=list(seen)))
     for family, cands in seen.items():
         spec = family_spec(family)
+        runs = _Runs(spec, cands[0], engine, gpu_kind)
         drafts = list(dict.fromkeys(_draft_value(c.draft) for c in cands))
         dims.append(Dimension(name=f"{family}.draft", choices=list(drafts), family=family))
         if spec.takes_tree:
-            trees = list(dict.fromkeys(_tree_value(c.tree) for c in cands if c.tree))
+            trees = [t for t in dict.fromkeys(_tree_value(c.tree) for c in cands if c.tree) if runs.tree(t)]
             dims.append(Dimension(name=f"{family}.tree", choices=[CHAIN, *trees], family=family))
         top = min(MAX_K, max(2 * max(c.k for c in cands), spec.default_k))
         dims.append(Dimension(name=f"{family}.k", choices=list(range(1, top + 1)), family=family))
         for knob in spec.knobs:
-            dims.append(Dimension(name=f"{family}.{knob.name}", choices=list(knob.grid), family=family))
+            grid = [v for v in knob.grid if runs.option(knob.name, v)]
+            dims.append(Dimension(name=f"{family}.{knob.name}", choices=grid, family=family))
         knob_names = {k.name for k in spec.knobs} | set(spec.aliases)
         for c in cands:
             # Engine options (e.g. eagle_version) ride along; the knobs are the trial's own.
             options = {k: v for k, v in c.options.items() if k not in knob_names}
             base.setdefault(f"{family}/{_draft_value(c.draft)}", options)
     return Space(tuple(dims), base)
+
+
+@dataclass(frozen=True, slots=True)
+class _Runs:
+    """Whether the engine runs a family's T1 candidate with one value changed."""
+
+    spec: FamilySpec
+    probe: Candidate
+    engine: str
+    gpu_kind: str
+
+    def _runs(self, changed: Candidate) -> bool:
+        return self.spec.engine_refusal(changed, self.engine, gpu_kind=self.gpu_kind) is None
+
+    def tree(self, value: str) -> bool:
+        return self._runs(self.probe.model_copy(update={"tree": [int(n) for n in value.split("x")]}))
+
+    def option(self, name: str, value: Value) -> bool:
+        return self._runs(self.probe.model_copy(update={"options": {**self.probe.options, name: value}}))
 
 
 def suggest(trial: Suggester, space: Space) -> dict[str, Value]:

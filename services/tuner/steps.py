@@ -72,7 +72,7 @@ async def requested(conn: db.Connection, event: Envelope[TuneRequested], tuner: 
     if await db.lock_session(conn, session_id) is not None:
         log.warning("session %s exists already; %s ignored", session_id, event.event_id)
         return []
-    space = search.build(req.run_candidates, req.request.families)
+    space = logic.space_of(req)
     now = _now()
     budget_s = req.request.budget_minutes * 60.0
     session = Session(

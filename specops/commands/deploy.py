@@ -98,7 +98,7 @@ async def _nats(url: str, credentials: dict[str, str], timeout_s: float) -> None
     try:
         # A round trip, which needs no permission: a service's user may not call the
         # JetStream API outside its own consumers (specops.runtime.nats_auth).
-        await nc.flush(timeout=timeout_s)
+        await nc.flush(timeout=max(1, int(timeout_s)))
     finally:
         await nc.close()
 

@@ -53,6 +53,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         f"Default: {DEFAULT_METHODS} (plus --adaptive-k variants where the server has the flag)",
     )
     p.add_argument(
+        "--vllm", action="store_true",
+        help="also measure vLLM's CPU build (`specops engines install vllm`): none, ngram k4 and suffix "
+        "k16 with the flags `specops apply` renders, each against vLLM's own none",
+    )  # fmt: skip
+    p.add_argument(
         "--workloads", default=DEFAULT_WORKLOADS,
         help="comma-separated: sharegpt, mtbench, humaneval or a specprompts workload "
         f"({', '.join(WORKLOADS)}) (default {DEFAULT_WORKLOADS})",
@@ -78,18 +83,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def parse_methods(text: str) -> dict[str, list[str]]:
-    methods: dict[str, list[str]] = {}
-    for item in filter(None, (s.strip() for s in text.split(";"))):
-        label, sep, flags = item.partition("=")
-        if not sep or not label.strip():
-            raise SpecError(f"--methods: {item!r} is not LABEL=FLAGS")
-        methods[label.strip()] = shlex.split(flags)
-    if "none" not in methods:
-        raise SpecError("--methods needs a `none` entry: speeds are ratios against it")
-    return methods
-
-
 def _ints(text: str, name: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -103,7 +96,9 @@ def _ints(text: str, name: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     from specops.report import stats
     from specops.report.loadgen import __doc__ as loadgen_doc
+    from specops.report.methods import parse_methods, vllm_methods
     from specops.report.run import ReportSpec, aggregate, measure
+    from specplatform import engines
 
     if args.render:
         report = json.loads(args.render.read_text())
@@ -119,9 +114,12 @@ def run(args: argparse.Namespace) -> int:
         server_args += ["--threads", str(args.threads)]
     if args.max_batch:
         server_args += ["--max-batch", str(args.max_batch)]
+    methods = parse_methods(args.methods or default_methods())
+    if args.vllm:
+        methods |= vllm_methods(engines.VLLM.server_args)
     spec = ReportSpec(
         model=args.model,
-        methods=parse_methods(args.methods or default_methods()),
+        methods=methods,
         workloads=[w.strip() for w in args.workloads.split(",") if w.strip()],
         concurrency=_ints(args.concurrency, "--concurrency"),
         n_prompts=args.n_prompts,

@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Any
 
 from specops.report import prices, stats
+from specops.report.methods import baseline_of, engine_of, is_baseline
+from specops_services.benchmark_runner.engine_server import HttpEngine
 
-# A speculative method's p99 above this multiple of `none`'s at the same level is marked as
-# hurting the tail (the machines' noise moves repeated ratios by a few per cent).
+# A speculative method's p99 above this multiple of its engine's `none`'s at the same level is
+# marked as hurting the tail (the machines' noise moves repeated ratios by a few per cent).
 TAIL_HURT = 1.05
 
 
@@ -23,22 +25,32 @@ def _n(v: float | None, fmt: str = "{:.0f}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
-def headline(
-    entries: list[dict[str, Any]], workload: str, c: int, baseline: str = "none"
-) -> dict[str, Any] | None:
-    """The fastest method other than the baseline at a workload and concurrency."""
+def headline(entries: list[dict[str, Any]], workload: str, c: int, baseline: str) -> dict[str, Any] | None:
+    """The fastest method measured against `baseline` at a workload and concurrency."""
     rivals = [
         e for e in entries
-        if (e["workload"], e["concurrency"]) == (workload, c) and e["method"] != baseline and e.get("speedup")
+        if (e["workload"], e["concurrency"]) == (workload, c) and e["method"] != baseline
+        and baseline_of(e["method"]) == baseline and e.get("speedup")
     ]  # fmt: skip
     return max(rivals, key=lambda e: e["speedup"], default=None)
+
+
+def _command(model: str, label: str, flags: list[str]) -> str:
+    if engine_of(label) == HttpEngine.VLLM:
+        return f"vllm serve <{model}'s checkpoint> {' '.join(flags)}"
+    return f"specops serve engine --model {model} {' '.join(flags)}"
+
+
+def _baselines(methods: list[str]) -> list[str]:
+    return [m for m in methods if is_baseline(m)]
 
 
 def markdown(report: dict[str, Any]) -> str:
     entries, spec, mach = report["entries"], report["spec"], report["machine"]
     methods = list(spec["methods"])
     lines = [
-        "# Serving report: tail latency, throughput and cost through `specops serve engine`",
+        "# Serving report: tail latency, throughput and cost through `specops serve engine`"
+        + (" and vLLM" if any(engine_of(m) == HttpEngine.VLLM for m in methods) else ""),
         "",
         f"- Date: {report['machine']['date']}; commit `{report['commit']}`",
         f"- Machine: {mach['processor']}, {mach['cpus']} CPUs, {mach['platform']}; load average "
@@ -58,13 +70,12 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         "Methods (server flags):",
         "",
-        *[
-            f"- `{label}`: `specops serve engine --model {spec['model']} {' '.join(flags)}`"
-            for label, flags in spec["methods"].items()
-        ],
+        *[f"- `{m}`: `{_command(spec['model'], m, flags)}`" for m, flags in spec["methods"].items()],
         "",
-        "Latencies in ms. `x none`: throughput ratio against `none` at the same workload and concurrency. "
-        f"**bold** p99: above {TAIL_HURT}x `none`'s p99 at that level — speculation hurts the tail there.",
+        "Latencies in ms. `x none`: throughput ratio against the method's own engine's `none` (`vllm:none` "
+        "for vLLM's) at the same workload and concurrency. "
+        f"**bold** p99: above {TAIL_HURT}x that `none`'s p99 at that level — speculation hurts the tail "
+        "there.",
         "",
     ]  # fmt: skip
     lines += _summary(entries, spec)
@@ -105,19 +116,21 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def _summary(entries: list[dict[str, Any]], spec: dict[str, Any]) -> list[str]:
-    """The fastest speculative method per workload and concurrency, as a ratio against `none`."""
+    """The fastest speculative method per engine, workload and concurrency, as a ratio against
+    that engine's `none`."""
     lines = [
-        "## Summary: fastest speculative method vs `none`",
+        "## Summary: fastest speculative method vs its engine's `none`",
         "",
-        "| workload | " + " | ".join(f"conc. {c}" for c in spec["concurrency"]) + " |",
-        "|---|" + "---|" * len(spec["concurrency"]),
+        "| workload | against | " + " | ".join(f"conc. {c}" for c in spec["concurrency"]) + " |",
+        "|---|---|" + "---|" * len(spec["concurrency"]),
     ]
     for w in spec["workloads"]:
-        cells = []
-        for c in spec["concurrency"]:
-            best = headline(entries, w, c)
-            cells.append("–" if best is None else f"{best['method']} {best['speedup']:.2f}x")
-        lines.append(f"| {w} | " + " | ".join(cells) + " |")
+        for baseline in _baselines(list(spec["methods"])):
+            cells = []
+            for c in spec["concurrency"]:
+                best = headline(entries, w, c, baseline)
+                cells.append("–" if best is None else f"{best['method']} {best['speedup']:.2f}x")
+            lines.append(f"| {w} | {baseline} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
@@ -131,14 +144,14 @@ def _load(load: list[float] | tuple[float, ...]) -> str:
 
 def _tail(e: dict[str, Any], name: str) -> str:
     text = _n(e[name])
-    ratio = e.get(f"{name}_vs_none")
-    if e["method"] != "none" and ratio is not None and ratio > TAIL_HURT:
+    ratio = e.get(f"{name}_vs_baseline")
+    if not is_baseline(e["method"]) and ratio is not None and ratio > TAIL_HURT:
         return f"**{text}** ({ratio:.2f}x)"
     return text
 
 
 def _acceptance(entries: list[dict[str, Any]], spec: dict[str, Any], methods: list[str]) -> list[str]:
-    spec_methods = [m for m in methods if m != "none"]
+    spec_methods = [m for m in methods if not is_baseline(m)]
     lines = [
         "## Acceptance per distribution",
         "",
@@ -170,29 +183,22 @@ def _tail_summary(entries: list[dict[str, Any]], spec: dict[str, Any], methods: 
     lines = [
         "## p99 with and without speculation",
         "",
-        "p99 TPOT / TTFT in ms, speculative method vs `none` at each concurrency (all workloads).",
+        "p99 TPOT / TTFT in ms, each speculative method against its engine's `none` at each concurrency.",
         "",
-        "| workload | conc. | none TPOT p99 | none TTFT p99 | "
-        + " | ".join(f"{m} TPOT / TTFT p99" for m in methods if m != "none")
-        + " |",
-        "|---|---:|---:|---:|" + "---:|" * (len(methods) - 1),
+        "| workload | conc. | method | TPOT p99 | its `none`'s | TTFT p99 | its `none`'s |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]  # fmt: skip
     for w in spec["workloads"]:
         for c in spec["concurrency"]:
-            base = _get(entries, w, c, "none")
-            if base is None:
-                continue
-            cells = []
             for m in methods:
                 e = _get(entries, w, c, m)
-                if m == "none" or e is None:
+                base = _get(entries, w, c, baseline_of(m))
+                if is_baseline(m) or e is None or base is None:
                     continue
-                cells.append(f"{_tail(e, 'p99_tpot_ms')} / {_tail(e, 'p99_ttft_ms')}")
-            lines.append(
-                f"| {w} | {c} | {_n(base['p99_tpot_ms'])} | {_n(base['p99_ttft_ms'])} | "
-                + " | ".join(cells)
-                + " |"
-            )
+                lines.append(
+                    f"| {w} | {c} | {m} | {_tail(e, 'p99_tpot_ms')} | {_n(base['p99_tpot_ms'])} "
+                    f"| {_tail(e, 'p99_ttft_ms')} | {_n(base['p99_ttft_ms'])} |"
+                )
     return [*lines, ""]
 
 
@@ -253,7 +259,8 @@ def _cost(entries: list[dict[str, Any]], spec: dict[str, Any], methods: list[str
 
 
 def plots(entries: list[dict[str, Any]], spec: dict[str, Any], out_prefix: Path) -> dict[str, str]:
-    """Throughput vs concurrency, p99 TTFT/TPOT vs concurrency, speedup vs none; {name: path}."""
+    """Throughput vs concurrency, p99 TTFT/TPOT vs concurrency, speedup vs each engine's none;
+    {name: path}."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -285,14 +292,14 @@ def plots(entries: list[dict[str, Any]], spec: dict[str, Any], out_prefix: Path)
             ax = axes[row][col]
             for m in methods:
                 ax.plot(
-                    levels, series(w, m, key), marker="o", label=m, linestyle="--" if m == "none" else "-"
+                    levels, series(w, m, key), marker="o", label=m, linestyle="--" if is_baseline(m) else "-"
                 )
             ax.set(title=w, xlabel="concurrency", ylabel=label, xscale="log", xticks=levels)
             ax.set_xticklabels([str(c) for c in levels])
     axes[0][0].legend(fontsize=8)
     paths["p99 TPOT and TTFT vs concurrency"] = _save(fig, out_prefix, "p99")
 
-    spec_methods = [m for m in methods if m != "none"]
+    spec_methods = [m for m in methods if not is_baseline(m)]
     fig, axes = plt.subplots(
         1, len(workloads), figsize=(4.2 * len(workloads), 3.6), squeeze=False, sharey=True
     )
@@ -303,7 +310,7 @@ def plots(entries: list[dict[str, Any]], spec: dict[str, Any], out_prefix: Path)
             ax.bar(xs, [0 if v != v else v for v in series(w, m, "speedup")], width, label=m)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], [str(c) for c in levels])
-        ax.set(title=w, xlabel="concurrency", ylabel="throughput / none")
+        ax.set(title=w, xlabel="concurrency", ylabel="throughput / its engine's none")
     axes[0][0].legend(fontsize=8)
     paths["speedup vs none"] = _save(fig, out_prefix, "speedup")
     return paths

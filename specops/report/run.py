@@ -1,9 +1,10 @@
 """The report's measurement: every method's server started once, then for each workload and
 concurrency level the methods interleaved (the order rotated per repetition), each level
-preceded by the server's counters and followed by them again (acceptance = the difference).
+preceded by the server's spec-decode counters and followed by them again (acceptance = the
+difference; benchmark_runner.engine_metrics reads vLLM's and speccore's alike).
 
-Speeds are compared as ratios against `none` measured in the same run; with repetitions,
-each number is the median over them.
+Speeds are compared as ratios against the method's own engine's `none` measured in the same
+run (methods.baseline_of); with repetitions, each number is the median over them.
 """
 
 from __future__ import annotations
@@ -14,10 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from specops.report import stats
 from specops.report.launch import engine_servers
 from specops.report.loadgen import LoadPrompt, run_level
-from specops.report.metrics import scrape
+from specops.report.methods import baseline_of, engine_of
+from specops_services.benchmark_runner import engine_metrics
 from specprompts.sets import load_prompts
 from specprompts.sources import humaneval_prompts, mtbench_prompts, sharegpt_prompts
 
@@ -74,7 +78,8 @@ def measure(spec: ReportSpec, log_dir: Path) -> list[dict[str, Any]]:
 def _level(
     url: str, label: str, workload: str, prompts: list[LoadPrompt], c: int, rep: int, spec: ReportSpec
 ) -> dict[str, Any]:
-    before = scrape(url)
+    prefix = engine_of(label).metrics_prefix
+    before = _counts(url, prefix)
     run = asyncio.run(
         run_level(
             url,
@@ -85,7 +90,7 @@ def _level(
             max_tokens=spec.max_tokens,
         )
     )
-    counters = scrape(url) - before
+    counters = engine_metrics.delta(before, _counts(url, prefix))
     summary = stats.summarize(run, spec.slo)
     log.info(
         "%s c=%d %s rep %d: %.1f tok/s, p99 TPOT %s ms",
@@ -100,13 +105,19 @@ def _level(
         "drafts": counters.drafts,
         "draft_tokens": counters.draft_tokens,
         "accepted_tokens": counters.accepted_tokens,
-        "acceptance_rate": counters.acceptance_rate,
-        "mean_acceptance_length": counters.mean_acceptance_length,
+        "acceptance_rate": counters.acceptance_rate if counters.draft_tokens else None,
+        "mean_acceptance_length": counters.mean_acceptance_length if counters.drafts else None,
         "records": [
             {"start_s": r.start_s, "ttft_s": r.ttft_s, "e2e_s": r.e2e_s, "tokens": r.output_tokens}
             for r in run.records
         ],
     }
+
+
+def _counts(url: str, prefix: str) -> engine_metrics.SpecCounts:
+    response = httpx.get(f"{url}/metrics", timeout=30)
+    response.raise_for_status()
+    return engine_metrics.spec_counts(response.text, prefix)
 
 
 def _fmt(v: float | None) -> str:
@@ -119,9 +130,10 @@ AGGREGATED = (
 )  # fmt: skip
 
 
-def aggregate(rows: list[dict[str, Any]], baseline: str = "none") -> list[dict[str, Any]]:
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per (workload, concurrency, method): the median over reps of each number, and
-    throughput and p99s as ratios against the baseline's at the same workload and concurrency."""
+    throughput and p99s as ratios against its baseline's (its engine's `none`) at the same
+    workload and concurrency."""
     keys = sorted({(r["workload"], r["concurrency"], r["method"]) for r in rows}, key=lambda k: (k[0], k[1]))
     out: dict[tuple[str, int, str], dict[str, Any]] = {}
     for key in keys:
@@ -139,11 +151,12 @@ def aggregate(rows: list[dict[str, Any]], baseline: str = "none") -> list[dict[s
         entry["requests"] = sum(r["requests"] for r in reps)
         entry["error_messages"] = sorted({m for r in reps for m in r["errors"]})[:3]
         out[key] = entry
-    for (workload, c, _), entry in out.items():
-        base = out.get((workload, c, baseline))
+    for (workload, c, method), entry in out.items():
+        entry["baseline"] = baseline_of(method)
+        base = out.get((workload, c, entry["baseline"]))
         if base is None:
             continue
         entry["speedup"] = stats.ratio(entry["throughput_tok_s"], base["throughput_tok_s"])
         for name in ("p99_ttft_ms", "p99_tpot_ms", "p99_e2e_ms"):
-            entry[f"{name}_vs_{baseline}"] = stats.ratio(entry[name], base[name])
+            entry[f"{name}_vs_baseline"] = stats.ratio(entry[name], base[name])
     return list(out.values())

@@ -15,8 +15,8 @@ from specops_schemas.candidates import BASELINE_ID, Candidate
 from specops_schemas.catalog import Family
 from specops_schemas.events import BenchPlan
 from specops_services.benchmark_runner.engine_server import HttpEngine
-from specops_services.benchmark_runner.measure import RepRow
 from specops_services.benchmark_runner.measure_http import measure_http
+from specops_services.benchmark_runner.protocol import RepRow
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
 
 pytestmark = pytest.mark.slow

@@ -43,7 +43,7 @@ from specops_schemas.events import (
     parse_event,
 )
 from specops_services.benchmark_runner.app import subscribe as subscribe_runner
-from specops_services.benchmark_runner.measure import BenchOutcome, RepCallback, RepRow
+from specops_services.benchmark_runner.protocol import BenchOutcome, RepCallback, RepRow
 from specops_services.benchmark_runner.runner import BenchmarkRunnerSettings, BenchRunner
 from specops_services.predictor.app import subscribe
 from specops_services.predictor.plan import HostInfo

@@ -32,8 +32,8 @@ from specops_services.benchmark_runner.engine_server import (
     ServerSpec,
     launch_command,
 )
-from specops_services.benchmark_runner.measure import MeasureError
 from specops_services.benchmark_runner.measure_http import _sglang_estimate, http_engine, measure_http
+from specops_services.benchmark_runner.protocol import MeasureError
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
 from specops_services.quality_gate import logic as gate_logic
 from specops_services.quality_gate.runner import GateRunner

@@ -12,13 +12,8 @@ from specops_schemas.api import Target
 from specops_schemas.candidates import BASELINE_ID, Candidate
 from specops_schemas.catalog import ErrorStage
 from specops_schemas.events import BenchPlan, RepMetrics
-from specops_services.benchmark_runner.measure import (
-    BenchOutcome,
-    RepRow,
-    TargetLoadError,
-    measure,
-    summarise,
-)
+from specops_services.benchmark_runner.measure import TargetLoadError, measure
+from specops_services.benchmark_runner.protocol import BenchOutcome, RepRow, summarise
 
 MODEL = "smollm2-135m-instruct"
 NGRAM = Candidate(candidate_id="ngram-k4", family="ngram", k=4)

@@ -16,7 +16,8 @@ from speccore.models import LoadedModel
 from specops_schemas.api import Target
 from specops_schemas.candidates import Candidate
 from specops_schemas.events import BenchPlan
-from specops_services.benchmark_runner.measure import Corpora, _CandidateFailed, _engine
+from specops_services.benchmark_runner.measure import Corpora, candidate_engine
+from specops_services.benchmark_runner.protocol import CandidateFailed
 from specops_services.quality_gate.runner import resolve_head
 
 pytestmark = pytest.mark.slow
@@ -54,10 +55,10 @@ def test_the_benchmark_runner_and_the_gate_find_the_tenants_head(
 ) -> None:
     root, head_id, final = registry
     candidate = Candidate(candidate_id="medusa-k2", family="medusa", k=2, draft=head_id)
-    engine = _engine(smollm, candidate, _plan(), frozenset(), Corpora("acme", root))
+    engine = candidate_engine(smollm, candidate, _plan(), frozenset(), Corpora("acme", root))
     assert engine.method == "medusa"
     assert resolve_head(root, "acme", head_id) == final
-    with pytest.raises(_CandidateFailed, match="no trained artifact in tenant other"):
-        _engine(smollm, candidate, _plan(), frozenset(), Corpora("other", root))
+    with pytest.raises(CandidateFailed, match="no trained artifact in tenant other"):
+        candidate_engine(smollm, candidate, _plan(), frozenset(), Corpora("other", root))
     with pytest.raises(SpecError, match="no trained artifact"):
         resolve_head(root, "other", head_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,7 +11,8 @@ import pytest
 
 from specops_schemas.api import Priorities, RunCreateRequest
 from specops_schemas.candidates import BASELINE_ID, Candidate, CandidateResult, GateOutcome, Measurement
-from specops_schemas.catalog import ErrorStage, GateMethod
+from specops_schemas.catalog import Engine, ErrorStage, GateMethod
+from specops_schemas.engine_flags import engine_config
 from specops_schemas.events import BenchCompleted, BenchPlan, CandidateFailure
 from specops_schemas.tune import TrialResult, TuneRequested, TuneSessionCreateRequest
 from specops_services.predictor.plan import HostInfo, plan_run
@@ -20,10 +22,12 @@ from specops_services.tuner import space as search
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 
 
-def _table(fingerprint: str = "code") -> tuple[RunCreateRequest, list[CandidateResult], list[str]]:
+def _table(
+    fingerprint: str = "code", target: dict[str, str] | None = None
+) -> tuple[RunCreateRequest, list[CandidateResult], list[str]]:
     request = RunCreateRequest.model_validate(
         {
-            "target": {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"},
+            "target": target or {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"},
             "workload": {"fingerprint": fingerprint},
         }
     )
@@ -85,6 +89,36 @@ def test_suggestions_are_conditional_on_the_family_and_give_distinct_ids_per_tri
         assert search.infeasible(cand) is None  # the built-in grids never conflict
         ids.add(cand.candidate_id)
     assert len(ids) == 50
+
+
+def test_a_vllm_session_searches_only_what_vllm_runs_and_every_trial_renders_its_flags() -> None:
+    request, rows, front = _table(
+        target={"model_ref": "meta-llama/Llama-3.1-8B-Instruct", "gpu": "H100", "engine": "vllm"}
+    )
+    requested = TuneRequested(
+        session_id="s1",
+        request=TuneSessionCreateRequest(run_id="run-1"),
+        run_request=request,
+        run_candidates=rows,
+        run_pareto_front=front,
+        run_winner=None,
+        requested_by="token",
+    )
+    space = logic.space_of(requested)
+    assert {"ngram", "suffix"} <= set(space.choices("family"))
+    # vLLM drafts a path: suffix's greedy tree and static trees are not searched.
+    assert space.choices("suffix.use_tree_spec") == [0]
+    assert all(space.choices(d.name) == [search.CHAIN] for d in space.dimensions if d.name.endswith(".tree"))
+    assert space.choices("suffix.suffix_decoding_max_spec_factor") == [0.5, 1.0, 2.0]
+    # The same table on speccore searches the tree too.
+    assert search.build(rows).choices("suffix.use_tree_spec") == [0, 1]
+    for n in range(40):
+        cand = search.to_candidate(search.suggest(_Pick(n), space), space, trial=n)
+        _, args = engine_config(cand, Engine.VLLM)  # EngineCannotRun if vLLM would refuse it
+        body = json.loads(args[1])
+        assert body["num_speculative_tokens"] == cand.k
+        if cand.family == "ngram":
+            assert body["prompt_lookup_min"] <= body["prompt_lookup_max"]
 
 
 def test_conflicting_knobs_are_infeasible() -> None:
