@@ -1,13 +1,15 @@
 """speccore against vLLM's CPU build on the same prompts and settings: `make engines-bench`.
 
-Per workload (chat, code, agentic), greedy, each engine measures none, ngram and suffix
-with its own interleaved protocol, ratios against its own `none` in the same reps:
+Per workload (chat, code, agentic), greedy, each engine measures none, ngram, suffix and its
+best learned draft with its own interleaved protocol, ratios against its own `none` in the
+same reps:
 
-- speccore in this process (``speccore.bench.run_bench``, the protocol of `specops bench`);
+- speccore in this process (``speccore.bench.run_bench``, the protocol of `specops bench`),
+  its learned draft the shipped EAGLE head;
 - vLLM over HTTP (the benchmark-runner's ``measure_http``): a server per method, launched
   from the flags `apply` renders for the same candidates (ngram k=5 with the window 1..4,
   suffix k=16 with vLLM's defaults) and the engine environment's server settings
-  (float32, eager).
+  (float32, eager). No learned draft: see VLLM_LEARNED.
 
 "identical" is each method's greedy output against its own engine's `none`: token for
 token in speccore, prompt for prompt in vLLM (its servers' token ids). What vLLM's CPU
@@ -32,7 +34,7 @@ from speccore.bench import BenchSpec, run_bench
 from speccore.models import load_model
 from specops_schemas.api import Target
 from specops_schemas.candidates import Candidate, Sampling
-from specops_schemas.catalog import Engine, Family
+from specops_schemas.catalog import Engine, Family, Fingerprint
 from specops_schemas.engine_flags import EngineCannotRun, engine_config
 from specops_schemas.events import BenchPlan
 from specops_services.benchmark_runner.engine_server import HttpEngine
@@ -45,8 +47,18 @@ MODEL = "smollm2-135m-instruct"
 WORKLOADS = ("chat", "code", "agentic")
 NGRAM = Candidate(candidate_id="ngram", family=Family.NGRAM, k=5, options={"ngram_min": 1, "ngram_max": 4})
 SUFFIX = Candidate(candidate_id="suffix", family=Family.SUFFIX, k=16)
-# speccore's methods for the same candidates (`specops bench` names).
-SPECCORE_METHODS = {"ngram": "ngram:ngram_min=1:ngram_max=4", "suffix": "suffix"}
+# speccore's methods for the same candidates (`specops bench` names), and its best learned
+# draft: the shipped EAGLE head (builtin:eagle, the default tree).
+SPECCORE_METHODS = {"ngram": "ngram:ngram_min=1:ngram_max=4", "suffix": "suffix", "eagle": "eagle"}
+SPECCORE_HEADS = ("builtin:eagle",)
+# vLLM's learned draft on this build: EAGLE-3 heads in the speculators layout run (an
+# untrained smollm2 head exported with `specops heads export` drafted on vLLM's CPU build,
+# its output identical to none), but no trained EAGLE-3 head for smollm2 ships, and
+# speccore's built-in EAGLE head (EAGLE-1 layout) does not load in vLLM.
+VLLM_LEARNED = (
+    "none measured: EAGLE-3 heads in the speculators layout run on this build, but no trained "
+    "EAGLE-3 head for smollm2 ships (speccore's built-in EAGLE head has the EAGLE-1 layout)"
+)
 # What a user would also ask vLLM for, and why this build cannot run it.
 NOT_ON_VLLM = {
     "eagle (speccore's built-in head)": Candidate(
@@ -67,6 +79,7 @@ def speccore_side(workload: str, n: int, tokens: int, reps: int, threads: int) -
         n_prompts=n,
         max_new_tokens=tokens,
         reps=reps,
+        heads=SPECCORE_HEADS,
     )
     result = run_bench(target, spec, load_prompts(workload, n, 0), log=lambda m: print(f"  speccore {m}"))
     methods = result["methods"]
@@ -84,10 +97,11 @@ def speccore_side(workload: str, n: int, tokens: int, reps: int, threads: int) -
 
 
 def vllm_side(workload: str, n: int, tokens: int, reps: int, threads: int) -> dict[str, Any]:
+    prompts = load_prompts(workload, n, 0)  # the same as speccore's (agentic is no wire fingerprint)
     plan = BenchPlan(
         run_id=f"engines-bench-{workload}",
         target=Target(model_ref=MODEL, gpu="cpu", engine="vllm"),
-        fingerprint=workload,
+        fingerprint=workload if workload in set(Fingerprint) else Fingerprint.STRUCTURED,
         mode="interactive",
         quality_gate="topk5",  # greedy: the servers' token ids against the baseline's as well
         candidates=[NGRAM, SUFFIX],
@@ -99,7 +113,11 @@ def vllm_side(workload: str, n: int, tokens: int, reps: int, threads: int) -> di
     )
     settings = BenchmarkRunnerSettings(threads=threads, bench_device="cpu")
     outcome = measure_http(
-        plan, HttpEngine.VLLM, settings, on_rep=lambda row: print(f"  vllm {row.candidate_id}")
+        plan,
+        HttpEngine.VLLM,
+        settings,
+        on_rep=lambda row: print(f"  vllm {row.candidate_id}"),
+        prompts=prompts,
     )
     rows: dict[str, Any] = {}
     for m in [outcome.baseline, *outcome.results]:
@@ -147,6 +165,7 @@ def main() -> int:
         "vllm": state.reason,
         "settings": settings | {"out": str(args.out)},
         "not_on_vllm": not_on_vllm(),
+        "vllm_learned_draft": VLLM_LEARNED,
         "workloads": {},
     }
     for workload in args.workloads.split(","):

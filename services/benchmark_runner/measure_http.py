@@ -262,12 +262,17 @@ def measure_http(
     on_rep: RepCallback,
     done: Iterable[RepRow] = (),
     corpora: Corpora | None = None,
+    prompts: Sequence[Prompt] | None = None,
 ) -> BenchOutcome:
-    """Measure every rep of `plan` not in `done` on `engine` servers (see the module's docstring)."""
-    try:
-        prompts = load_prompts(str(plan.fingerprint), plan.n_prompts, plan.seed)
-    except SpecError as err:
-        raise MeasureError(ErrorStage.VALIDATION, f"no prompt set for this plan: {err}") from err
+    """Measure every rep of `plan` not in `done` on `engine` servers (see the module's docstring).
+
+    `prompts`: the plan's workload prompts unless given (a prompt set that is no wire
+    fingerprint, such as specprompts' `agentic`)."""
+    if prompts is None:
+        try:
+            prompts = load_prompts(str(plan.fingerprint), plan.n_prompts, plan.seed)
+        except SpecError as err:
+            raise MeasureError(ErrorStage.VALIDATION, f"no prompt set for this plan: {err}") from err
     source = HttpSource(plan, engine, settings, prompts, corpora or Corpora(None, None))
     return run(plan, source, on_rep=on_rep, done=done)
 
