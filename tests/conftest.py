@@ -43,6 +43,10 @@ def gemma() -> LoadedModel:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # tests/integration: the whole runtime end to end, test by test (a minute or more each).
+    for item in items:
+        if "integration" in item.path.parts:
+            item.add_marker(pytest.mark.long)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

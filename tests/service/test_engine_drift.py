@@ -24,7 +24,8 @@ from speccore.models import LoadedModel
 from specops_schemas.serve import DriftDetected, DriftRecovered
 from specprompts.sets import load_prompts
 
-pytestmark = pytest.mark.slow
+# Five minutes on the 2-core host: make test-full runs it, make test does not.
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 MODEL = "smollm2-135m-instruct"
 MAX_TOKENS = 32

@@ -11,7 +11,8 @@ import pytest
 
 from specops.cli import main
 
-pytestmark = pytest.mark.slow
+# make test-full runs it, make test does not (make report is the report itself).
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def test_the_report_runs_end_to_end(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ sampling draws the same tokens whoever shares the batch.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import pytest
 
@@ -76,11 +77,20 @@ CASES = [(m, c, GREEDY) for m, c in SETTINGS] + [
 ]
 
 
-@pytest.mark.parametrize(
-    ("method", "config", "sampling"),
-    CASES,
-    ids=[f"{m}-{'greedy' if s.greedy else 'sampled'}" for m, _, s in CASES],
-)
+# Beyond make test's budget (make test-full runs them): the slowest cases, whose families the
+# other cases and tests of this module cover.
+LONG_CASES = {
+    "lookahead-greedy", "medusa-greedy", "draft_model-greedy", "draft_model-sampled", "eagle-sampled",
+}  # fmt: skip
+
+
+def _case(method: str, config: ProposerConfig, sampling: SamplingParams) -> Any:
+    label = f"{method}-{'greedy' if sampling.greedy else 'sampled'}"
+    marks = [pytest.mark.long] if label in LONG_CASES else []
+    return pytest.param(method, config, sampling, id=label, marks=marks)
+
+
+@pytest.mark.parametrize(("method", "config", "sampling"), [_case(*c) for c in CASES])
 def test_rows_joining_and_leaving_get_their_solo_tokens(smollm, prompts, method, config, sampling) -> None:
     engine = Engine(smollm, method, config)
     # Different lengths, so rows finish at different steps and the late ones join mid-run.
