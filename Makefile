@@ -182,7 +182,7 @@ report: setup
 
 # Two live replicas of every service (the gateway's share its port), six runs at once:
 # each completes once, every replica handles work, measurements never overlap. Part of
-# `make test` too; this target runs it alone and writes its report.
+# `make test-full` too; this target runs it alone and writes its report.
 scale-check: setup
 	SPECOPS_SCALE_REPORT=bench/results/scale-check.json $(PY) -m pytest -q -s tests/integration/test_scaling.py
 

@@ -36,6 +36,21 @@ def _table(
     return request, rows, plan.pareto_front
 
 
+def _requested(
+    request: RunCreateRequest, rows: list[CandidateResult], front: list[str], winner: CandidateResult | None
+) -> TuneRequested:
+    """Session s1's tune.requested on run-1's table."""
+    return TuneRequested(
+        session_id="s1",
+        request=TuneSessionCreateRequest(run_id="run-1"),
+        run_request=request,
+        run_candidates=rows,
+        run_pareto_front=front,
+        run_winner=winner,
+        requested_by="token",
+    )
+
+
 class _Pick:
     """An Optuna trial stand-in that picks at random (seeded)."""
 
@@ -95,16 +110,7 @@ def test_a_vllm_session_searches_only_what_vllm_runs_and_every_trial_renders_its
     request, rows, front = _table(
         target={"model_ref": "meta-llama/Llama-3.1-8B-Instruct", "gpu": "H100", "engine": "vllm"}
     )
-    requested = TuneRequested(
-        session_id="s1",
-        request=TuneSessionCreateRequest(run_id="run-1"),
-        run_request=request,
-        run_candidates=rows,
-        run_pareto_front=front,
-        run_winner=None,
-        requested_by="token",
-    )
-    space = logic.space_of(requested)
+    space = logic.space_of(_requested(request, rows, front, winner=None))
     assert {"ngram", "suffix"} <= set(space.choices("family"))
     # vLLM drafts a path: suffix's greedy tree and static trees are not searched.
     assert space.choices("suffix.use_tree_spec") == [0]
@@ -131,16 +137,7 @@ def test_seeds_are_the_pareto_points_then_the_winner_once_each() -> None:
     request, rows, front = _table()
     space = search.build(rows)
     winner = next(r for r in rows if r.candidate.candidate_id == front[0])
-    requested = TuneRequested(
-        session_id="s1",
-        request=TuneSessionCreateRequest(run_id="run-1"),
-        run_request=request,
-        run_candidates=rows,
-        run_pareto_front=front,
-        run_winner=winner,
-        requested_by="token",
-    )
-    seeds = logic.seeds(requested, space)
+    seeds = logic.seeds(_requested(request, rows, front, winner), space)
     assert len(seeds) == len(front)  # the winner is on the front already
     assert seeds[0] == search.to_params(winner.candidate, space)
 
