@@ -120,7 +120,8 @@ def build(
         dims.append(Dimension(name=f"{family}.k", choices=list(range(1, top + 1)), family=family))
         for knob in spec.knobs:
             grid = [v for v in knob.grid if runs.option(knob.name, v)]
-            dims.append(Dimension(name=f"{family}.{knob.name}", choices=grid, family=family))
+            if grid:  # none of it runs on the engine: not searched (the knob keeps its default)
+                dims.append(Dimension(name=f"{family}.{knob.name}", choices=grid, family=family))
         knob_names = {k.name for k in spec.knobs} | set(spec.aliases)
         for c in cands:
             # Engine options (e.g. eagle_version) ride along; the knobs are the trial's own.
