@@ -1,7 +1,7 @@
 """Measure a bench plan on speccore, in this process: the local source of the measuring
 protocol (protocol.py).
 
-DESIGN.md §10: everything runs in one process on the fingerprint's prompts, through
+Everything runs in one process on the fingerprint's prompts, through
 speccore's one measuring protocol (:func:`speccore.bench.interleave`: warm-up, rotating
 interleaved order, speedups as same-rep ratios, resume, a failing method dropped alone).
 This module opens a plan's methods for it: the target (loaded through a
@@ -26,12 +26,10 @@ from speccore.engine import Engine
 from speccore.errors import SpecError
 from speccore.model_cache import ModelCache, ModelLoadError, release_memory
 from speccore.models import LoadedModel
-from speccore.sampling import SamplingParams
 from specops_schemas.candidates import Candidate
-from specops_schemas.catalog import ErrorStage, Mode
+from specops_schemas.catalog import ErrorStage
 from specops_schemas.events import BenchPlan
 from specops_services.benchmark_runner.protocol import (
-    BATCH_SIZE,
     BenchOutcome,
     CandidateFailed,
     Fields,
@@ -39,6 +37,7 @@ from specops_services.benchmark_runner.protocol import (
     RepCallback,
     RepRow,
     run,
+    schedule,
 )
 from specprompts.corpora import candidate_datastore
 from specprompts.sets import encode_for, prompts_for_model
@@ -100,8 +99,8 @@ class LocalSource:
             self._target = self.model_cache.get(self.plan.target.model_ref, self.device, self.dtype)
         except ModelLoadError as err:
             raise TargetLoadError(str(err)) from err
-        schedule, self._prompt_ids = _schedule(self.plan, self._target)
-        return schedule
+        reps, self._prompt_ids = _schedule(self.plan, self._target)
+        return reps
 
     def baseline(self) -> Method:
         return engine_method(Engine(self._loaded()))
@@ -131,15 +130,7 @@ def _schedule(plan: BenchPlan, target: LoadedModel) -> tuple[Schedule, frozenset
         )
     except SpecError as err:
         raise MeasureError(ErrorStage.VALIDATION, f"no prompt set for this plan: {err}") from err
-    schedule = Schedule(
-        prompts=[encode_for(target, p) for p in prompts],
-        reps=plan.reps,
-        max_new_tokens=plan.max_new_tokens,
-        sampling=SamplingParams.of(plan.sampling),
-        seed=plan.seed,
-        batch_size=BATCH_SIZE if plan.mode == Mode.BATCH else 1,
-    )
-    return schedule, frozenset(p.id for p in prompts)
+    return schedule(plan, [encode_for(target, p) for p in prompts]), frozenset(p.id for p in prompts)
 
 
 # --- candidates -> speccore -----------------------------------------------------------

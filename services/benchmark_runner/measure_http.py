@@ -53,7 +53,7 @@ from speccore.metrics import GenerationMetrics
 from speccore.models import engine_checkpoint
 from speccore.sampling import SamplingParams
 from specops_schemas.candidates import BASELINE_ID, Candidate
-from specops_schemas.catalog import Engine, ErrorStage, GateMethod, Mode
+from specops_schemas.catalog import Engine, ErrorStage, GateMethod
 from specops_schemas.engine_flags import EngineCannotRun
 from specops_schemas.events import BenchPlan
 from specops_services.benchmark_runner import engine_metrics, gate_http
@@ -69,7 +69,6 @@ from specops_services.benchmark_runner.engine_server import (
 )
 from specops_services.benchmark_runner.measure import Corpora, registry_head
 from specops_services.benchmark_runner.protocol import (
-    BATCH_SIZE,
     BenchOutcome,
     CandidateFailed,
     Fields,
@@ -77,6 +76,7 @@ from specops_services.benchmark_runner.protocol import (
     RepCallback,
     RepRow,
     run,
+    schedule,
 )
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
 from specprompts.sets import load_prompts
@@ -309,14 +309,8 @@ class HttpSource:
 
     def open(self, stack: contextlib.ExitStack) -> Schedule:
         stack.callback(self.stop)
-        return Schedule(
-            prompts=[[i] for i in range(len(self.prompts))],  # prompt indices (HttpMethod._generate)
-            reps=self.plan.reps,
-            max_new_tokens=self.plan.max_new_tokens,
-            sampling=SamplingParams.of(self.plan.sampling),
-            seed=self.plan.seed,
-            batch_size=BATCH_SIZE if self.plan.mode == Mode.BATCH else 1,
-        )
+        # Prompt indices stand for the prompts (HttpMethod._generate).
+        return schedule(self.plan, [[i] for i in range(len(self.prompts))])
 
     def baseline(self) -> Method:
         try:

@@ -29,8 +29,9 @@ from typing import Any, Protocol
 
 from speccore.bench import BaselineFailed, Method, RepRun, Schedule, interleave
 from speccore.metrics import GenerationMetrics
+from speccore.sampling import SamplingParams
 from specops_schemas.candidates import BASELINE_ID, Candidate, Measurement
-from specops_schemas.catalog import ErrorStage
+from specops_schemas.catalog import ErrorStage, Mode
 from specops_schemas.events import BenchPlan, CandidateFailure, RepMetrics
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,18 @@ class Source(Protocol):
         ...
 
 
+def schedule(plan: BenchPlan, prompts: list[list[int]]) -> Schedule:
+    """The plan's reps over `prompts` (token ids in process, prompt indices over HTTP)."""
+    return Schedule(
+        prompts=prompts,
+        reps=plan.reps,
+        max_new_tokens=plan.max_new_tokens,
+        sampling=SamplingParams.of(plan.sampling),
+        seed=plan.seed,
+        batch_size=BATCH_SIZE if plan.mode == Mode.BATCH else 1,
+    )
+
+
 def run(plan: BenchPlan, source: Source, *, on_rep: RepCallback, done: Iterable[RepRow] = ()) -> BenchOutcome:
     """Measure every rep of ``plan`` not in ``done`` on ``source``, reporting each new row
     through ``on_rep`` (an exception it raises stops the bench)."""
@@ -133,7 +146,7 @@ def run(plan: BenchPlan, source: Source, *, on_rep: RepCallback, done: Iterable[
     if not pending and not every:
         return outcome(plan, rows, failures, fields)
     with contextlib.ExitStack() as stack:
-        schedule = source.open(stack)
+        opened = source.open(stack)
         methods: dict[str, Method] = {BASELINE_ID: source.baseline()}
         for cid, candidate in candidates.items():
             measured = all((cid, r) in stored for r in pending)
@@ -154,7 +167,7 @@ def run(plan: BenchPlan, source: Source, *, on_rep: RepCallback, done: Iterable[
 
         try:
             dropped = interleave(
-                schedule, dict(methods), report, baseline=BASELINE_ID, stored=lambda m, r: (m, r) in stored
+                opened, dict(methods), report, baseline=BASELINE_ID, stored=lambda m, r: (m, r) in stored
             )
         except BaselineFailed as err:
             raise MeasureError(ErrorStage.BENCHMARK, str(err)) from err
