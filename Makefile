@@ -45,7 +45,7 @@ chromium:
 # Everything but the `long` tests (the whole-runtime flows of tests/integration and the
 # slowest cases of the lossless and batching sweeps): CI's suite, under 40 minutes on 2 cores.
 test: setup
-	$(PY) -m pytest -q --durations=25 -m "not long"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	$(PY) -m pytest -n 2 --dist loadscope -q --durations=25 -m "not long"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # The whole suite, `long` included (about 100 minutes on the 2-core AVX2 host); its last
 # run's per-test results: bench/results/test-full-cpu2.xml.

@@ -84,6 +84,46 @@ class Top5Evidence(Model):
     worst_prompt_share: Fraction = Field(description="The lowest share inside the top 5 of one prompt.")
 
 
+class MmluEvidence(Model):
+    """What `mmlu_slice` decides on: the same seeded MMLU questions answered greedily by the
+    target alone and with the candidate (answers are indices into A-D; None: no letter)."""
+
+    seed: int = Field(description="Seed of the question sample.")
+    question_ids: list[str] = Field(min_length=1, description="The questions asked, in order.")
+    truth: list[int] = Field(description="Each question's correct answer.")
+    baseline_answers: list[int | None] = Field(description="The target's own answers.")
+    candidate_answers: list[int | None] = Field(description="The answers decoded with the candidate.")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Self:
+        n = len(self.question_ids)
+        if not len(self.truth) == len(self.baseline_answers) == len(self.candidate_answers) == n:
+            raise ValueError("truth and both answer lists need one entry per question")
+        return self
+
+
+class StructuredEvidence(Model):
+    """What `constraint_violation` decides on: the same JSON-Schema tasks decoded by the target
+    alone and with the candidate, each reply's violations counted (specprompts.structured)."""
+
+    task_ids: list[str] = Field(min_length=1, description="The tasks decoded, in order.")
+    baseline_violations: list[int] = Field(description="Violations of the target's own reply, per task.")
+    candidate_violations: list[int] = Field(description="Violations of the candidate's reply, per task.")
+    candidate_problems: list[str | None] = Field(
+        description="The first problem found in the candidate's reply, per task (None: valid)."
+    )
+    baseline_tokens: int = Field(ge=0, description="Tokens the target generated over all tasks.")
+    candidate_tokens: int = Field(ge=0, description="Tokens generated with the candidate over all tasks.")
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Self:
+        n = len(self.task_ids)
+        lists = (self.baseline_violations, self.candidate_violations, self.candidate_problems)
+        if any(len(x) != n for x in lists):
+            raise ValueError("violations and problems need one entry per task")
+        return self
+
+
 class Measurement(Model):
     """Summary of a candidate's reps in one bench (speedups are within-rep ratios to the baseline)."""
 
@@ -122,6 +162,16 @@ class Measurement(Model):
         None,
         description="What the `topk5` gate of a candidate measured on a vLLM server decides on; None "
         "otherwise.",
+    )
+    mmlu: MmluEvidence | None = Field(
+        None,
+        description="What the `mmlu_slice` gate of a candidate measured on an engine server (vLLM, "
+        "SGLang) decides on; None otherwise.",
+    )
+    structured: StructuredEvidence | None = Field(
+        None,
+        description="What the `constraint_violation` gate of a candidate measured on an engine server "
+        "decides on; None otherwise.",
     )
     launch_args: list[str] | None = Field(
         None,

@@ -23,7 +23,9 @@ pytest_plugins = [
     "fixtures.tracing",
 ]
 
-torch.set_num_threads(2)
+# `make test` runs two pytest-xdist workers on the 2-core host: one thread each then, so the
+# workers share the cores instead of four threads contending for two.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(scope="session")

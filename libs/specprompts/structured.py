@@ -26,6 +26,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jsonschema import SchemaError
+from jsonschema.validators import validator_for
+
+from speccore.errors import SpecError
 from specprompts.sources import (
     MMLURow,
     Prompt,
@@ -52,6 +56,23 @@ class StructuredTask:
     prompt: Prompt
     schema: JsonSchema  # JSON Schema (draft 2020-12) the reply's one JSON object must satisfy
     kind: str  # one of KINDS
+
+
+def violations(reply: str, schema: JsonSchema) -> tuple[int, str | None]:
+    """(violations, first problem) of one reply against its task's schema: 1 when the reply is
+    not exactly one JSON value (prose, code fences and a reply cut off by the token budget all
+    count), otherwise one per schema error the validator reports."""
+    try:
+        document = json.loads(reply)
+    except json.JSONDecodeError as err:
+        return 1, f"not one JSON value: {err.msg}"
+    validator_cls = validator_for(schema)
+    try:
+        validator_cls.check_schema(schema)
+    except SchemaError as err:
+        raise SpecError(f"structured task has an invalid JSON Schema: {err.message}") from err
+    errors = list(validator_cls(schema).iter_errors(document))
+    return len(errors), errors[0].message if errors else None
 
 
 def structured_tasks(

@@ -13,6 +13,8 @@ method on the servers, and the gate judges it (quality_gate.logic):
   (`prompt_logprobs`). A token counts as inside when its rank there is at most 5;
   the expected count is what the target's own sampling would put inside
   (`Measurement.top5`, see Top5Evidence).
+- `mmlu_slice` and `constraint_violation` (vLLM, SGLang): every server's answers and
+  JSON replies (measure_http; `Measurement.mmlu`, `Measurement.structured`).
 """
 
 from __future__ import annotations

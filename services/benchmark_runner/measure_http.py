@@ -27,7 +27,11 @@ in-process. What differs:
   every candidate's greedy texts against the baseline's (`Measurement.greedy_agreement`);
   for `topk5` on vLLM, every candidate's outputs scored by the baseline server
   (`Measurement.top5`, gate_http), and, when the plan is greedy, their tokens against
-  the baseline's.
+  the baseline's; on vLLM and SGLang, for `mmlu_slice` every server's answers to the
+  seeded MMLU questions (`Measurement.mmlu`), for `constraint_violation` every server's
+  replies to the workload's JSON-Schema tasks, their violations counted
+  (`Measurement.structured`). `logit_kl` has none: it needs each token's whole
+  distribution, which a server does not return, so its gate fails closed.
 - Each method's launch flags after the model (`apply`'s, then the shared server
   settings) are kept with its summary (`Measurement.launch_args`).
 """
@@ -37,10 +41,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import openai
@@ -52,7 +56,7 @@ from speccore.errors import SpecError
 from speccore.metrics import GenerationMetrics
 from speccore.models import engine_checkpoint
 from speccore.sampling import SamplingParams
-from specops_schemas.candidates import BASELINE_ID, Candidate
+from specops_schemas.candidates import BASELINE_ID, Candidate, MmluEvidence, StructuredEvidence
 from specops_schemas.catalog import Engine, ErrorStage, GateMethod
 from specops_schemas.engine_flags import EngineCannotRun
 from specops_schemas.events import BenchPlan
@@ -79,14 +83,23 @@ from specops_services.benchmark_runner.protocol import (
     schedule,
 )
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
-from specprompts.sets import load_prompts
-from specprompts.sources import Prompt
+from specprompts.mmlu import ANSWER_PREFIX, parse_answer, question_text
+from specprompts.sets import constraint_tasks, load_prompts
+from specprompts.sources import Prompt, mmlu_questions
+from specprompts.structured import violations
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 GREEDY = SamplingParams()
-# Prompts the topk5 evidence decodes per candidate (the in-process gate's sample size).
+# What the gate's evidence decodes on the servers: the in-process gate's default sample
+# (quality_gate.sample.GateSample): prompts of topk5, MMLU questions and the tokens of their
+# answers, structured tasks and the tokens of their JSON replies.
 GATE_PROMPTS = 4
+MMLU_QUESTIONS = 20
+MMLU_NEW_TOKENS = 4
+STRUCTURED_TASKS = 4
+STRUCTURED_NEW_TOKENS = 96
 
 
 def http_engine(plan: BenchPlan, settings: BenchmarkRunnerSettings) -> HttpEngine | None:
@@ -155,6 +168,42 @@ class HttpMethod:
         """Prompt ``index`` decoded with ``sampling``: the prompt's token ids as the server
         encoded them and the output's (vLLM's ``return_token_ids``)."""
         prompt = self.prompts[index]
+        path, body = self._body(prompt, max_new_tokens, sampling, seed)
+        body["return_token_ids"] = True
+        answer = self._post(path, body)
+        choice = answer["choices"][0]
+        prompt_ids = answer.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        if prompt_ids is None or choice.get("token_ids") is None:
+            raise SpecError(f"the {self.engine} server returned no token ids (return_token_ids)")
+        return list(prompt_ids), list(choice["token_ids"])
+
+    def reply(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int,
+        sampling: SamplingParams,
+        seed: int,
+        *,
+        reply_prefix: str | None = None,
+    ) -> tuple[str, int]:
+        """``prompt`` (any, not only the bench's) decoded in one request: the reply's text and
+        its tokens. ``reply_prefix`` starts the reply (a chat prompt continues the assistant's
+        turn, vLLM's and SGLang's ``continue_final_message``; a raw one ends with it)."""
+        path, body = self._body(prompt, max_new_tokens, sampling, seed)
+        if reply_prefix is not None and prompt.chat:
+            body["messages"].append({"role": "assistant", "content": reply_prefix})
+            body |= {"continue_final_message": True, "add_generation_prompt": False}
+        elif reply_prefix is not None:
+            body["prompt"] += reply_prefix
+        answer = self._post(path, body)
+        choice = answer["choices"][0]
+        text = choice["message"]["content"] if prompt.chat else choice["text"]
+        return text or "", int(answer["usage"]["completion_tokens"])
+
+    def _body(
+        self, prompt: Prompt, max_new_tokens: int, sampling: SamplingParams, seed: int
+    ) -> tuple[str, dict[str, Any]]:
+        """The endpoint and request body of ``prompt`` (not streamed)."""
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": max_new_tokens,
@@ -162,20 +211,18 @@ class HttpMethod:
             "top_p": sampling.top_p,
             "top_k": sampling.top_k or -1,
             "seed": seed,
-            "return_token_ids": True,
         }
         if prompt.chat:
-            path, body["messages"] = "chat/completions", [{"role": "user", "content": prompt.text}]
-        else:
-            path, body["prompt"] = "completions", prompt.text
+            body["messages"] = [{"role": "user", "content": prompt.text}]
+            return "chat/completions", body
+        body["prompt"] = prompt.text
+        return "completions", body
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         response = httpx.post(f"{self.server.url}/v1/{path}", json=body, timeout=self.timeout_s)
         response.raise_for_status()
-        answer = response.json()
-        choice = answer["choices"][0]
-        prompt_ids = answer.get("prompt_token_ids") or choice.get("prompt_token_ids")
-        if prompt_ids is None or choice.get("token_ids") is None:
-            raise SpecError(f"the {self.engine} server returned no token ids (return_token_ids)")
-        return list(prompt_ids), list(choice["token_ids"])
+        answer: dict[str, Any] = response.json()
+        return answer
 
     def _counts(self, before: str, after: str, new_tokens: int) -> engine_metrics.SpecCounts | None:
         if self.engine == HttpEngine.SGLANG:
@@ -294,7 +341,11 @@ class HttpSource:
     def needs_every_method(self) -> bool:
         """The gate's evidence (gate_http) needs every candidate's server, stored reps or not."""
         gate = self.plan.quality_gate
-        return gate == GateMethod.EXACT or (gate == GateMethod.TOPK5 and self.engine == HttpEngine.VLLM)
+        if gate == GateMethod.TOPK5:
+            return self.engine == HttpEngine.VLLM
+        # speccore's own server (`specops serve engine`): its gate decodes in-process.
+        on_engine = self.engine in (HttpEngine.VLLM, HttpEngine.SGLANG)
+        return gate == GateMethod.EXACT or (on_engine and gate in _ANSWERED)
 
     def fields(self, candidates: Mapping[str, Candidate]) -> Fields:
         """Per method launched (not attached to by URL): the flags its server gets after the
@@ -331,11 +382,14 @@ class HttpSource:
     def evidence(self, live: Collection[str]) -> Fields:
         methods = {m: self.opened[m] for m in live}
         if self.plan.quality_gate == GateMethod.EXACT:
-            agreement = _greedy_agreement(self.plan, methods)
-            return {cid: {"greedy_agreement": share} for cid, share in agreement.items()}
-        if self.needs_every_method:
+            return _greedy_agreement(self.plan, methods)
+        if not self.needs_every_method:
+            return {}
+        if self.plan.quality_gate == GateMethod.TOPK5:
             return _top5(self.plan, methods)
-        return {}
+        if self.plan.quality_gate == GateMethod.MMLU_SLICE:
+            return _mmlu(self.plan, methods)
+        return _structured(self.plan, methods)
 
     def stop(self) -> None:
         for server in reversed(self.started):
@@ -422,23 +476,100 @@ def _top5(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[str, dict[str
     return found
 
 
-def _greedy_agreement(plan: BenchPlan, methods: dict[str, HttpMethod]) -> dict[str, float]:
-    """Per candidate still measured: the share of prompts whose greedy text is the baseline's.
+_ANSWERED = (GateMethod.MMLU_SLICE, GateMethod.CONSTRAINT_VIOLATION)
+# A server's answer the gate's evidence cannot use (the candidate then gets none).
+_DECODE_ERRORS = (openai.OpenAIError, httpx.HTTPError, SpecError, KeyError, ValueError)
 
-    A candidate whose greedy decoding fails gets none (its gate then fails it)."""
+
+def _against_baseline(
+    plan: BenchPlan,
+    methods: Mapping[str, HttpMethod],
+    what: str,
+    decode: Callable[[HttpMethod], _T],
+    fields: Callable[[_T, _T], dict[str, Any]],
+) -> dict[str, dict[str, Any]]:
+    """Per candidate still measured, `fields` of the baseline's and its own `decode`; a
+    candidate whose decoding fails gets none (its gate then fails it), and all do when the
+    baseline's fails."""
     try:
-        want = methods[BASELINE_ID].greedy(plan.max_new_tokens, plan.seed)
-    except (openai.OpenAIError, httpx.HTTPError) as err:
-        log.warning("run %s: the baseline's greedy outputs failed: %s", plan.run_id, describe(err))
+        want = decode(methods[BASELINE_ID])
+    except _DECODE_ERRORS as err:
+        log.warning("run %s: the baseline's %s failed: %s", plan.run_id, what, describe(err))
         return {}
-    agreement: dict[str, float] = {}
+    found: dict[str, dict[str, Any]] = {}
     for cid, method in methods.items():
         if cid == BASELINE_ID:
             continue
         try:
-            got = method.greedy(plan.max_new_tokens, plan.seed)
-        except (openai.OpenAIError, httpx.HTTPError) as err:
-            log.warning("run %s: greedy outputs of %s failed: %s", plan.run_id, cid, describe(err))
+            got = decode(method)
+        except _DECODE_ERRORS as err:
+            log.warning("run %s: the %s of %s failed: %s", plan.run_id, what, cid, describe(err))
             continue
-        agreement[cid] = sum(a == b for a, b in zip(want, got, strict=True)) / len(want)
-    return agreement
+        found[cid] = fields(want, got)
+    return found
+
+
+def _mmlu(plan: BenchPlan, methods: Mapping[str, HttpMethod]) -> dict[str, dict[str, Any]]:
+    """`Measurement.mmlu` per candidate: the seeded MMLU questions answered greedily, each reply
+    started with specprompts.mmlu's prefix, as the in-process gate asks them."""
+    questions = mmlu_questions(MMLU_QUESTIONS, plan.seed)
+    asked = [Prompt(q["id"], question_text(q), True, "mmlu") for q in questions]
+
+    def answers(method: HttpMethod) -> list[int | None]:
+        replies = [
+            method.reply(p, MMLU_NEW_TOKENS, GREEDY, plan.seed, reply_prefix=ANSWER_PREFIX) for p in asked
+        ]
+        return [parse_answer(text) for text, _ in replies]
+
+    def fields(base: list[int | None], cand: list[int | None]) -> dict[str, Any]:
+        evidence = MmluEvidence(
+            seed=plan.seed,
+            question_ids=[q["id"] for q in questions],
+            truth=[q["answer"] for q in questions],
+            baseline_answers=base,
+            candidate_answers=cand,
+        )
+        return {"mmlu": evidence}
+
+    return _against_baseline(plan, methods, "MMLU answers", answers, fields)
+
+
+def _structured(plan: BenchPlan, methods: Mapping[str, HttpMethod]) -> dict[str, dict[str, Any]]:
+    """`Measurement.structured` per candidate: the workload's JSON-Schema tasks decoded with the
+    plan's sampling (task i: seed + i), each reply's violations counted."""
+    tasks = constraint_tasks(str(plan.fingerprint), STRUCTURED_TASKS, plan.seed)
+    sampling = SamplingParams.of(plan.sampling)
+
+    def replies(method: HttpMethod) -> list[tuple[str, int]]:
+        return [
+            method.reply(t.prompt, STRUCTURED_NEW_TOKENS, sampling, plan.seed + i)
+            for i, t in enumerate(tasks)
+        ]
+
+    def fields(base: list[tuple[str, int]], cand: list[tuple[str, int]]) -> dict[str, Any]:
+        base_found = [violations(text, t.schema) for (text, _), t in zip(base, tasks, strict=True)]
+        cand_found = [violations(text, t.schema) for (text, _), t in zip(cand, tasks, strict=True)]
+        evidence = StructuredEvidence(
+            task_ids=[t.prompt.id for t in tasks],
+            baseline_violations=[v for v, _ in base_found],
+            candidate_violations=[v for v, _ in cand_found],
+            candidate_problems=[p for _, p in cand_found],
+            baseline_tokens=sum(n for _, n in base),
+            candidate_tokens=sum(n for _, n in cand),
+        )
+        return {"structured": evidence}
+
+    return _against_baseline(plan, methods, "structured replies", replies, fields)
+
+
+def _greedy_agreement(plan: BenchPlan, methods: Mapping[str, HttpMethod]) -> dict[str, dict[str, Any]]:
+    """`Measurement.greedy_agreement` per candidate: the share of prompts whose greedy text is
+    the baseline's."""
+
+    def texts(method: HttpMethod) -> list[str]:
+        return method.greedy(plan.max_new_tokens, plan.seed)
+
+    def fields(want: list[str], got: list[str]) -> dict[str, Any]:
+        return {"greedy_agreement": sum(a == b for a, b in zip(want, got, strict=True)) / len(want)}
+
+    return _against_baseline(plan, methods, "greedy outputs", texts, fields)

@@ -132,6 +132,12 @@ def topk5_over_http(candidate: Candidate, evidence: Top5Evidence, threshold: flo
     )
 
 
+def judged_over_http(candidate: Candidate, outcome: GateOutcome, reason: str) -> GateOutcome:
+    """An outcome its method computed from evidence a bench gathered on engine servers
+    (mmlu_slice: Measurement.mmlu, constraint_violation: Measurement.structured), marked so."""
+    return outcome.model_copy(update={"details": _over_http(candidate, reason, **outcome.details)})
+
+
 def _over_http(candidate: Candidate, reason: str, **evidence: JsonValue) -> dict[str, JsonValue]:
     """The details of a verdict on evidence a bench gathered on engine servers."""
     return {

@@ -1,35 +1,23 @@
 """`mmlu_slice`: MMLU accuracy with and without the candidate on a seeded slice.
 
-Each question is asked zero-shot (as a chat turn when the model has a template)
-and the reply is started with "The correct answer is", which small instruct
-models otherwise tend to spend their first tokens on. Both engines decode a few
-tokens greedily; the first standalone letter A-D is the answer (none counts as
-wrong). The score is the accuracy drop, baseline - candidate.
+The questions are asked as specprompts.mmlu asks them; both engines decode a few
+tokens greedily and the first standalone letter A-D is the answer (none counts as
+wrong). The score is the accuracy drop, baseline - candidate. In-process the gate
+decodes both sides on speccore; a candidate measured on an engine server brings the
+same answers from the bench (`Measurement.mmlu`), judged by the same
+:func:`mmlu_outcome`.
 """
 
 from __future__ import annotations
 
-import re
-
 from speccore.engine import Engine
 from speccore.models import LoadedModel
 from speccore.sampling import SamplingParams
-from specops_schemas.candidates import GateOutcome
+from specops_schemas.candidates import GateOutcome, MmluEvidence
 from specops_schemas.catalog import GateMethod
 from specops_services.quality_gate.decoding import Reference
+from specprompts.mmlu import ANSWER_PREFIX, parse_answer, question_text
 from specprompts.sources import MMLUQuestion, mmlu_questions
-
-LETTERS = "ABCD"
-ANSWER_PREFIX = "The correct answer is"
-_ANSWER = re.compile(r"\b([ABCD])\b")
-
-
-def question_text(q: MMLUQuestion) -> str:
-    options = "\n".join(f"{letter}. {text}" for letter, text in zip(LETTERS, q["choices"], strict=True))
-    return (
-        f"The following is a multiple choice question about {q['subject']}.\n\n"
-        f"{q['question']}\n{options}\nAnswer with the letter of the correct option."
-    )
 
 
 def question_ids(target: LoadedModel, q: MMLUQuestion) -> list[int]:
@@ -39,25 +27,28 @@ def question_ids(target: LoadedModel, q: MMLUQuestion) -> list[int]:
     return prompt + list(target.tokenizer(ANSWER_PREFIX, add_special_tokens=False).input_ids)
 
 
-def parse_answer(text: str) -> int | None:
-    """Index of the first standalone letter A-D in a reply, or None."""
-    found = _ANSWER.search(text)
-    return LETTERS.index(found.group(1)) if found else None
-
-
 def mmlu_slice(ref: Reference, engine: Engine, sampling: SamplingParams, threshold: float) -> GateOutcome:
     """Always greedy: accuracy is a property of the model's best answer, not of a sample."""
     questions = mmlu_questions(ref.sample.mmlu_questions, ref.sample.seed)
     ids = [question_ids(ref.target, q) for q in questions]
     n_new = ref.sample.mmlu_new_tokens
     greedy = SamplingParams()
-    base = [parse_answer(g.text) for g in ref.baseline("mmlu", ids, n_new, greedy)]
-    cand = [parse_answer(g.text) for g in ref.generate(engine, ids, n_new, greedy)]
+    evidence = MmluEvidence(
+        seed=ref.sample.seed,
+        question_ids=[q["id"] for q in questions],
+        truth=[q["answer"] for q in questions],
+        baseline_answers=[parse_answer(g.text) for g in ref.baseline("mmlu", ids, n_new, greedy)],
+        candidate_answers=[parse_answer(g.text) for g in ref.generate(engine, ids, n_new, greedy)],
+    )
+    return mmlu_outcome(evidence, threshold)
 
-    truth = [q["answer"] for q in questions]
-    base_acc = sum(a == t for a, t in zip(base, truth, strict=True)) / len(questions)
-    cand_acc = sum(a == t for a, t in zip(cand, truth, strict=True)) / len(questions)
-    changed = [q["id"] for q, a, b in zip(questions, base, cand, strict=True) if a != b]
+
+def mmlu_outcome(evidence: MmluEvidence, threshold: float) -> GateOutcome:
+    base, cand, truth = evidence.baseline_answers, evidence.candidate_answers, evidence.truth
+    n = len(truth)
+    base_acc = sum(a == t for a, t in zip(base, truth, strict=True)) / n
+    cand_acc = sum(a == t for a, t in zip(cand, truth, strict=True)) / n
+    changed = [qid for qid, a, b in zip(evidence.question_ids, base, cand, strict=True) if a != b]
     score = base_acc - cand_acc
     return GateOutcome(
         method=GateMethod.MMLU_SLICE,
@@ -66,8 +57,8 @@ def mmlu_slice(ref: Reference, engine: Engine, sampling: SamplingParams, thresho
         threshold=threshold,
         details={
             "decoding": "greedy",
-            "questions": len(questions),
-            "seed": ref.sample.seed,
+            "questions": n,
+            "seed": evidence.seed,
             "baseline_accuracy": base_acc,
             "candidate_accuracy": cand_acc,
             "baseline_unanswered": base.count(None),

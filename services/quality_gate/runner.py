@@ -25,7 +25,10 @@ from specops_schemas.catalog import Engine, GateMethod
 from specops_schemas.events import BenchPlan
 from specops_schemas.heads import HeadGateResult, HeadTrained
 from specops_services.quality_gate import heads, logic
+from specops_services.quality_gate.constraints import constraint_outcome
+from specops_services.quality_gate.decoding import describe
 from specops_services.quality_gate.gate import QualityGate, pending, skipped
+from specops_services.quality_gate.mmlu import mmlu_outcome
 from specops_services.quality_gate.sample import GateSample, Thresholds
 from specops_services.quality_gate.settings import QualityGateSettings
 from specplatform.hostlock import DeviceLock, device_lock_name
@@ -55,10 +58,9 @@ class GateRunner:
         one of its uploaded corpora; `measured`: its bench summary).
 
         `skipped` and `pending` load nothing. A candidate measured on an engine server
-        (vLLM, SGLang, `specops serve engine`) is gated `exact` on the greedy outputs its
-        bench compared (`measured.greedy_agreement`), and a vLLM candidate `topk5` on the
-        outputs its bench scored (`measured.top5`), loading nothing either; a vLLM or SGLang
-        candidate under another method, which needs decoding in this process, fails closed.
+        (vLLM, SGLang, `specops serve engine`) is gated on the evidence its bench gathered
+        there, loading nothing either (`_over_http`); a vLLM or SGLang candidate without
+        it (logit_kl, which needs each token's whole distribution) fails closed.
         A candidate the gate cannot run on gets a failed verdict (logic.gate_unavailable); a
         target that cannot be loaded raises speccore.model_cache.ModelLoadError, which fails
         the whole run.
@@ -68,17 +70,20 @@ class GateRunner:
             return skipped()
         if method == GateMethod.PENDING:
             return pending()
-        agreement = measured.greedy_agreement if measured is not None else None
-        if method == GateMethod.EXACT and agreement is not None:
-            return logic.exact_over_http(candidate, agreement, Thresholds().exact)
-        top5 = measured.top5 if measured is not None else None
-        if method == GateMethod.TOPK5 and top5 is not None:
-            return logic.topk5_over_http(candidate, top5, Thresholds().topk5)
+        over_http = _over_http(plan, candidate, measured)
+        if over_http is not None:
+            return over_http
         if plan.target.engine != Engine.SPECCORE:
             why = (
                 f"a {plan.target.engine} candidate is gated on the evidence its bench gathered on the engine "
-                f"servers (exact; topk5 on vLLM), which it did not report; {method} decodes on speccore"
+                f"servers, which it did not report for {method}"
             )
+            if method == GateMethod.LOGIT_KL:
+                why = (
+                    "logit_kl needs each emitted token's whole distribution, which an engine server does not "
+                    f"return (vLLM: at most 20 log-probabilities a position), so a {plan.target.engine} "
+                    "candidate cannot be gated on it; choose topk5, exact, mmlu_slice or constraint_violation"
+                )
             return logic.gate_unavailable(method, candidate, SpecError(why))
         # The gate decodes on the same device a benchmark-runner measures on: a gate running
         # beside a bench would skew its timings, so it takes the device's host lock as well.
@@ -156,6 +161,30 @@ class GateRunner:
             artifact_root=self.settings.artifact_root,
         )
         return candidate if path is None else candidate.model_copy(update={"draft": str(path)})
+
+
+def _over_http(plan: BenchPlan, candidate: Candidate, measured: Measurement | None) -> GateOutcome | None:
+    """The verdict on what the candidate's bench gathered on its engine servers, if it did:
+    `exact` on its greedy outputs against the baseline server's (`greedy_agreement`), `topk5`
+    on its outputs scored by the baseline vLLM server (`top5`), `mmlu_slice` on both servers'
+    answers (`mmlu`), `constraint_violation` on both servers' JSON replies (`structured`)."""
+    if measured is None:
+        return None
+    method, thresholds = plan.quality_gate, Thresholds()
+    if method == GateMethod.EXACT and measured.greedy_agreement is not None:
+        return logic.exact_over_http(candidate, measured.greedy_agreement, thresholds.exact)
+    if method == GateMethod.TOPK5 and measured.top5 is not None:
+        return logic.topk5_over_http(candidate, measured.top5, thresholds.topk5)
+    if method == GateMethod.MMLU_SLICE and measured.mmlu is not None:
+        outcome = mmlu_outcome(measured.mmlu, thresholds.mmlu_slice)
+        reason = "MMLU answers of the candidate's engine server against the baseline server's"
+        return logic.judged_over_http(candidate, outcome, reason)
+    if method == GateMethod.CONSTRAINT_VIOLATION and measured.structured is not None:
+        decoding = describe(SamplingParams.of(plan.sampling))
+        outcome = constraint_outcome(measured.structured, decoding, thresholds.constraint_violation)
+        reason = "JSON-Schema violations of the candidate's engine server's replies against the baseline's"
+        return logic.judged_over_http(candidate, outcome, reason)
+    return None
 
 
 def resolve_head(root: Path, tenant_id: str | None, head_id: str) -> Path:

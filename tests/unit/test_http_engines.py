@@ -20,7 +20,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from speccore.sampling import SamplingParams
 from specops_schemas.api import Target
-from specops_schemas.candidates import Candidate, Measurement, Top5Evidence
+from specops_schemas.candidates import (
+    Candidate,
+    Measurement,
+    MmluEvidence,
+    StructuredEvidence,
+    Top5Evidence,
+)
 from specops_schemas.catalog import Engine, Family, GateMethod
 from specops_schemas.engine_flags import EngineCannotRun
 from specops_schemas.events import BenchPlan
@@ -273,6 +279,54 @@ def test_the_topk5_gate_over_http_judges_what_the_bench_scored(tmp_path: Path) -
     assert (
         failed.passed is False and failed.score == pytest.approx(0.9) and failed.details["outside_top5"] == 4
     )
+    assert len(runner.models) == 0
+
+
+def test_mmlu_and_constraint_gates_over_http_judge_the_servers_answers(tmp_path: Path) -> None:
+    """A candidate whose server answered every MMLU question as the baseline's did passes;
+    one that answered a correct one wrongly fails with the drop. Schema violations above the
+    baseline's rate fail constraint_violation, naming the task; logit_kl fails closed."""
+    runner = GateRunner(QualityGateSettings(measure_lock_dir=tmp_path))
+    ids, truth, base = ["mmlu:1", "mmlu:2", "mmlu:3", "mmlu:4"], [0, 1, 2, 3], [0, 1, None, 2]
+
+    def mmlu(candidate_answers: list[int | None]) -> Measurement:
+        evidence = MmluEvidence(
+            seed=0, question_ids=ids, truth=truth, baseline_answers=base, candidate_answers=candidate_answers
+        )
+        return _summary(None).model_copy(update={"mmlu": evidence})
+
+    plan = _plan("vllm", gate="mmlu_slice")
+    same = runner.evaluate(plan, NGRAM, measured=mmlu(list(base)))
+    worse = runner.evaluate(plan, NGRAM, measured=mmlu([3, 1, None, 2]))
+    assert same.method == GateMethod.MMLU_SLICE and same.passed is True and same.score == 0.0
+    assert same.details["measured_over"] == "http" and same.details["baseline_accuracy"] == 0.5
+    assert worse.passed is False and worse.score == pytest.approx(0.25)
+    assert worse.details["first_changed"] == "mmlu:1" and worse.details["changed_answers"] == 1
+
+    def structured(candidate_violations: list[int], problems: list[str | None]) -> Measurement:
+        evidence = StructuredEvidence(
+            task_ids=["structured:a", "structured:b"],
+            baseline_violations=[1, 0],
+            candidate_violations=candidate_violations,
+            candidate_problems=problems,
+            baseline_tokens=200,
+            candidate_tokens=200,
+        )
+        return _summary(None).model_copy(update={"structured": evidence})
+
+    plan = _plan("vllm", gate="constraint_violation")
+    same = runner.evaluate(plan, NGRAM, measured=structured([1, 0], ["not one JSON value", None]))
+    broke = runner.evaluate(plan, NGRAM, measured=structured([1, 2], [None, "'name' is a required property"]))
+    assert same.passed is True and same.score == 0.0 and same.details["measured_over"] == "http"
+    assert broke.passed is False and broke.score == pytest.approx(10.0)  # 2 more per 200 tokens
+    assert broke.details["worst_task"] == {
+        "task_id": "structured:b",
+        "extra_violations": 2,
+        "problem": "'name' is a required property",
+    }
+
+    closed = runner.evaluate(_plan("vllm", gate="logit_kl"), NGRAM, measured=_summary(None))
+    assert closed.passed is False and "whole distribution" in str(closed.details["error"])
     assert len(runner.models) == 0
 
 

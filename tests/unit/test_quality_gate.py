@@ -19,13 +19,12 @@ from speccore.sampling import SamplingParams
 from speccore.verify import Block, verify_block
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import GateMethod
-from specops_services.quality_gate.constraints import violations
 from specops_services.quality_gate.decoding import LOSSY_OPTION, build_engine
 from specops_services.quality_gate.gate import QualityGate, evaluate, pending, skipped
 from specops_services.quality_gate.logit_kl import kl_per_position
-from specops_services.quality_gate.mmlu import parse_answer
 from specops_services.quality_gate.sample import GateSample, Thresholds
-from specprompts.structured import structured_tasks
+from specprompts.mmlu import parse_answer
+from specprompts.structured import structured_tasks, violations
 
 # Tiny on purpose: 2 prompts x 24 tokens, 4 MMLU questions, 2 structured tasks.
 SAMPLE = GateSample(
