@@ -1,4 +1,4 @@
-"""HTTP bodies of the T1 endpoints under API_PREFIX (seed 000, DESIGN.md §6)."""
+"""HTTP bodies of the T1 endpoints under API_PREFIX."""
 
 from __future__ import annotations
 
@@ -90,6 +90,19 @@ class RunCreateRequest(Model):
         description="Also offer the tenant's T3 heads in `uat` (production ones always are); such a run "
         "neither reads nor fills the winner cache.",
     )
+
+    @model_validator(mode="after")
+    def _gate_runs_on_the_engine(self) -> Self:
+        """An engine server returns a token's 20 most likely log-probabilities at most, which
+        every other gate method does with; logit_kl needs the whole distribution."""
+        engine = self.target.engine
+        if self.goal.quality_gate == GateMethod.LOGIT_KL and engine in (Engine.VLLM, Engine.SGLANG):
+            raise ValueError(
+                f"goal.quality_gate logit_kl needs each emitted token's whole distribution, which a "
+                f"{engine} server does not return; choose topk5 (the default), exact, mmlu_slice or "
+                "constraint_violation"
+            )
+        return self
 
 
 class RunError(Model):
@@ -262,7 +275,7 @@ class Problem(BaseModel):
         """422 from pydantic/FastAPI error dicts (their `loc` and `msg`)."""
         fields = [
             ProblemFieldError(
-                pointer="#/" + "/".join(_escape(part) for part in _body_loc(e["loc"])), detail=e["msg"]
+                pointer="#" + "".join(f"/{_escape(part)}" for part in _body_loc(e["loc"])), detail=e["msg"]
             )
             for e in errors
         ]

@@ -237,6 +237,8 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
         (("goal", "priorities", "throughput"), "fast", "#/goal/priorities/throughput", "valid number"),
         (("goal", "priorities"), {"throughput": 0, "latency": 0}, "#/goal/priorities", "must be positive"),
         (("target", "model_ref"), "", "#/target/model_ref", "at least 1 character"),
+        # A vLLM server does not return the whole distribution logit_kl compares.
+        (("goal", "quality_gate"), "logit_kl", "#", "needs each emitted token's whole distribution"),
     ],
 )
 def test_bad_requests_get_clear_problem_details(
