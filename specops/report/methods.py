@@ -60,8 +60,22 @@ def parse_methods(text: str) -> dict[str, list[str]]:
 def vllm_methods(server_args: tuple[str, ...]) -> dict[str, list[str]]:
     """vLLM's `none` and VLLM_CANDIDATES, labelled, with apply's flags then `server_args`."""
     engine = HttpEngine.VLLM
-    extra = [*server_args, *VLLM_REPORT_ARGS]
+    extra = [*_without(server_args, VLLM_REPORT_ARGS[0]), *VLLM_REPORT_ARGS]
     methods = {VLLM_PREFIX + BASELINE: launch_args(engine, None, extra_args=extra)}
     for candidate in VLLM_CANDIDATES:
         methods[VLLM_PREFIX + candidate.candidate_id] = launch_args(engine, candidate, extra_args=extra)
     return methods
+
+
+def _without(args: tuple[str, ...], flag: str) -> list[str]:
+    """`args` less `flag` and its value (the report sets its own)."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == flag:
+            skip = True
+        elif not arg.startswith(f"{flag}="):
+            kept.append(arg)
+    return kept

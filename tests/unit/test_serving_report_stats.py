@@ -90,7 +90,13 @@ def test_vllm_methods_launch_the_flags_apply_renders_then_the_cpu_server_setting
         flags = methods[f"vllm:{candidate.candidate_id}"]
         _, applied = engine_config(candidate, Engine.VLLM)
         assert flags[: len(applied)] == applied
-        assert flags[len(applied) :][: len(VLLM.server_args)] == list(VLLM.server_args)
+        # The engine environment's settings, with the report's KV cache in place of theirs.
+        settings = flags[len(applied) :]
+        assert settings.count("--kv-cache-memory-bytes") == 1
+        assert settings[settings.index("--kv-cache-memory-bytes") + 1] == str(2 * 1024**3)
+        assert [a for a in VLLM.server_args if a not in settings] == [
+            VLLM.server_args[VLLM.server_args.index("--kv-cache-memory-bytes") + 1]
+        ]
     ngram = json.loads(methods["vllm:ngram-k4"][1])
     assert (ngram["prompt_lookup_min"], ngram["prompt_lookup_max"]) == (1, 4)
 
