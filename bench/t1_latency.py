@@ -1,4 +1,4 @@
-"""T1 latency against a running stack (`specops up`): the two promises of DESIGN.md §1.
+"""T1 latency against a running stack (`specops up`): how soon a run answers.
 
 - a cache miss: POST runs -> `run.predicted` on the run's event stream, criterion < 5 s;
 - a cache hit:  POST runs -> completed (the POST answers `completed`, `cache_hit=true`),

@@ -1,4 +1,4 @@
-"""Closed vocabularies shared by every service (DESIGN.md §2, §3, §6; seed 000).
+"""Closed vocabularies shared by every service.
 
 Family is the one open vocabulary: its members are the family specs registered in
 speccatalog.families (the built-in ones and those of installed packages), so a new
@@ -44,7 +44,7 @@ class Fingerprint(StrEnum):
 
 
 class GateMethod(StrEnum):
-    """The seven quality-gate methods of seed 000; `topk5` is the default."""
+    """The seven quality-gate methods; `topk5` is the default."""
 
     EXACT = "exact"
     TOPK5 = "topk5"
@@ -82,7 +82,7 @@ class RunStatus(StrEnum):
 
 
 class ErrorStage(StrEnum):
-    """Where a run or a candidate failed; `quality_regression` is a gate fail (seed 000);
+    """Where a run or a candidate failed; `quality_regression` is a gate fail;
     `dead_letter`: a service gave up on one of the run's events and parked it (DLQ)."""
 
     VALIDATION = "validation"

@@ -2,8 +2,8 @@
 apply answers, and what the benchmark-runner launches an HTTP engine with.
 
 Each family's spec (speccatalog.families) renders its own settings, under the flag and
-key names of reference/engines.md; this module wraps them for the wire and as launch
-arguments:
+key names of the engines' own config classes (vLLM's SpeculativeConfig, SGLang's
+ServerArgs); this module wraps them for the wire and as launch arguments:
 
 - vLLM: one ``--speculative-config`` JSON (``method``, ``model``,
   ``num_speculative_tokens``, ...). vLLM takes no static tree.

@@ -1,4 +1,4 @@
-"""T3 Learn (seed 000, "How to train a T3 head"): the HTTP bodies of `heads` and the events of
+"""T3 Learn: the HTTP bodies of `heads` and the events of
 `spec.head.<head_id>.*`.
 
 Flow (every event's correlation_id is the head id):

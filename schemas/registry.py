@@ -1,7 +1,7 @@
 """Tenant artifacts the gateway registers: the HTTP bodies of `datastores` and the events of
 `spec.registry.<id>.*`.
 
-A *datastore* here is a customer corpus for the `rest` family (seed 000, T2 Example 2):
+A *datastore* here is a customer corpus for the `rest` family (T2 with an uploaded corpus):
 the raw text a tenant uploaded (`POST datastores`), kept in the content-addressed artifact
 store at `datastores/<tenant>/<sha256>.<txt|jsonl>`. Its id is derived from (tenant,
 sha256) (`specplatform.artifacts.datastore_id`), so the same upload twice is the same

@@ -1,4 +1,4 @@
-"""A tenant's security policy (seed 000 "Security", issue 20) and the security events.
+"""A tenant's security policy (F-S1 to F-S3) and the security events.
 
 The security service (`specops serve security`) owns every tenant's policy: its tier, timing
 jitter (F-S2), speculation opt-out (F-S3) and monthly GPU budget. Every change is a

@@ -1,4 +1,4 @@
-"""T2 Tune (seed 000, "How to run a T2 tune session"): the HTTP bodies of `tune-sessions` and
+"""T2 Tune: the HTTP bodies of `tune-sessions` and
 the events of `spec.tune.<session_id>.*`.
 
 Flow (every event's correlation_id is the session id):
@@ -255,7 +255,7 @@ class TuneSpaceNarrowed(TuneEvent):
 
 
 class TuneTerminated(TuneEvent):
-    """The auto-termination rule fired (seed 000: 80 % of the budget without improving the
+    """The auto-termination rule fired (80 % of the budget without improving the
     top-3 by more than 1 sigma)."""
 
     event_type = "tune.terminated"

@@ -1,4 +1,4 @@
-"""Python SDK of the T1 HTTP API (seed 000's example; DESIGN.md §6).
+"""Python SDK of the T1 HTTP API.
 
     from specops.client import SpeculativeClient
 

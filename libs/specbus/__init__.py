@@ -1,4 +1,4 @@
-"""The reliable bus every service uses (DESIGN.md §5).
+"""The reliable bus every service uses.
 
 - `make_broker` / `ensure_stream`: a FastStream NATS broker that reconnects forever and
   the SPEC stream it binds to.

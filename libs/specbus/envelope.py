@@ -1,4 +1,4 @@
-"""The event envelope (DESIGN.md §5), generic over its payload, mapped 1:1 onto CloudEvents."""
+"""The event envelope every bus message carries, generic over its payload, mapped 1:1 onto CloudEvents."""
 
 from __future__ import annotations
 

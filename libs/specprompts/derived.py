@@ -1,4 +1,4 @@
-"""Prompt sets of the six fingerprints derived from the packaged sources (DESIGN.md §3).
+"""Prompt sets of the six fingerprints derived from the packaged sources.
 
 Nothing here is downloaded: every set is built deterministically from the same
 ShareGPT, MT-Bench, HumanEval and MMLU files as ``chat`` and ``code``

@@ -1,4 +1,4 @@
-"""Real prompt sets for measurement, training data and quality checks (DESIGN.md §3).
+"""Real prompt sets for measurement, training data and quality checks.
 
 Sources, all installed from PyPI (no hub access at run time):
 

@@ -1,7 +1,7 @@
 """An HTTP engine's speculative-decoding counts, read from its Prometheus ``/metrics`` text.
 
 vLLM and ``specops serve engine`` export the same counters under their own prefix
-(``vllm:``, ``specops:``; reference/engines.md): ``spec_decode_num_drafts``,
+(``vllm:``, ``specops:``): ``spec_decode_num_drafts``,
 ``spec_decode_num_draft_tokens``, ``spec_decode_num_accepted_tokens`` and
 ``spec_decode_num_accepted_tokens_per_pos{position}``, each with ``_total``. A draft is
 one row-step that drafted at least one token; accepted at position i counts the drafts

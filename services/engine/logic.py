@@ -1,7 +1,7 @@
 """Pure decisions of the engine server: OpenAI parameters as speccore requests, and the
 spec-decode counts one batcher update adds to a request's.
 
-Spec-decode counts follow vLLM (reference/engines.md): a *draft* is one row-step that
+Spec-decode counts follow vLLM's `spec_decode_*` counters: a *draft* is one row-step that
 drafted at least one token; *draft tokens* are the nodes verified; *accepted per
 position i* counts the steps whose accepted length exceeds i.
 """

@@ -1,5 +1,5 @@
 """The engine server's Prometheus metrics: vLLM's serving and spec-decode metrics under the
-`specops:` prefix, each labelled `model_name` (reference/engines.md, ecosystem.md §4).
+`specops:` prefix, each labelled `model_name`, as vLLM labels its own.
 
 Counters (exported with `_total`): `spec_decode_num_drafts`, `spec_decode_num_draft_tokens`,
 `spec_decode_num_accepted_tokens`, `spec_decode_num_accepted_tokens_per_pos{position}`,

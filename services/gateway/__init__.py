@@ -1,4 +1,4 @@
-"""The HTTP gateway (DESIGN.md §6): T1 runs API, SSE progress, apply, and the run projector.
+"""The HTTP gateway: T1 runs API, SSE progress, apply, and the run projector.
 
 Layout: `app` (factory + lifespan), `routes` (HTTP surface), `runs` (what each endpoint
 does), `auth` (bearer tokens, roles), `problems` (RFC 9457 errors), `projector` (bus

@@ -57,7 +57,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app = FastAPI(
         title="specops gateway",
         version="1",
-        description="T1 speculative-decoding runs, T2 tune sessions and the T3 head registry (DESIGN.md §6). "
+        description="T1 speculative-decoding runs, T2 tune sessions and the T3 head registry. "
         "Errors are `application/problem+json`.",
         lifespan=_lifespan,
     )

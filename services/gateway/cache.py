@@ -1,4 +1,4 @@
-"""The 30-day winner cache: its key and lifetime (seed 000, T1).
+"""The 30-day winner cache: its key and lifetime (T1).
 
 The gateway owns winner_cache: its projector stores a run's answer under `key_columns`
 of the run's request when it records the run's run.completed, and POST /runs looks a

@@ -27,7 +27,7 @@ from specops_schemas.events import RunCompleted, RunFailed, RunPredicted
 # --- roles -------------------------------------------------------------------------------
 
 # head_reviewer signs heads off to production, which outranks the developer's uat step
-# (seed 000), so on the runs API it has a developer's rights; only admin is above.
+# (the product's roles), so on the runs API it has a developer's rights; only admin is above.
 ROLE_RANK: dict[Role, int] = {Role.VIEWER: 0, Role.DEVELOPER: 1, Role.HEAD_REVIEWER: 1, Role.ADMIN: 2}
 
 

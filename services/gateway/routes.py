@@ -1,4 +1,4 @@
-"""The HTTP surface under API_PREFIX (DESIGN.md §6): thin handlers over `runs`."""
+"""The HTTP surface under API_PREFIX: thin handlers over `runs`."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The candidate catalog: every family's configurations for a target, then pruning.
 
 Each family's spec (speccatalog.families) enumerates its candidates and says why a
-workload, a target or an engine rules one out (reference/engines.md for what vLLM,
+workload, a target or an engine rules one out (speccatalog.families for what vLLM,
 SGLang and speccore run); this module only loops over the specs and adds the
 hardware rule: the draft, heads, datastore and draft KV cache must fit beside the
 target. Cascade is enumerated only with ENABLE_L4_CASCADE.

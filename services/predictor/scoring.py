@@ -3,7 +3,7 @@
 A candidate's score is the priority-weighted mean of its throughput and latency
 speedups (weights normalised to sum 1). The pareto front is over (speedup, higher is
 better) x (extra memory, lower is better). The winner is the best *qualified* candidate:
-measured, gate passed (seed 000: a failed gate sets quality_preserved=0.0 and
+measured, gate passed (a failed gate sets quality_preserved=0.0 and
 error_stage="quality_regression" and disqualifies it whatever its speed) and faster
 than the baseline. When the target could not be measured here, the winner is the
 predicted best, flagged measured=False.

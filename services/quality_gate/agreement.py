@@ -1,4 +1,4 @@
-"""Token agreement with the target: `exact` (top-1) and `topk5` (seed 000's default)."""
+"""Token agreement with the target: `exact` (top-1) and `topk5` (the default)."""
 
 from __future__ import annotations
 

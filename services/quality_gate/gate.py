@@ -1,4 +1,4 @@
-"""The quality gate's seven methods (seed 000) behind one call; no bus, no SQL.
+"""The quality gate's seven methods behind one call; no bus, no SQL.
 
 Five methods measure the candidate against the target on speccore: `exact`,
 `topk5`, `logit_kl`, `mmlu_slice`, `constraint_violation`. `skipped` passes

@@ -13,7 +13,7 @@ from specops_schemas.events import BenchPlan
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """Pass bounds of seed 000's table, one per measured method (field name = method)."""
+    """Pass bounds of the product's gate table, one per measured method (field name = method)."""
 
     exact: float = 1.0  # min token agreement with the target's greedy output; lossless means all
     topk5: float = 0.95  # min top-5 agreement (greedy: share of tokens inside the target's top 5)

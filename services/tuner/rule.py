@@ -1,4 +1,4 @@
-"""The auto-termination rule of a T2 session (seed 000: "auto-terminate at 80 % of the budget if
+"""The auto-termination rule of a T2 session ("auto-terminate at 80 % of the budget if
 the top-3 did not improve by more than 1 sigma"), made precise; pure.
 
 Over the session's *complete* trials (measured, gate passed; failed trials have no value):

@@ -28,7 +28,7 @@ from specplatform.db import migrate
 from specplatform.errors import RuntimeSetupError
 from specplatform.settings import RUNTIME_ENV_FILE, Settings, render_env_file
 
-# The services of DESIGN.md §5, in start order (the gateway last, so that everything
+# The services, in start order (the gateway last, so that everything
 # that answers its requests is already subscribed); `down` stops them in reverse.
 SERVICES = (
     "audit",

@@ -8,7 +8,7 @@ validated -> production 409, a developer's promotion to production 403, a promot
 rationale 422); `uat` (developer) -> `production` (head reviewer, approval row with the
 rationale); a new T1 run of the tenant lists and measures the head; deprecation -> the same
 request is no cache hit on the answer that listed the head, and the new run does not offer
-it. Every move is an event, and the audit log holds each. And seed 000's Example 1 on a
+it. Every move is an event, and the audit log holds each. And the product's T3 example on a
 published head: a vLLM H100 run of Llama-3.1-8B-Instruct (predicted here) lists the
 published EAGLE-3 head, and `apply` renders the `--speculative-config` that loads it.
 """

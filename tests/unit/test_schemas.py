@@ -41,7 +41,7 @@ from specops_schemas.events import (
 
 GENERATED = Path(__file__).resolve().parents[2] / "schemas" / "generated"
 
-# The body of seed 000's curl example, verbatim.
+# The body of the product spec's curl example, verbatim.
 SEED_BODY: dict[str, Any] = {
     "target": {
         "model_ref": "meta-llama/Llama-3.1-70B-Instruct",

@@ -1,4 +1,4 @@
-"""Which workload fingerprint a new run declares: the three-question wizard of seed 000, and a guess
+"""Which workload fingerprint a new run declares: the three-question wizard, and a guess
 from pasted sample prompts. Pure functions; the new-run page offers both and the user may still
 pick any fingerprint by hand.
 

@@ -88,7 +88,7 @@ def mean_sigma(mean: float | None, sigma: float | None) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Hero:
-    """The winner hero of a run page (seed 000's SpecWinnerHero)."""
+    """The winner hero of a run page (SpecWinnerHero)."""
 
     family: str
     draft: str
