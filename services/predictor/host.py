@@ -53,14 +53,20 @@ def host_info(settings: PredictorSettings) -> HostInfo:
     ValueError if SPECOPS_MEASURED_ENGINES names an unknown engine."""
     engines = measured_engines(settings.measured_engines)
     info = dataclasses.replace(_host_hardware(settings), engines=engines)
-    sizes = (settings.bench_reps, settings.bench_prompts, settings.bench_new_tokens)
-    if sizes == (None, None, None):
+    sizes = (
+        settings.bench_reps,
+        settings.bench_prompts,
+        settings.bench_new_tokens,
+        settings.bench_candidates,
+    )
+    if sizes == (None, None, None, None):
         return info
     default = GPU_BENCH if info.cuda else CPU_BENCH
     bench = BenchDefaults(
         reps=settings.bench_reps or default.reps,
         n_prompts=settings.bench_prompts or default.n_prompts,
         max_new_tokens=settings.bench_new_tokens or default.max_new_tokens,
+        candidates=settings.bench_candidates or default.candidates,
     )
     return dataclasses.replace(info, bench=bench)
 

@@ -45,6 +45,7 @@ FINGERPRINT_CONTEXT: dict[Fingerprint, int] = {
     F.STRUCTURED: 4096, F.REASONING: 8192, F.CREATIVE: 4096, F.LONG_CONTEXT: 32_768,
 }  # fmt: skip
 MODE_BATCHES: dict[Mode, tuple[int, int]] = {Mode.INTERACTIVE: (1, 8), Mode.BATCH: (32, 32)}
+# Candidates a T1 bench measures beside the baseline, unless the host says otherwise.
 TOP_N = 3
 # speccore builds a default REST datastore for these workloads (libs/speccore/corpora.py).
 BUILTIN_DATASTORE_WORKLOADS = (F.CHAT, F.CODE)
@@ -59,6 +60,7 @@ class BenchDefaults:
     reps: int
     n_prompts: int
     max_new_tokens: int
+    candidates: int = TOP_N  # measured beside the baseline (pick_for_bench)
 
 
 CPU_BENCH = BenchDefaults(reps=2, n_prompts=3, max_new_tokens=48)
@@ -246,7 +248,6 @@ def plan_run(
     available_datastores: Iterable[DatastoreRef] = (),
     target: TargetInfo | None = None,
     enable_cascade: bool = False,
-    top_n: int = TOP_N,
     calibrations: Sequence[Calibration] = (),
 ) -> Plan:
     """Plan a T1 run; pure: every fact about the world comes in as an argument.
@@ -257,8 +258,6 @@ def plan_run(
     calibrations: the host's calibration files (calibration.py); the one of this target and
     hardware profile, if any, calibrates every prediction.
     """
-    if top_n < 1:
-        raise ValueError(f"top_n must be positive, got {top_n}")
     info = target or resolve_target(request.target.model_ref)
     profile = resolve_profile(request.target.gpu)
     _check_engine_runs(request.target.engine, profile, host)
@@ -299,7 +298,7 @@ def plan_run(
             fingerprint=fingerprint,
             mode=request.mode,
             quality_gate=request.goal.quality_gate,
-            candidates=pick_for_bench(ranked, top_n),
+            candidates=pick_for_bench(ranked, defaults.candidates),
             reps=defaults.reps,
             n_prompts=defaults.n_prompts,
             max_new_tokens=defaults.max_new_tokens,

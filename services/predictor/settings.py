@@ -53,6 +53,14 @@ class PredictorSettings(Settings):
         description="SPECOPS_BENCH_NEW_TOKENS: tokens per prompt (default 48 on CPU, 128 on GPU); smoke "
         "tests and scaling checks shrink benches with these three, at the cost of noisier speedups.",
     )
+    bench_candidates: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="SPECOPS_BENCH_CANDIDATES: candidates a T1 bench measures beside the baseline (default "
+        "3: the best of each family, then the next best); on an engine launched per candidate each is a "
+        "server start.",
+    )
     predictor_history_rows: int = Field(
         500, ge=0, le=100_000, description="Newest measured_history rows of a fingerprint read per plan."
     )

@@ -21,6 +21,7 @@ def _points(console: Console) -> list[WebElement]:
     return console.all("chart-point", console.find("best-so-far-chart"))
 
 
+@pytest.mark.long  # a whole T2 session (two minutes here); the tuner's service tests run in make test
 def test_the_best_so_far_chart_grows_live(console: Console, live: Live, form_run: str) -> None:
     dev = live.stack.clients["dev"]
     run = dev.runs.wait(form_run, timeout=WAIT_S)

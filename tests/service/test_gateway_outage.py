@@ -42,12 +42,12 @@ def _wait_for(condition: Any, what: str) -> None:
 
 
 def test_a_database_outage_is_a_503_with_retry_after_and_the_sdk_waits_it_out(
-    private_postgres: PrivatePostgres, nats_url: str, caplog: pytest.LogCaptureFixture
+    private_postgres: PrivatePostgres, empty_nats_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     dsn = private_postgres.url
     tokens = asyncio.run(issue_tokens(dsn))
     auth = {"Authorization": f"Bearer {tokens['dev']}"}
-    settings = gateway_settings(dsn, nats_url).model_copy(
+    settings = gateway_settings(dsn, empty_nats_url).model_copy(
         update={"gateway_retry_after_s": 1, "gateway_db_timeout_s": 1.0}
     )
     # uvicorn's own logger does not propagate: an "Exception in ASGI application" would go there.

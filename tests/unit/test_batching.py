@@ -189,10 +189,15 @@ def test_requests_of_different_methods_share_a_step(smollm, prompts) -> None:
         batcher.add(requests[0], "eagle")
 
 
-ADAPTIVE = [s for s in SETTINGS if s[0] in ("ngram", "eagle", "draft_model", "suffix")]
+# make test keeps ngram and eagle; draft_model and suffix are `long`.
+ADAPTIVE = [
+    pytest.param(m, c, id=m, marks=[pytest.mark.long] if m in ("draft_model", "suffix") else [])
+    for m, c in SETTINGS
+    if m in ("ngram", "eagle", "draft_model", "suffix")
+]
 
 
-@pytest.mark.parametrize(("method", "config"), ADAPTIVE, ids=[m for m, _ in ADAPTIVE])
+@pytest.mark.parametrize(("method", "config"), ADAPTIVE)
 def test_adaptive_k_keeps_greedy_output_plain(smollm, prompts, method, config) -> None:
     """Adaptive k changes how much each step drafts, never what is emitted: greedy output
     through the batcher and through Engine.generate equals plain decoding's."""
@@ -242,7 +247,7 @@ def test_adaptive_k_is_refused_where_the_draft_size_is_fixed(smollm) -> None:
     ("method", "config"),
     [
         ("eagle", ProposerConfig(k=3, head="builtin:eagle")),
-        ("draft_model", ProposerConfig(k=3, draft="self:8")),
+        pytest.param("draft_model", ProposerConfig(k=3, draft="self:8"), marks=pytest.mark.long),
     ],
     ids=["eagle", "draft_model"],
 )

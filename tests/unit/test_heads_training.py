@@ -109,6 +109,7 @@ def whole(data, tmp_path_factory) -> tuple[Path, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # a minute here; make test keeps test_training_continues_from_a_trained_head
 def test_training_killed_midway_resumes_to_the_same_head(data, whole, tmp_path):
     whole_dir, whole = whole
     assert whole["resumed_from_step"] is None and whole["stopped_by"] == "epochs"

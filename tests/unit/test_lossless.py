@@ -302,8 +302,11 @@ def sampling_prompt(smollm):
 @pytest.mark.parametrize(
     "method",
     [
-        "none", "ngram", "draft_model", "eagle",
-        *(pytest.param(m, marks=LONG) for m in ("rest", "lookahead", "suffix", "medusa", DISTILLED)),
+        "none", "ngram",
+        *(
+            pytest.param(m, marks=LONG)
+            for m in ("draft_model", "eagle", "rest", "lookahead", "suffix", "medusa", DISTILLED)
+        ),
     ],
 )  # fmt: skip
 def test_sampled_output_follows_target_distribution(smollm, sampling_prompt, datastore, method, request):

@@ -570,6 +570,11 @@ def test_offline_alias_on_a_cpu_host_gets_a_quick_bench_of_distinct_families() -
     tiny = dataclasses.replace(CPU_HOST, bench=BenchDefaults(reps=1, n_prompts=1, max_new_tokens=8))
     small = plan_run(request(fingerprint="code"), run_id="run-1", host=tiny).bench_plan
     assert small is not None and (small.reps, small.n_prompts, small.max_new_tokens) == (1, 1, 8)
+    one = dataclasses.replace(
+        CPU_HOST, bench=BenchDefaults(reps=1, n_prompts=1, max_new_tokens=8, candidates=1)
+    )
+    single = plan_run(request(fingerprint="code"), run_id="run-1", host=one).bench_plan
+    assert single is not None and single.candidates == [plan.ranked[0].candidate]
 
 
 def test_measurable_only_where_the_host_matches() -> None:

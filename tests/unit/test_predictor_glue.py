@@ -4,6 +4,7 @@ dead letters."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 from typing import Any
 
 import pytest
@@ -52,6 +53,8 @@ def test_bench_size_settings_override_the_profile_defaults() -> None:
     assert small == BenchDefaults(reps=1, n_prompts=CPU_BENCH.n_prompts, max_new_tokens=8)
     gpu = host.host_info(PredictorSettings(host_gpu="h100", bench_prompts=2)).bench
     assert gpu == BenchDefaults(reps=GPU_BENCH.reps, n_prompts=2, max_new_tokens=GPU_BENCH.max_new_tokens)
+    two = host.host_info(PredictorSettings(host_gpu="cpu", bench_candidates=2)).bench
+    assert two == dataclasses.replace(CPU_BENCH, candidates=2)
 
 
 def _measured(cid: str) -> Measurement:
