@@ -43,7 +43,8 @@ chromium:
 	fi
 
 # Everything but the `long` tests (the whole-runtime flows of tests/integration and the
-# slowest cases of the lossless and batching sweeps): CI's suite, under 40 minutes on 2 cores.
+# slowest cases of the lossless and batching sweeps): CI's suite, under 40 minutes on 2 cores,
+# on two pytest-xdist workers (each test module on one worker, one torch thread each).
 test: setup
 	$(PY) -m pytest -n 2 --dist loadscope -q --durations=25 -m "not long"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
@@ -55,7 +56,7 @@ test-full: setup
 demo: setup
 	$(PY) scripts/demo.py
 
-# The README's measured results: greedy, 128 new tokens, 2 CPU threads, ratios in one run.
+# The measured CPU speeds (docs/results/cpu-speed.md): greedy, 128 new tokens, 2 CPU threads, ratios in one run.
 # Per workload two runs, each with its own `none`: the methods that decode at about
 # plain speed, then the slow draft-model ones on fewer prompts (a rep of them takes
 # several times longer); the shipped heads on held-out prompts; and none against HF
@@ -78,7 +79,7 @@ bench: setup
 		--json $(RESULTS)-chat-passive-greedy-cpu2.json
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
 
-# Issue 22's speedups (README "Suffix decoding and heads trained at scale"): suffix against
+# Suffix decoding and heads trained at scale (docs/results/suffix.md, docs/results/heads.md): suffix against
 # ngram on the repetitive agentic set (24 and 48 prompts, the 48 also with a prefix cache, and
 # by kind) and on chat and code, what a verify block costs by its size, and the EAGLE
 # head trained on the 1.6M-token distill-256 chunks (builtin:eagle) on held-out chat (depth 5,
@@ -141,7 +142,7 @@ gemma-bench: setup
 		--prefix-cache --n-prompts 24 --max-new-tokens 128 --threads 2 --reps 1 \
 		--json bench/results/gemma-3-270m-agentic24-prefix-cache-greedy-cpu2.json
 
-# The predictor's calibration set (README "The calibrated predictor"): the catalog's key
+# The predictor's calibration set (docs/results/predictor.md): the catalog's key
 # options of every family that runs here x 7 workloads, 8 prompts, 64 new tokens, 1 rep,
 # greedy, each workload one interleaved run with its own none, measured twice: on each
 # workload's first 8 prompts (the set) and on its next 8 (the held-out set); then the
@@ -157,7 +158,7 @@ calibrate: setup
 	OMP_WAIT_POLICY=PASSIVE $(PY) bench/calibrate.py --out bench/results/calibration-smollm2-cpu2.json \
 		--held-out $(CALIBRATION_HELD_OUT)
 
-# On a CUDA host (README "speccore on a GPU"): greedy identity per family, batch-1 speedups
+# On a CUDA host (docs/results/gpu.md): greedy identity per family, batch-1 speedups
 # and the continuous batcher at 32 rows, bfloat16; GPU_BENCH_ARGS adds options.
 GPU_BENCH_ARGS ?=
 gpu-bench: setup
@@ -170,11 +171,11 @@ ENGINES_BENCH_ARGS ?=
 engines-bench: setup
 	OMP_WAIT_POLICY=PASSIVE $(PY) bench/engines.py --out bench/results/engines-cpu2.json $(ENGINES_BENCH_ARGS)
 
-# The serving report (README "Serving report"): a server per method, speccore's (`specops serve
+# The serving report (docs/results/serving.md): a server per method, speccore's (`specops serve
 # engine`: none, n-gram, EAGLE, both with --adaptive-k) beside vLLM's CPU build (--vllm: none,
 # ngram, suffix with apply's flags), closed-loop load at concurrency 1, 8 and 32 on ShareGPT,
 # MT-Bench and HumanEval, p50/p99 TTFT/TPOT/e2e, goodput, acceptance per distribution, $/1M
-# tokens. REPORT_ARGS adds or overrides options (the README's run: --reps 2).
+# tokens. REPORT_ARGS adds or overrides options (docs/results/serving.md names its runs).
 REPORT_ARGS ?=
 report: setup
 	$(VENV)/bin/specops report --model smollm2-135m-instruct --n-prompts 8 --max-tokens 64 --vllm \
@@ -210,7 +211,7 @@ tune-bench: setup
 side-channel: setup
 	$(PY) bench/side_channel.py --out bench/results/side-channel.json
 
-# The web console's main pages as PNGs under docs/console/ (the README shows them): a live
+# The web console's main pages as PNGs under docs/console/ (the README and docs show them): a live
 # stack with a measured run, a tune session and a head, an admin's headless Chromium. ~2 min.
 screenshots: setup
 	$(PY) scripts/console_screenshots.py --out docs/console
