@@ -12,8 +12,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+from psycopg_pool import AsyncConnectionPool
 
-from specbus.broker import make_broker, upstream_stream_configs
+from specbus.broker import SpecBroker, make_broker, upstream_stream_configs
 from specbus.outbox import OutboxRelay
 from specbus.tasks import cancel_until_done
 from specops_schemas import MIGRATIONS
@@ -28,6 +29,7 @@ from specops_services.gateway import (
     reaper,
     results,
     routes,
+    runs,
     security_projector,
     security_routes,
     tune_projector,
@@ -45,6 +47,11 @@ from specplatform.ops import process_ops
 from specplatform.settings import Settings
 
 log = logging.getLogger(__name__)
+
+SERVICE = projector.SERVICE
+"""The gateway's name on the bus (consumer names, dead-letter subject, inbox prefix)."""
+PUBLISHES = runs.PUBLISHES
+"""The events the gateway publishes on SPEC."""
 
 PURGE_INTERVAL_S = 600.0
 # Not traced: the probes (a trace per poll) and the event streams (an open stream polls
@@ -114,13 +121,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     await pool.open(wait=True)
     broker.declare_streams(upstream_stream_configs())
-    if settings.gateway_projector:
-        projector.register(broker, pool)
-        tune_projector.register(broker, pool)
-        heads_projector.register(broker, pool)
-        security_projector.register(broker, pool)
-    if settings.gateway_intake:
-        intake.register(broker, pool, max_active_runs=settings.gateway_max_active_runs)
+    subscribe(
+        broker,
+        pool,
+        projectors=settings.gateway_projector,
+        intake_runs=settings.gateway_intake,
+        max_active_runs=settings.gateway_max_active_runs,
+    )
     tasks: list[asyncio.Task[None]] = []
     try:
         await broker.start()
@@ -141,6 +148,25 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.close()
         if ops is not None:
             await ops.stop()
+
+
+def subscribe(
+    broker: SpecBroker,
+    pool: AsyncConnectionPool,
+    *,
+    projectors: bool = True,
+    intake_runs: bool = True,
+    max_active_runs: int = 1,
+) -> None:
+    """Register the gateway's bus handlers: its projectors (runs, tune sessions, heads, security)
+    and the intake of upstream run requests, each unless switched off."""
+    if projectors:
+        projector.register(broker, pool)
+        tune_projector.register(broker, pool)
+        heads_projector.register(broker, pool)
+        security_projector.register(broker, pool)
+    if intake_runs:
+        intake.register(broker, pool, max_active_runs=max_active_runs)
 
 
 def _spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

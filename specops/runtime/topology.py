@@ -25,8 +25,7 @@ from specops.runtime.nats_auth import BoundConsumer, ServiceUser
 from specops_services.audit import app as audit
 from specops_services.benchmark_runner import app as benchmark_runner
 from specops_services.benchmark_runner import logic as benchmark_runner_logic
-from specops_services.gateway import heads_projector, intake, projector, security_projector, tune_projector
-from specops_services.gateway import runs as gateway_runs
+from specops_services.gateway import app as gateway
 from specops_services.head_trainer import app as head_trainer
 from specops_services.head_trainer import logic as head_trainer_logic
 from specops_services.predictor import app as predictor
@@ -61,7 +60,7 @@ class Consumer:
 # The runner's and the trainer's retry is given because their default reads their settings; a retry
 # policy changes ack waits and backoff, never a durable name or a filter.
 _REGISTRATIONS: dict[str, Callable[[SpecBroker], None]] = {
-    "gateway": lambda broker: _gateway(broker),
+    "gateway": lambda broker: gateway.subscribe(broker, _UNUSED),
     "predictor": lambda broker: predictor.subscribe(broker, _UNUSED, _UNUSED),
     "tuner": lambda broker: tuner.subscribe(broker, _UNUSED, _UNUSED),
     "benchmark-runner": lambda broker: benchmark_runner.subscribe(
@@ -72,14 +71,6 @@ _REGISTRATIONS: dict[str, Callable[[SpecBroker], None]] = {
     "audit": lambda broker: audit.subscribe(broker, _UNUSED),
     "security": lambda broker: security.subscribe(broker, _UNUSED),
 }
-
-
-def _gateway(broker: SpecBroker) -> None:
-    projector.register(broker, _UNUSED)
-    tune_projector.register(broker, _UNUSED)
-    heads_projector.register(broker, _UNUSED)
-    security_projector.register(broker, _UNUSED)
-    intake.register(broker, _UNUSED, max_active_runs=1)
 
 
 def bus_consumers() -> dict[str, list[Consumer]]:
@@ -106,7 +97,7 @@ def _consumer(stream: str, config: ConsumerConfig) -> Consumer:
 # Service -> its name on the bus (consumer names, dead-letter subject, inbox prefix), the
 # events it publishes and the streams it creates when they are missing.
 _BUS: dict[str, tuple[str, tuple[type[EventPayload], ...], tuple[str, ...]]] = {
-    "gateway": (projector.SERVICE, gateway_runs.PUBLISHES, (STREAM, INTAKE_STREAM, RESULTS_STREAM)),
+    "gateway": (gateway.SERVICE, gateway.PUBLISHES, (STREAM, INTAKE_STREAM, RESULTS_STREAM)),
     "predictor": (predictor.SERVICE, predictor_logic.PUBLISHES, (STREAM,)),
     "tuner": (tuner.SERVICE, tuner_logic.PUBLISHES, (STREAM,)),
     "benchmark-runner": (benchmark_runner.SERVICE, benchmark_runner_logic.PUBLISHES, (STREAM,)),
