@@ -63,7 +63,7 @@ from specops.runtime.supervisor import SERVICES, down, status, up
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import Role
 from specops_schemas.events import RunRequested
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 from specplatform.settings import STATE_DIR_ENV, Settings
 
 TARGET = {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"}

@@ -12,7 +12,7 @@ import uuid
 from typing import Any
 
 from specops_schemas.catalog import Role
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 
 def fresh_token(

@@ -19,39 +19,41 @@ from specbus.outbox import OutboxRelay
 from specbus.tasks import cancel_until_done
 from specops_schemas import MIGRATIONS
 from specops_schemas.api import Problem
-from specops_services.gateway import (
-    datastores,
-    db,
-    heads_projector,
-    heads_routes,
-    intake,
-    projector,
-    reaper,
-    results,
-    routes,
-    runs,
-    security_projector,
-    security_routes,
-    tune_projector,
-    tune_routes,
-)
+from specops_schemas.events import RunCompleted, RunFailed, RunQueued, RunRequested
+from specops_schemas.heads import HeadFailed, HeadRequested, HeadTransitioned
+from specops_schemas.registry import DatastoreRegistered
+from specops_schemas.security import PolicyChangeRequested, SecurityRefused
+from specops_schemas.tune import TuneRequested
+from specops_services.gateway import idempotency, projecting, results
 from specops_services.gateway.console import router as console
-from specops_services.gateway.limits import BodyLimit
-from specops_services.gateway.listen import claim_port, deployment_id, listening_socket
-from specops_services.gateway.listener import RunEventsListener
+from specops_services.gateway.datastores import routes as datastores
+from specops_services.gateway.heads import projector as heads_projector
+from specops_services.gateway.heads import routes as heads_routes
+from specops_services.gateway.http import db as http_db
+from specops_services.gateway.http.limits import BodyLimit
+from specops_services.gateway.http.listener import RunEventsListener
+from specops_services.gateway.http.problems import install, problem_response, responses
+from specops_services.gateway.http.socket import claim_port, deployment_id, listening_socket
 from specops_services.gateway.metrics import HttpMetrics, count_runs
-from specops_services.gateway.problems import install, problem_response, responses
+from specops_services.gateway.runs import intake, projector, reaper, routes
+from specops_services.gateway.security import projector as security_projector
+from specops_services.gateway.security import routes as security_routes
 from specops_services.gateway.settings import GatewaySettings, gateway_settings
-from specplatform.db import create_pool, migrate, role_transaction, wait_for_database
+from specops_services.gateway.tune import projector as tune_projector
+from specops_services.gateway.tune import routes as tune_routes
+from specplatform.db import (
+    create_pool,
+    migrate,
+    role_transaction,
+    wait_for_database,
+)
 from specplatform.ops import process_ops
 from specplatform.settings import Settings
 
 log = logging.getLogger(__name__)
 
-SERVICE = projector.SERVICE
+SERVICE = projecting.SERVICE
 """The gateway's name on the bus (consumer names, dead-letter subject, inbox prefix)."""
-PUBLISHES = runs.PUBLISHES
-"""The events the gateway publishes on SPEC."""
 
 PURGE_INTERVAL_S = 600.0
 # Not traced: the probes (a trace per poll) and the event streams (an open stream polls
@@ -184,8 +186,8 @@ async def _purge_keys(app: FastAPI) -> None:
     """Expired idempotency keys are invisible already; this only reclaims their rows."""
     while True:
         try:
-            async with app.state.pool.connection() as conn, role_transaction(conn, db.KEY_PURGER):
-                await db.purge_expired_keys(conn)
+            async with app.state.pool.connection() as conn, role_transaction(conn, idempotency.KEY_PURGER):
+                await idempotency.purge_expired_keys(conn)
         except Exception as exc:
             log.warning("could not purge expired idempotency keys: %r", exc)
         await asyncio.sleep(PURGE_INTERVAL_S)
@@ -199,7 +201,7 @@ async def _readyz(request: Request) -> JSONResponse:
     problems = []
     try:
         async with request.app.state.pool.connection() as conn:
-            await db.ping(conn)
+            await http_db.ping(conn)
     except Exception as exc:
         problems.append(f"postgres: {type(exc).__name__}")
     if not await request.app.state.broker.ping(timeout=1.0):
@@ -213,7 +215,7 @@ def serve(settings: Settings | None = None) -> None:
     """`specops serve gateway`: run the app under uvicorn on the configured host and port.
 
     Replicas of the gateway on one host (`specops up --replicas gateway=N`) all listen
-    on that port (listen.py) and the kernel spreads new connections over them; what the
+    on that port (http/socket.py) and the kernel spreads new connections over them; what the
     gateway keeps between requests (idempotency keys, runs, the SSE feed) is in
     Postgres, so any replica answers any request.
     """
@@ -228,3 +230,23 @@ def serve(settings: Settings | None = None) -> None:
         uvicorn.Server(uvicorn.Config(create_app(gateway), host=host, port=port)).run(sockets=[sock])
     finally:
         os.close(claim)
+
+
+# What the gateway publishes on SPEC (its NATS user may publish these subjects, and the
+# tenants' result subjects, only); run.failed is the reaper's, tune.requested POST tune-sessions',
+# registry.datastore_registered the datastores upload's, head.failed the heads projector's for a
+# head whose event a service parked, security.policy_requested PUT security/policy's and
+# security.refused every refusal for a tenant's security policy (refusals.Refused).
+PUBLISHES = (
+    RunRequested,
+    RunQueued,
+    RunCompleted,
+    RunFailed,
+    TuneRequested,
+    DatastoreRegistered,
+    HeadRequested,
+    HeadTransitioned,
+    HeadFailed,
+    PolicyChangeRequested,
+    SecurityRefused,
+)

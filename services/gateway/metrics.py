@@ -20,7 +20,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specops_schemas.catalog import RunStatus
-from specops_services.gateway import db
+from specops_services.gateway import runs
 from specplatform.db import Pool, role_transaction
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,8 @@ async def count_runs(pool: Pool, *, every_s: float) -> None:
     is unreachable the gauge keeps its last count (the outage is logged by the requests)."""
     while True:
         try:
-            async with pool.connection() as conn, role_transaction(conn, db.RUN_MONITOR):
-                record_runs(await db.count_runs_by_status(conn))
+            async with pool.connection() as conn, role_transaction(conn, runs.RUN_MONITOR):
+                record_runs(await runs.count_runs_by_status(conn))
         except psycopg.OperationalError:
             pass
         except psycopg.Error as exc:

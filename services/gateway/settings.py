@@ -67,7 +67,8 @@ class GatewaySettings(Settings):
         "(200 with the new policy); past it, 202 and the change lands shortly after.",
     )
     gateway_reaper: bool = Field(
-        True, description="Fail the runs that made no progress within their stage's deadline (reaper.py)."
+        True,
+        description="Fail the runs that made no progress within their stage's deadline (the reaper).",
     )
     reaper_interval_s: float = Field(
         30.0, gt=0.0, le=3600.0, description="SPECOPS_REAPER_INTERVAL_S: how often the reaper looks."

@@ -50,7 +50,7 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
 
 def _tenant_add(args: argparse.Namespace) -> int:
     from specops.runtime.supervisor import add_tenant
-    from specops_services.gateway.tokens import ensure_tenant
+    from specops_services.gateway.http.tokens import ensure_tenant
     from specplatform.settings import load_settings
 
     settings = load_settings()

@@ -32,7 +32,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def run_create(args: argparse.Namespace) -> int:
-    from specops_services.gateway.tokens import issue_token
+    from specops_services.gateway.http.tokens import issue_token
     from specplatform.settings import load_settings
 
     dsn = args.database_url or load_settings().require_database_url()

@@ -45,10 +45,10 @@ from specops_schemas import MIGRATIONS
 from specops_schemas.events import parse_event
 from specops_services.audit.replay import ReplayStart, messages
 from specops_services.benchmark_runner import projection as bench_projection
-from specops_services.gateway import heads_projection as gateway_heads_projection
-from specops_services.gateway import projection as gateway_projection
-from specops_services.gateway import security_projection as gateway_security_projection
-from specops_services.gateway import tune_projection as gateway_tune_projection
+from specops_services.gateway.heads import projection as gateway_heads_projection
+from specops_services.gateway.runs import projection as gateway_projection
+from specops_services.gateway.security import projection as gateway_security_projection
+from specops_services.gateway.tune import projection as gateway_tune_projection
 from specops_services.predictor import projection as predictor_projection
 from specops_services.quality_gate import projection as gate_projection
 from specplatform.db import Connection, connect, migrate, role_transaction, tenant_transaction

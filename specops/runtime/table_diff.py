@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from specops_services.gateway.cache import KEY_COLUMNS
+from specops_services.gateway.winner_cache import KEY_COLUMNS
 
 # Longest value printed in a difference line; jsonb columns can be kilobytes.
 SHOWN_CHARS = 160

@@ -21,7 +21,7 @@ from specops.client import SpeculativeClient
 from specops_schemas.candidates import BASELINE_ID
 from specops_schemas.catalog import Role
 from specops_schemas.events import BenchRepMeasured, GateEvaluated, RunCompleted
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 from specplatform import engines
 
 VLLM = engines.state("vllm")

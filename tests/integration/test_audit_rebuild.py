@@ -26,7 +26,7 @@ from specops.cli import main as specops
 from specops.client import SpeculativeClient
 from specops.runtime import postgres_server
 from specops_schemas.catalog import Role
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 from specplatform.db import with_database
 
 pytestmark = [

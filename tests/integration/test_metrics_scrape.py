@@ -18,7 +18,7 @@ from specops.client import SpeculativeClient
 from specops.runtime.state import StateDir
 from specops_schemas.api import API_PREFIX
 from specops_schemas.catalog import Role
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 pytestmark = [
     pytest.mark.slow,

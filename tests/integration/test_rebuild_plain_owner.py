@@ -28,7 +28,7 @@ from specops.runtime.rebuild import RebuildError, diff, rebuild
 from specops_schemas import MIGRATIONS
 from specops_schemas.registry import DatastoreRegistered
 from specops_services.audit.replay import ReplayStart
-from specops_services.gateway import projection as gateway_projection
+from specops_services.gateway.runs import projection as gateway_projection
 from specplatform.db import connect, migrate, tenant_transaction, with_database
 
 OWNER = "specops_owner"

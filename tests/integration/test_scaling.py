@@ -36,7 +36,7 @@ from fixtures.runtime import TINY, Runtime, started
 from specops.client import SpeculativeClient
 from specops.runtime.supervisor import SERVICES, status
 from specops_schemas.catalog import Role
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 from specplatform.hostlock import DeviceLock
 
 pytestmark = [

@@ -24,7 +24,7 @@ from specops.client import SpeculativeClient
 from specops.runtime.state import StateDir, terminate
 from specops.runtime.supervisor import RuntimeStatus, status, up
 from specops_schemas.catalog import Role
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 pytestmark = [
     pytest.mark.slow,

@@ -24,7 +24,7 @@ from specops.client import RunEvent, SpeculativeClient
 from specops_schemas.candidates import BASELINE_ID
 from specops_schemas.catalog import Role
 from specops_schemas.events import BenchRepMeasured, GateEvaluated, RunCompleted, RunPredicted
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 pytestmark = [
     pytest.mark.slow,

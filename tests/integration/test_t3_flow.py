@@ -29,7 +29,7 @@ from fixtures.runtime import TINY, started
 from specops.client import Run, SpecopsAPIError, SpeculativeClient
 from specops_schemas.catalog import Role
 from specops_schemas.heads import HeadResponse
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 pytestmark = [
     pytest.mark.slow,

@@ -29,7 +29,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
 
 from specops.client import SpeculativeClient
 from specops_schemas.catalog import Role
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 pytestmark = [
     pytest.mark.slow,

@@ -31,7 +31,7 @@ from specops_schemas.api import API_PREFIX
 from specops_schemas.catalog import Role
 from specops_schemas.events import parse_event
 from specops_schemas.tune import TuneStarted
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 pytestmark = [
     pytest.mark.slow,

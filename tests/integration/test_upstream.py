@@ -27,7 +27,7 @@ from nats.js.errors import NotFoundError
 from specbus.dlq import DeadLetter
 from specops_schemas.api import API_PREFIX
 from specops_schemas.catalog import Role
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 pytestmark = [
     pytest.mark.slow,

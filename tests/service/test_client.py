@@ -61,7 +61,7 @@ from specops_schemas.events import (
 )
 from specops_schemas.security import OPT_OUT_REASON
 from specops_services.gateway.app import create_app
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 WAIT_S = 15.0
 FAST = Retry(attempts=3, backoff_s=0.01, max_backoff_s=0.05)

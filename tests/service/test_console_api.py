@@ -14,7 +14,7 @@ from fixtures.flows import SESSIONS, completed_run, start
 from fixtures.gateway import RUNS, Gateway, run_body, running_gateway
 
 from specops_schemas.api import API_PREFIX, PROBLEM_MEDIA_TYPE
-from specops_services.gateway import logic
+from specops_services.gateway.http import credentials
 
 ME = f"{API_PREFIX}/me"
 
@@ -123,7 +123,7 @@ async def test_a_revoked_tokens_cookie_is_refused(gw: Gateway) -> None:
         async with await psycopg.AsyncConnection.connect(gw.dsn, autocommit=True) as conn:
             await conn.execute(
                 "UPDATE api_tokens SET revoked_at = now() WHERE secret_sha256 = %s",
-                (logic.hash_token(gw.tokens["dev"]),),
+                (credentials.hash_token(gw.tokens["dev"]),),
             )
         problem(await dev.get(ME), 401)
     async with await cookie_client(gw, "viewer") as viewer:

@@ -19,7 +19,7 @@ from fixtures.head_flows import HEADS, validated_head
 
 from specops_schemas.catalog import Role
 from specops_schemas.tune import TuneCompleted
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 UI = "/ui"
 ROLES = ("viewer", "dev", "reviewer", "admin")

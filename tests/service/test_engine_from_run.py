@@ -19,7 +19,7 @@ from specops.client import SpeculativeClient
 from specops_schemas.candidates import Candidate, CandidateResult, Measurement, Prediction
 from specops_schemas.catalog import Role
 from specops_services.gateway.app import create_app
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 
 pytestmark = pytest.mark.slow
 

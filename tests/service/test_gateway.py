@@ -51,10 +51,11 @@ from specops_schemas.events import (
     RunPredicted,
     RunRunning,
 )
-from specops_services.gateway import db as gateway_db
-from specops_services.gateway import logic
+from specops_services.gateway import idempotency
 from specops_services.gateway.app import create_app
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http import credentials
+from specops_services.gateway.http.tokens import issue_token
+from specops_services.gateway.runs import logic as run_logic
 
 WAIT_S = 10.0
 
@@ -195,15 +196,15 @@ def parse_sse(text: str) -> tuple[list[dict[str, str]], list[str]]:
 
 def test_status_only_moves_forward() -> None:
     running, predicted, rep, completed = flow("r-1")
-    queued = logic.RunState(RunStatus.QUEUED)
-    at_predicted = logic.fold(logic.fold(queued, running), predicted)
+    queued = run_logic.RunState(RunStatus.QUEUED)
+    at_predicted = run_logic.fold(run_logic.fold(queued, running), predicted)
     assert at_predicted.status == RunStatus.PREDICTED and len(at_predicted.candidates) == 2
-    assert logic.fold(at_predicted, running) is at_predicted  # e.g. running(stage=measuring)
-    assert logic.fold(at_predicted, rep) is at_predicted
-    done = logic.fold(queued, completed)  # events may overtake each other
+    assert run_logic.fold(at_predicted, running) is at_predicted  # e.g. running(stage=measuring)
+    assert run_logic.fold(at_predicted, rep) is at_predicted
+    done = run_logic.fold(queued, completed)  # events may overtake each other
     assert done.status == RunStatus.COMPLETED and done.winner == WINNER.model_dump(mode="json")
     for late in (running, predicted, *flow("r-1", fail=True)):
-        assert logic.fold(done, late) is done
+        assert run_logic.fold(done, late) is done
 
 
 # --- POST -> GET, tenant scoping, auth ------------------------------------------------------------
@@ -351,7 +352,7 @@ async def test_revoked_token_is_refused(gw: Gateway) -> None:
     async with await psycopg.AsyncConnection.connect(gw.dsn, autocommit=True) as conn:
         await conn.execute(
             "UPDATE api_tokens SET revoked_at = now() WHERE secret_sha256 = %s",
-            (logic.hash_token(gw.tokens["admin"]),),
+            (credentials.hash_token(gw.tokens["admin"]),),
         )
     assert_problem(await gw.create("admin"), 401)
 
@@ -366,10 +367,11 @@ def test_tokens_cli_prints_a_token_once_and_stores_its_hash(
     )
     assert args.handler(args) == 0
     secret = capsys.readouterr().out.strip()
-    assert secret.startswith(logic.TOKEN_PREFIX)
+    assert secret.startswith(credentials.TOKEN_PREFIX)
     with psycopg.connect(db) as conn:
         row = conn.execute(
-            "SELECT tenant_id, role FROM api_tokens WHERE secret_sha256 = %s", (logic.hash_token(secret),)
+            "SELECT tenant_id, role FROM api_tokens WHERE secret_sha256 = %s",
+            (credentials.hash_token(secret),),
         ).fetchone()
         stored = conn.execute(
             "SELECT count(*) FROM api_tokens WHERE secret_sha256 = %s", (secret,)
@@ -417,7 +419,7 @@ async def test_same_key_with_another_body_is_422(gw: Gateway) -> None:
 async def test_same_key_in_flight_is_409(gw: Gateway) -> None:
     # Another gateway replica holding the key = a request still in progress.
     async with await psycopg.AsyncConnection.connect(gw.dsn) as conn, conn.transaction():
-        cur = await conn.execute("SELECT pg_advisory_xact_lock(%s)", (gateway_db._lock_id("acme", "k-3"),))
+        cur = await conn.execute("SELECT pg_advisory_xact_lock(%s)", (idempotency._lock_id("acme", "k-3"),))
         await cur.fetchone()
         assert_problem(await gw.create(**{"Idempotency-Key": "k-3"}), 409)
     assert (await gw.create(**{"Idempotency-Key": "k-3"})).status_code == 202

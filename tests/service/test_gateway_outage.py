@@ -19,10 +19,10 @@ from prometheus_client import REGISTRY
 
 from specops.client import Retry, Run, SpecopsAPIError, SpeculativeClient
 from specops_schemas.api import PROBLEM_MEDIA_TYPE
-from specops_services.gateway import logic
 from specops_services.gateway.app import create_app
-from specops_services.gateway.problems import DATABASE_UNAVAILABLE
-from specops_services.gateway.sse import TOKEN_REVOKED
+from specops_services.gateway.http import credentials
+from specops_services.gateway.http.problems import DATABASE_UNAVAILABLE
+from specops_services.gateway.http.sse import TOKEN_REVOKED
 
 WAIT_S = 60.0
 RUN_ROUTE = f"{RUNS}/{{run_id}}"
@@ -105,7 +105,7 @@ def test_revoking_a_token_ends_its_open_event_stream(db: str, nats_url: str) -> 
         with psycopg.connect(db, autocommit=True) as conn:
             conn.execute(
                 "UPDATE api_tokens SET revoked_at = now() WHERE secret_sha256 = %s",
-                (logic.hash_token(tokens["dev"]),),
+                (credentials.hash_token(tokens["dev"]),),
             )
         with pytest.raises(SpecopsAPIError) as ended:
             next(events)

@@ -52,7 +52,7 @@ from specops_schemas.heads import (
 from specops_services.audit.app import subscribe as subscribe_audit
 from specops_services.audit.replay import ReplayStart
 from specops_services.gateway.app import create_app
-from specops_services.gateway.tokens import issue_token
+from specops_services.gateway.http.tokens import issue_token
 from specplatform.db import create_pool
 
 PREDICTION = Prediction(

@@ -16,3 +16,16 @@ def test_import_contracts_are_kept() -> None:
     done = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+RESOURCES = ("runs", "tune", "heads", "security", "datastores", "console")
+
+
+def test_the_gateway_is_cut_by_resource() -> None:
+    """Each resource is a package of the gateway; no module at its top level belongs to one by name."""
+    gateway = ROOT / "services" / "gateway"
+    prefixed = sorted(
+        p.name for p in gateway.glob("*.py") if any(p.stem.startswith(f"{r}_") for r in RESOURCES)
+    )
+    assert prefixed == []
+    assert all((gateway / resource / "__init__.py").is_file() for resource in (*RESOURCES, "http"))

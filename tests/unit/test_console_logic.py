@@ -7,8 +7,8 @@ import pytest
 
 from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Measurement, Prediction
 from specops_schemas.catalog import Family, Fingerprint, GateMethod, Role
-from specops_services.gateway import logic
 from specops_services.gateway.console import fingerprint, views
+from specops_services.gateway.http import credentials, params
 
 # --- the wizard -----------------------------------------------------------------------------------
 
@@ -145,12 +145,12 @@ def test_mean_and_sigma() -> None:
 
 
 def test_csrf_is_asked_of_unsafe_methods_only() -> None:
-    assert logic.csrf_refusal("GET", None, None) is None
-    assert logic.csrf_refusal("post", "abc", "abc") is None
+    assert credentials.csrf_refusal("GET", None, None) is None
+    assert credentials.csrf_refusal("post", "abc", "abc") is None
     for cookie, header in ((None, "abc"), ("abc", None), ("abc", "abd"), ("", "")):
-        assert logic.csrf_refusal("DELETE", cookie, header) is not None
+        assert credentials.csrf_refusal("DELETE", cookie, header) is not None
 
 
 def test_next_before_is_the_last_row_when_there_is_more() -> None:
-    assert logic.next_before([1, 2, 3], 3, str) == ([1, 2, 3], None)
-    assert logic.next_before([1, 2, 3, 4], 3, str) == ([1, 2, 3], "3")
+    assert params.next_before([1, 2, 3], 3, str) == ([1, 2, 3], None)
+    assert params.next_before([1, 2, 3, 4], 3, str) == ([1, 2, 3], "3")

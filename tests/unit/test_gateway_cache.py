@@ -9,7 +9,8 @@ from specbus.envelope import Envelope, new_event
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import ErrorStage, RunStatus
 from specops_schemas.events import RunCompleted, RunFailed, RunRunning
-from specops_services.gateway import cache, logic
+from specops_services.gateway import winner_cache as cache
+from specops_services.gateway.runs import logic as run_logic
 
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
 
@@ -54,21 +55,23 @@ def test_only_the_answer_that_completes_a_run_is_cached() -> None:
     answer = RunCompleted(
         run_id="r1", cache_hit=False, measured=True, winner=None, candidates=[], pareto_front=[]
     )
-    running = logic.RunState(RunStatus.RUNNING)
+    running = run_logic.RunState(RunStatus.RUNNING)
     completed = event(answer)
-    done = logic.fold(running, completed)
-    assert logic.answer_to_cache(running, done, completed) == answer
+    done = run_logic.fold(running, completed)
+    assert run_logic.answer_to_cache(running, done, completed) == answer
 
     hit = event(answer.model_copy(update={"cache_hit": True}))
-    assert logic.answer_to_cache(running, logic.fold(running, hit), hit) is None
+    assert run_logic.answer_to_cache(running, run_logic.fold(running, hit), hit) is None
     # A redelivery (the run is completed already) or a late answer to a failed run.
-    assert logic.answer_to_cache(done, done, completed) is None
-    failed = logic.fold(running, event(RunFailed(run_id="r1", error_stage=ErrorStage.BENCHMARK, message="x")))
-    assert logic.answer_to_cache(failed, logic.fold(failed, completed), completed) is None
+    assert run_logic.answer_to_cache(done, done, completed) is None
+    failed = run_logic.fold(
+        running, event(RunFailed(run_id="r1", error_stage=ErrorStage.BENCHMARK, message="x"))
+    )
+    assert run_logic.answer_to_cache(failed, run_logic.fold(failed, completed), completed) is None
     # A run failed because a message was parked is completed once the message is redriven.
-    parked = logic.fold(
+    parked = run_logic.fold(
         running, event(RunFailed(run_id="r1", error_stage=ErrorStage.DEAD_LETTER, message="x"))
     )
-    assert logic.answer_to_cache(parked, logic.fold(parked, completed), completed) == answer
+    assert run_logic.answer_to_cache(parked, run_logic.fold(parked, completed), completed) == answer
     measuring = event(RunRunning(run_id="r1", stage="measuring"))
-    assert logic.answer_to_cache(running, logic.fold(running, measuring), measuring) is None
+    assert run_logic.answer_to_cache(running, run_logic.fold(running, measuring), measuring) is None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from specops_services.gateway.listen import claim_port, deployment_id, listening_socket
+from specops_services.gateway.http.socket import claim_port, deployment_id, listening_socket
 from specplatform.errors import RuntimeSetupError
 
 

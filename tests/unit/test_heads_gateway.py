@@ -1,4 +1,4 @@
-"""The gateway's pure decisions about T3 heads (services/gateway/heads_logic.py): who may move a
+"""The gateway's pure decisions about T3 heads (services/gateway/heads/logic.py): who may move a
 head where, and what each head.* event does to the registry's head."""
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from specops_schemas.heads import (
     HeadTrainingStarted,
     HeadTrainRequest,
 )
-from specops_services.gateway import cache, heads_logic
+from specops_services.gateway import winner_cache as cache
+from specops_services.gateway.heads import logic as heads_logic
 
 HEAD = "hd-" + "a" * 24
 SHA = "b" * 64

@@ -12,16 +12,16 @@ from specbus.publish import MSG_ID
 from specbus.subjects import redriven_subject
 from specops.commands.dlq import ERROR_CHARS, detail, summary, table
 from specops.runtime.dlq import ParkedLetter
-from specops_schemas.catalog import ErrorStage
-from specops_services.gateway import logic
+from specops_schemas.catalog import ErrorStage, RunStatus
+from specops_services.gateway.runs import logic as run_logic
 from specops_services.gateway.settings import GatewaySettings
 
 NOW = datetime(2026, 11, 25, 5, 0, tzinfo=UTC)
 DEADLINES = GatewaySettings().stage_deadlines()
 
 
-def progress(last_type: str | None, ago: timedelta, stage: str | None = None) -> logic.RunProgress:
-    return logic.RunProgress("r1", "acme", last_type, stage, NOW - ago)
+def progress(last_type: str | None, ago: timedelta, stage: str | None = None) -> run_logic.RunProgress:
+    return run_logic.RunProgress("r1", "acme", last_type, stage, NOW - ago)
 
 
 @pytest.mark.parametrize(
@@ -42,26 +42,28 @@ def progress(last_type: str | None, ago: timedelta, stage: str | None = None) ->
 def test_a_run_waits_in_the_stage_its_latest_event_opened(
     last_type: str | None, stage: str | None, expected: str
 ) -> None:
-    assert logic.stall_stage(progress(last_type, timedelta(0), stage)) == expected
+    assert run_logic.stall_stage(progress(last_type, timedelta(0), stage)) == expected
 
 
 def test_a_run_is_stalled_only_past_its_stages_deadline() -> None:
     benchmarking = DEADLINES["benchmarking"]
-    assert logic.stalled(progress("bench.rep_measured", benchmarking), DEADLINES, NOW) is None
-    stall = logic.stalled(progress("bench.rep_measured", benchmarking + timedelta(seconds=1)), DEADLINES, NOW)
+    assert run_logic.stalled(progress("bench.rep_measured", benchmarking), DEADLINES, NOW) is None
+    stall = run_logic.stalled(
+        progress("bench.rep_measured", benchmarking + timedelta(seconds=1)), DEADLINES, NOW
+    )
     assert stall is not None and stall.stage == "benchmarking"
     # The same wait is past the deadline of a queued run, which is shorter on the CPU host.
     assert DEADLINES["queued"] < benchmarking
-    assert logic.stalled(progress("run.queued", DEADLINES["queued"] * 1.5), DEADLINES, NOW) is not None
+    assert run_logic.stalled(progress("run.queued", DEADLINES["queued"] * 1.5), DEADLINES, NOW) is not None
 
 
 def test_the_failure_names_the_stage_and_what_to_check() -> None:
-    failed = logic.Stall("benchmarking", timedelta(minutes=20, seconds=5)).failure("r1")
+    failed = run_logic.Stall("benchmarking", timedelta(minutes=20, seconds=5)).failure("r1")
     assert failed.error_stage == ErrorStage.BENCHMARK
     assert failed.message == (
         "no progress in benchmarking for 20 min: is a benchmark-runner running? see `specops status`"
     )
-    queued = logic.Stall("queued", timedelta(seconds=7)).failure("r1")
+    queued = run_logic.Stall("queued", timedelta(seconds=7)).failure("r1")
     assert queued.error_stage == ErrorStage.PREDICTION
     assert queued.message.startswith("no progress in queued for 7 s: is a predictor running?")
 
@@ -69,13 +71,13 @@ def test_the_failure_names_the_stage_and_what_to_check() -> None:
 def test_stage_deadlines_are_settings() -> None:
     settings = GatewaySettings.model_validate({"stage_deadline_gating_s": 3})
     assert settings.stage_deadlines()["gating"] == timedelta(seconds=3)
-    assert set(settings.stage_deadlines()) == set(logic.STALL_STAGES)
+    assert set(settings.stage_deadlines()) == set(run_logic.STALL_STAGES)
 
 
 def test_a_dead_letter_failure_is_completed_by_a_later_answer_only() -> None:
-    parked = logic.RunState(logic.RunStatus.FAILED, error={"error_stage": "dead_letter", "message": "parked"})
-    reaped = logic.RunState(logic.RunStatus.FAILED, error={"error_stage": "benchmark", "message": "x"})
-    assert logic.is_redrivable(parked) and not logic.is_redrivable(reaped)
+    parked = run_logic.RunState(RunStatus.FAILED, error={"error_stage": "dead_letter", "message": "parked"})
+    reaped = run_logic.RunState(RunStatus.FAILED, error={"error_stage": "benchmark", "message": "x"})
+    assert run_logic.is_redrivable(parked) and not run_logic.is_redrivable(reaped)
 
 
 def test_depth_counts_letters_not_redriven() -> None:

@@ -20,7 +20,7 @@ from specops_schemas.security import (
     budget_resets_at,
     month_of,
 )
-from specops_services.gateway import security_logic
+from specops_services.gateway.security import logic as security_logic
 from specops_services.security import logic
 
 TENANT = "acme"

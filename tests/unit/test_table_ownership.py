@@ -40,7 +40,7 @@ def writer_of(path: Path) -> str:
 
 def sources() -> dict[str, str]:
     """Every Python file that may hold SQL, by its path from the repository root."""
-    files = [*ROOT.glob("services/*/*.py"), *(ROOT / "libs").rglob("*.py")]
+    files = [*(ROOT / "services").rglob("*.py"), *(ROOT / "libs").rglob("*.py")]
     return {str(path.relative_to(ROOT)): path.read_text() for path in sorted(files)}
 
 

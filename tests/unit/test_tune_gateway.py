@@ -30,7 +30,8 @@ from specops_schemas.tune import (
     TuneTerminated,
     TuneTrialCompleted,
 )
-from specops_services.gateway import curve, tune_logic
+from specops_services.gateway.tune import curve
+from specops_services.gateway.tune import logic as tune_logic
 
 SESSION = "5b0a3a53-7c1e-4f7e-9a52-1d6f6a0c9e01"
 RUN = "0d9e1a2b-3c4d-4e5f-8a6b-7c8d9e0f1a2b"

@@ -19,21 +19,12 @@ from pydantic import BaseModel, Field
 from specops_schemas.api import API_PREFIX, Problem
 from specops_schemas.catalog import Fingerprint, GateMethod, Mode, Role
 from specops_schemas.security import SECURITY_ADR, JitterMode, SecurityTier
-from specops_services.gateway import (
-    db,
-    heads,
-    heads_logic,
-    logic,
-    runs,
-    security,
-    sse,
-    tune_logic,
-    tune_sessions,
-)
-from specops_services.gateway.auth import Principal, Viewer, pool_of, principal_of, require
+from specops_services.gateway import db, heads, runs, security, tune
 from specops_services.gateway.console import fingerprint, session, views
 from specops_services.gateway.console.headers import ConsoleHeaders
-from specops_services.gateway.problems import ProblemError, problem
+from specops_services.gateway.http import credentials, params, sse
+from specops_services.gateway.http.auth import Principal, Viewer, pool_of, principal_of, require
+from specops_services.gateway.http.problems import ProblemError, problem
 from specplatform.db import tenant_transaction
 
 HERE = Path(__file__).parent
@@ -70,7 +61,7 @@ def _render(
     common = {
         "principal": principal,
         "nav": views.nav(principal.role) if principal else [],
-        "csrf": request.cookies.get(logic.CSRF_COOKIE, ""),
+        "csrf": request.cookies.get(credentials.CSRF_COOKIE, ""),
         "static": STATIC,
         "favicon": FAVICON,
         "api": API_PREFIX,
@@ -158,14 +149,14 @@ async def sign_out(request: Request) -> Response:
 def _before(request: Request) -> str | None:
     """The list page's cursor (`?before=`); one that is no id starts at the newest."""
     before = request.query_params.get("before")
-    return before if before and logic.is_spec_id(before) else None
+    return before if before and params.is_spec_id(before) else None
 
 
 @router.get("/runs")
 async def runs_page(request: Request) -> Response:
     async def load(principal: Principal) -> dict[str, Any]:
         page = await runs.list_runs(
-            pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=_before(request)
+            pool_of(request), principal, limit=params.PAGE_DEFAULT, before=_before(request)
         )
         return {"runs": page.runs, "next_before": page.next_before}
 
@@ -197,8 +188,8 @@ async def run_page(request: Request, run_id: str) -> Response:
             "run": run,
             "events": events,
             "last_seq": _last_seq(events),
-            "ended": run.status in logic.TERMINAL_STATUSES,
-            "terminal_types": " ".join(sorted(logic.TERMINAL_EVENT_TYPES)),
+            "ended": run.status in runs.TERMINAL_STATUSES,
+            "terminal_types": " ".join(sorted(runs.TERMINAL_EVENT_TYPES)),
             "hero": views.hero(run.winner) if run.winner else None,
             "can_apply": views.can_apply(principal.role, run),
         }
@@ -225,8 +216,8 @@ async def infer_fingerprint(body: SamplePrompts, principal: Viewer) -> JSONRespo
 @router.get("/tune")
 async def tune_list_page(request: Request) -> Response:
     async def load(principal: Principal) -> dict[str, Any]:
-        page = await tune_sessions.list_sessions(
-            pool_of(request), principal, limit=logic.PAGE_DEFAULT, before=_before(request)
+        page = await tune.list_sessions(
+            pool_of(request), principal, limit=params.PAGE_DEFAULT, before=_before(request)
         )
         return {"sessions": page.sessions, "next_before": page.next_before}
 
@@ -236,13 +227,13 @@ async def tune_list_page(request: Request) -> Response:
 @router.get("/tune/{session_id}")
 async def tune_page(request: Request, session_id: str) -> Response:
     async def load(principal: Principal) -> dict[str, Any]:
-        session_ = await tune_sessions.read_session(pool_of(request), principal, session_id)
-        events = await _events(request, principal, tune_sessions.event_feed(session_id))
+        session_ = await tune.read_session(pool_of(request), principal, session_id)
+        events = await _events(request, principal, tune.event_feed(session_id))
         return {
             "session": session_,
             "last_seq": _last_seq(events),
-            "ended": session_.status in tune_logic.TERMINAL_STATUSES,
-            "terminal_types": " ".join(sorted(tune_logic.TERMINAL_EVENT_TYPES)),
+            "ended": session_.status in tune.TERMINAL_STATUSES,
+            "terminal_types": " ".join(sorted(tune.TERMINAL_EVENT_TYPES)),
             "curve": views.curve_json(session_),
         }
 
@@ -269,10 +260,10 @@ async def head_page(request: Request, head_id: str) -> Response:
         return {
             "head": head,
             "last_seq": _last_seq(events),
-            "ended": head.state in heads_logic.FINAL_STATES,
+            "ended": head.state in heads.FINAL_STATES,
             "moves": moves,
             "needs_rationale": views.needs_rationale(moves),
-            "rationale_required": heads_logic.RATIONALE_REQUIRED,
+            "rationale_required": heads.RATIONALE_REQUIRED,
             "progress": views.train_progress(head),
         }
 

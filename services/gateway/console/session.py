@@ -9,13 +9,13 @@ from urllib.parse import parse_qs
 from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 
-from specops_services.gateway import logic
-from specops_services.gateway.auth import Principal, pool_of, principal_of
+from specops_services.gateway.http import credentials
+from specops_services.gateway.http.auth import Principal, pool_of, principal_of
 
 
 async def page_principal(request: Request) -> Principal | None:
     """Who the session cookie signs in, or None (then the page sends the browser to sign in)."""
-    token = request.cookies.get(logic.SESSION_COOKIE)
+    token = request.cookies.get(credentials.SESSION_COOKIE)
     return None if not token else await principal_of(pool_of(request), token)
 
 
@@ -27,23 +27,23 @@ async def form_field(request: Request, name: str) -> str:
 
 def set_csrf(request: Request, response: Response, value: str) -> None:
     response.set_cookie(
-        logic.CSRF_COOKIE, value, httponly=False, samesite="strict", secure=_secure(request), path="/"
+        credentials.CSRF_COOKIE, value, httponly=False, samesite="strict", secure=_secure(request), path="/"
     )
 
 
 def form_csrf(request: Request) -> str:
     """The CSRF value of a form shown before sign-in: the browser's, or a new one (then the page
     sets it with `set_csrf`), so another site cannot sign the browser in with its own token."""
-    return request.cookies.get(logic.CSRF_COOKIE) or logic.new_csrf_token()
+    return request.cookies.get(credentials.CSRF_COOKIE) or credentials.new_csrf_token()
 
 
 def signed_in(request: Request, token: str, to: str) -> RedirectResponse:
     """See other `to`, with the session cookie set and a fresh CSRF cookie (Secure over https)."""
     response = RedirectResponse(to, status_code=303)
     response.set_cookie(
-        logic.SESSION_COOKIE, token, httponly=True, samesite="strict", secure=_secure(request), path="/"
+        credentials.SESSION_COOKIE, token, httponly=True, samesite="strict", secure=_secure(request), path="/"
     )
-    set_csrf(request, response, logic.new_csrf_token())
+    set_csrf(request, response, credentials.new_csrf_token())
     return response
 
 
@@ -53,7 +53,7 @@ def _secure(request: Request) -> bool:
 
 def signed_out(to: str) -> RedirectResponse:
     response = RedirectResponse(to, status_code=303)
-    for name in (logic.SESSION_COOKIE, logic.CSRF_COOKIE):
+    for name in (credentials.SESSION_COOKIE, credentials.CSRF_COOKIE):
         response.delete_cookie(name, path="/", samesite="strict")
     return response
 
@@ -61,4 +61,4 @@ def signed_out(to: str) -> RedirectResponse:
 async def form_csrf_refusal(request: Request) -> str | None:
     """The CSRF check of the console's own form POSTs (the token rides in a hidden field)."""
     field = await form_field(request, "csrf")
-    return logic.csrf_refusal(request.method, request.cookies.get(logic.CSRF_COOKIE), field)
+    return credentials.csrf_refusal(request.method, request.cookies.get(credentials.CSRF_COOKIE), field)

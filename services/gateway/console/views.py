@@ -1,5 +1,5 @@
 """What the console's pages show, decided without I/O: the navigation and the buttons a role may
-use (by the API's own rules: `logic.has_role`, `heads_logic.transition_refusal`), and the numbers
+use (by the API's own rules: `credentials.has_role`, `heads.transition_refusal`), and the numbers
 of a run's winner, a session's trials and a head's training, formatted for a person."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from specops_schemas.candidates import CandidateResult
 from specops_schemas.catalog import Engine, Role
 from specops_schemas.heads import HeadResponse
 from specops_schemas.tune import TrialResult, TuneSessionResponse
-from specops_services.gateway import heads_logic, logic
+from specops_services.gateway import heads, runs
+from specops_services.gateway.http import credentials
 
 UI = "/ui"
 SIGN_IN = f"{UI}/sign-in"
@@ -35,21 +36,21 @@ def nav(role: Role) -> list[NavItem]:
         NavItem(f"{UI}/tune", "Tune sessions", "nav-tune"),
         NavItem(f"{UI}/heads", "Heads", "nav-heads"),
     ]
-    if logic.has_role(role, Role.ADMIN):
+    if credentials.has_role(role, Role.ADMIN):
         items.append(NavItem(f"{UI}/security", "Security", "nav-security"))
     return items
 
 
 def can_start_runs(role: Role) -> bool:
-    """POST runs and POST runs/{id}/apply need the developer role (routes.py's `Developer`)."""
-    return logic.has_role(role, Role.DEVELOPER)
+    """POST runs and POST runs/{id}/apply need the developer role (`http.auth.Developer`)."""
+    return credentials.has_role(role, Role.DEVELOPER)
 
 
 def can_apply(role: Role, run: RunStatusResponse) -> bool:
     """Whether the run page offers `apply`: the role may, and the API would not refuse the run (409)."""
     winner = None if run.winner is None else run.winner.model_dump(mode="json")
-    state = logic.RunState(status=run.status, winner=winner, speculation_disabled=run.speculation_disabled)
-    return can_start_runs(role) and logic.apply_conflict(state) is None
+    state = runs.RunState(status=run.status, winner=winner, speculation_disabled=run.speculation_disabled)
+    return can_start_runs(role) and runs.apply_conflict(state) is None
 
 
 # The moves a head page may offer, in lifecycle order.
@@ -61,11 +62,11 @@ _GIVEN = "rationale given on the page"
 
 def head_moves(state: str, role: Role) -> list[str]:
     """The moves of a head in `state` that `role` may make: the buttons its page shows."""
-    return [to for to in MOVES if heads_logic.transition_refusal(state, to, role, _GIVEN) is None]
+    return [to for to in MOVES if heads.transition_refusal(state, to, role, _GIVEN) is None]
 
 
 def needs_rationale(moves: list[str]) -> bool:
-    return any(to in heads_logic.RATIONALE_REQUIRED for to in moves)
+    return any(to in heads.RATIONALE_REQUIRED for to in moves)
 
 
 # --- numbers ----------------------------------------------------------------------------------

@@ -1,0 +1,102 @@
+"""Authentication (a bearer token, or the console's session cookie) and role checks, as FastAPI
+dependencies."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import APIKeyCookie, HTTPAuthorizationCredentials, HTTPBearer
+
+from specops_schemas.catalog import Role
+from specops_services.gateway.http import db as http_db
+from specops_services.gateway.http.credentials import (
+    CSRF_COOKIE,
+    CSRF_HEADER,
+    SESSION_COOKIE,
+    bearer_token,
+    csrf_refusal,
+    has_role,
+    hash_token,
+)
+from specops_services.gateway.http.problems import problem, unauthorized
+from specplatform.db import Pool, role_transaction
+
+# auto_error=False: a missing header must become our 401 problem (with its challenge),
+# not FastAPI's plain 403. The schemes still document the two ways in, in the OpenAPI.
+_bearer = HTTPBearer(auto_error=False, description="An API token from `specops tokens create`.")
+_session = APIKeyCookie(
+    name=SESSION_COOKIE,
+    auto_error=False,
+    description="The console's session (`POST /ui/sign-in`). POST, PUT, PATCH and DELETE with it "
+    f"need the `{CSRF_HEADER}` header equal to the `{CSRF_COOKIE}` cookie (403 otherwise).",
+)
+CSRF_REFUSED = "urn:specops:problem:csrf"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the token's id, tenant and role."""
+
+    token_id: str
+    tenant_id: str
+    role: Role
+
+
+def pool_of(request: Request) -> Pool:
+    pool: Pool = request.app.state.pool
+    return pool
+
+
+async def principal_of(pool: Pool, token: str) -> Principal | None:
+    """The live token's principal, or None for a token unknown or revoked."""
+    async with pool.connection() as conn, role_transaction(conn, http_db.TOKEN_READER):
+        row = await http_db.find_token(conn, hash_token(token))
+    return None if row is None else Principal(token_id=row.token_id, tenant_id=row.tenant_id, role=row.role)
+
+
+async def authenticate(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    session: Annotated[str | None, Depends(_session)],
+) -> Principal:
+    """The bearer token's principal; without an Authorization header, the session cookie's, whose
+    unsafe requests must also pass the CSRF check."""
+    authorization = request.headers.get("authorization")
+    if authorization is None and session:
+        principal = await principal_of(pool_of(request), session)
+        if principal is None:
+            raise unauthorized("the session's token is unknown or revoked: sign in again", invalid=True)
+        refusal = csrf_refusal(
+            request.method, request.cookies.get(CSRF_COOKIE), request.headers.get(CSRF_HEADER)
+        )
+        if refusal is not None:
+            raise problem(403, refusal, type=CSRF_REFUSED)
+        return principal
+    token = bearer_token(authorization)
+    if credentials is None or token is None:
+        raise unauthorized("send `Authorization: Bearer <token>`", invalid=False)
+    principal = await principal_of(pool_of(request), token)
+    if principal is None:
+        raise unauthorized("the bearer token is unknown or revoked", invalid=True)
+    return principal
+
+
+def require(role: Role) -> Callable[[Principal], Awaitable[Principal]]:
+    """A dependency that lets through callers whose role is at least `role`."""
+
+    async def check(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+        if not has_role(principal.role, role):
+            raise problem(
+                403, f"this needs the {role.value} role or above; the token has {principal.role.value}"
+            )
+        return principal
+
+    return check
+
+
+Viewer = Annotated[Principal, Depends(require(Role.VIEWER))]
+Developer = Annotated[Principal, Depends(require(Role.DEVELOPER))]
+Admin = Annotated[Principal, Depends(require(Role.ADMIN))]
