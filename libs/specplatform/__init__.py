@@ -6,6 +6,8 @@
   directory, and one loader for a service's own settings class;
 - `specplatform.service`: a bus service's process lifecycle (migrations, pool, broker,
   outbox relay);
+- `specplatform.service_spec`: a bus service declared once (`ServiceSpec`), for everything
+  that lists the services;
 - `specplatform.telemetry`: a process's traces, from the standard OTEL_* variables;
 - `specplatform.errors`: the one-line errors of all of the above.
 """

@@ -3,11 +3,11 @@
 `specops serve engine` is the OpenAI-compatible speccore server (serve_engine.py); it takes
 the engine options, which the bus services refuse.
 
-Each service's app module (`specops_services.<package>.app`) exposes
-`serve(settings: Settings) -> None`, which blocks until the process is told to stop and
-then shuts down cleanly (consumers, outbox relay, database pool). `specops up` starts
-one such process per replica and passes the replica in SPECOPS_REPLICA; it only
-labels the log lines, since replicas of a service share its durable consumers.
+The services are those `specops_services.service_specs()` lists; each spec's `load().serve`
+blocks until the process is told to stop and then shuts down cleanly (consumers, outbox
+relay, database pool). `specops up` starts one such process per replica and passes the
+replica in SPECOPS_REPLICA; it only labels the log lines, since replicas of a service share
+its durable consumers.
 
 Wiring: `add_parsers(sub)` on the top-level subparsers; the parser sets `handler`.
 """
@@ -15,27 +15,19 @@ Wiring: `add_parsers(sub)` on the top-level subparsers; the parser sets `handler
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specops.commands import serve_engine
+from specops_services import service_names, service_specs
 from specplatform.errors import RuntimeSetupError
 
-# Service name on the command line (and in `specops up`) -> package under specops_services.
-SERVICES = {
-    "gateway": "gateway",
-    "predictor": "predictor",
-    "tuner": "tuner",
-    "benchmark-runner": "benchmark_runner",
-    "quality-gate": "quality_gate",
-    "head-trainer": "head_trainer",
-    "audit": "audit",
-    "security": "security",
-}
+if TYPE_CHECKING:
+    from specplatform.settings import Settings
+
 ENGINE = "engine"
 REPLICA_ENV = "SPECOPS_REPLICA"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -56,7 +48,7 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     serve = sub.add_parser("serve", help="run one service process until SIGTERM / SIGINT")
     serve.add_argument(
         "service",
-        choices=[*SERVICES, ENGINE],
+        choices=[*service_names(), ENGINE],
         help="the service to run (engine: the OpenAI-compatible server)",
     )
     serve.add_argument(
@@ -78,17 +70,12 @@ def configure_logging(service: str, replica: int, level: str = "INFO") -> None:
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
-def service_entry(service: str) -> Callable[..., None]:
-    """The `serve` function of a service's app module; RuntimeSetupError if it has none."""
-    module_name = f"specops_services.{SERVICES[service]}.app"
+def service_entry(service: str) -> Callable[[Settings | None], None]:
+    """What runs `service` (one of service_names()); RuntimeSetupError if its app cannot import."""
     try:
-        module = importlib.import_module(module_name)
+        return service_specs()[service].load().serve
     except ModuleNotFoundError as exc:
         raise RuntimeSetupError(f"service {service} is not installed: {exc}") from None
-    entry = getattr(module, "serve", None)
-    if not callable(entry):
-        raise RuntimeSetupError(f"{module_name} has no serve(settings) entry point")
-    return entry  # type: ignore[no-any-return]
 
 
 def run_serve(args: argparse.Namespace) -> int:

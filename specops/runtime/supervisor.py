@@ -24,22 +24,14 @@ from specops.runtime.state import Restart, ServiceRecord, StateDir, terminate
 from specops.runtime.stream import apply_stream_config
 from specops.runtime.watch import ensure_watcher, stop_watcher
 from specops_schemas import MIGRATIONS
+from specops_services import service_names
 from specplatform.db import migrate
 from specplatform.errors import RuntimeSetupError
 from specplatform.settings import RUNTIME_ENV_FILE, Settings, render_env_file
 
-# The services, in start order (the gateway last, so that everything
+# The services, in start order (each spec's start rank: the gateway last, so that everything
 # that answers its requests is already subscribed); `down` stops them in reverse.
-SERVICES = (
-    "audit",
-    "security",
-    "quality-gate",
-    "head-trainer",
-    "benchmark-runner",
-    "tuner",
-    "predictor",
-    "gateway",
-)
+SERVICES = service_names()
 # How long a freshly started service must stay alive to count as started.
 START_GRACE_S = 2.0
 # The restarts `specops status` shows.

@@ -25,9 +25,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from specops.commands.serve import SERVICES as SERVE_TARGETS
 from specops.runtime.nats_server import find_binary
 from specops.runtime.topology import bus_consumers
+from specops_services import service_specs
+from specplatform.service_spec import Scaling
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -38,8 +39,9 @@ NATS_CONF = BASE / "nats.conf"
 # `specops serve engine` is the inference server, not a platform service: no bus, no
 # database, its own HTTP port and autoscaler (test_the_engine_* below).
 ENGINE = "engine"
-SERVICES = {name: package for name, package in SERVE_TARGETS.items() if name != ENGINE}
-BUS_SERVICES = sorted(set(SERVICES) - {"gateway"})
+SERVICES = service_specs()
+# KEDA scales them on their consumers' backlog (the gateway, which answers HTTP, an HPA on CPU).
+BUS_SERVICES = sorted(name for name, spec in SERVICES.items() if spec.scaling is Scaling.BACKLOG)
 # The engine's queue-wait histogram (the brief's contract, vLLM's name under `specops:`).
 QUEUE_WAIT = "specops:request_queue_time_seconds"
 # Compose services that run once and exit: no healthcheck.
@@ -105,7 +107,7 @@ def test_topology_names_every_service_and_its_consumers() -> None:
     assert set(consumers) == set(SERVICES)
     for service, found in consumers.items():
         assert found, f"{service} binds no consumer"
-        prefix = SERVICES[service] + "-"
+        prefix = SERVICES[service].load().bus_name + "-"
         for consumer in found:
             assert consumer.durable.startswith(prefix), consumer
             # SPEC's subjects, or the upstream requests of SPEC_INTAKE (the gateway's intake).
@@ -243,7 +245,7 @@ def test_every_service_has_a_deployment_running_it() -> None:
         assert database["valueFrom"]["secretKeyRef"] == {"name": "specops-database", "key": "DATABASE_URL"}
         assert container["resources"]["requests"], name
         assert "livenessProbe" in container and "readinessProbe" in container, name
-        if name != "gateway":
+        if name in BUS_SERVICES:
             # KEDA owns the replicas; a fixed count would reset them on every apply.
             assert "replicas" not in deployment["spec"], name
     config = _objects("ConfigMap")["specops-config"]["data"]
@@ -356,6 +358,8 @@ def test_measuring_services_never_share_a_node() -> None:
 
 
 def test_the_gateway_is_served_and_scaled_on_cpu() -> None:
+    on_cpu = {name for name, spec in SERVICES.items() if spec.scaling is Scaling.CPU}
+    assert set(_objects("HorizontalPodAutoscaler")) == on_cpu == {"gateway"}
     hpa = _objects("HorizontalPodAutoscaler")["gateway"]
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "gateway"}

@@ -18,6 +18,7 @@ from specops.runtime.nats_auth import (
     tenant_user,
 )
 from specops.runtime.topology import bus_consumers, service_users
+from specops_services import service_names
 from specplatform.errors import RuntimeSetupError
 from specplatform.settings import Settings
 
@@ -76,7 +77,7 @@ def test_keys_are_private_stable_and_only_public_keys_reach_the_config(tmp_path:
         render_config(host="127.0.0.1", port=4222, monitor_port=8222, store_dir=tmp_path, users=users)
     )
     listed = config["authorization"]["users"]
-    assert len(listed) == len(users) == 1 + 8 + 1
+    assert len(listed) == len(users) == 1 + len(service_names()) + 1
     text = json.dumps(config)
     for seed in keys.dir.glob("*.nk"):
         assert seed.read_text().strip() not in text
