@@ -6,6 +6,7 @@ from typing import Self
 
 from pydantic import Field, JsonValue, model_validator
 
+from speccatalog.workloads import temperature
 from specops_schemas.base import Fraction, Id, Model
 from specops_schemas.catalog import ErrorStage, Family, GateMethod
 
@@ -19,6 +20,12 @@ class Sampling(Model):
     temperature: float = Field(0.0, ge=0.0, description="Softmax temperature; 0 means greedy decoding.")
     top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables top-k.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass kept; 1 disables top-p.")
+
+    @classmethod
+    def for_fingerprint(cls, fingerprint: str) -> Sampling:
+        """How a fingerprint's benches sample, T1's and T2's alike, so that a tuned winner is
+        measured as its run was: at the temperature its endpoints serve at."""
+        return cls(temperature=temperature(fingerprint))
 
 
 class Candidate(Model):
@@ -201,6 +208,23 @@ class GateOutcome(Model):
         if (self.method == GateMethod.PENDING) != (self.passed is None):
             raise ValueError("`passed` must be null exactly when the gate method is 'pending'")
         return self
+
+    def replaces(self, stored: GateOutcome | None) -> bool:
+        """Whether this outcome is kept over the candidate's ``stored`` one: a verdict is final
+        (a redelivered or repeated `gate.evaluated` changes nothing); only a `pending`
+        placeholder is replaced, and by a verdict."""
+        return stored is None or (stored.passed is None and self.passed is not None)
+
+
+def verdict_is_final(outcome: GateOutcome | None, method: GateMethod) -> bool:
+    """Whether a measured candidate's outcome so far (None: none yet) is its last under the
+    bench's gate method: a `pending` placeholder is final only when the method is `pending`
+    itself; under any other the quality gate replaces it with a verdict later.
+
+    The join of a bench's `bench.completed` with its `gate.evaluated`s, wherever it is made
+    (the predictor's answer, the tuner's trial, the gate's own redelivery), waits for this.
+    """
+    return outcome is not None and (outcome.passed is not None or method == GateMethod.PENDING)
 
 
 class CandidateResult(Model):

@@ -8,7 +8,8 @@ are per fingerprint, so a workload reaches them through :func:`fingerprint_of`.
 
 Chat and creative endpoints sample (0.7 and 1.0), the others decode greedily. The
 temperature selects the predictor's acceptance prior bucket and every bench's sampling,
-T1's and T2's alike, so a tuned winner is measured as its T1 run was.
+T1's and T2's alike (``Sampling.for_fingerprint`` on the wire), so a tuned winner is
+measured as its T1 run was.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ ShareGPT, MT-Bench, HumanEval and MMLU files as ``chat`` and ``code``
 - reasoning: MMLU questions asked step by step, alternating with generated
   multi-step arithmetic word problems.
 - creative: MT-Bench writing/roleplay questions, ShareGPT story and poem requests
-  and generated story prompts; measured at high temperature (``DEFAULT_SAMPLING``).
+  and generated story prompts; sampled hot (:mod:`speccatalog.workloads`).
 - long_context: ShareGPT conversations concatenated up to a token budget, with a
   question about one of them at the end.
 
@@ -51,11 +51,6 @@ from specprompts.sources import (
 from specprompts.structured import structured_tasks
 
 DERIVED_WORKLOADS = ("rag", "summarization", "structured", "reasoning", "creative", "long_context")
-
-# Sampling a fingerprint is measured with when the caller has no reason to differ;
-# plain dicts so they map onto both speccore's SamplingParams and the wire schema.
-# Every other fingerprint is measured greedily.
-DEFAULT_SAMPLING: dict[str, dict[str, float]] = {"creative": {"temperature": 1.0, "top_p": 0.95}}
 
 # The chat REST datastore is built from the first 4000 ShareGPT conversations
 # (specprompts.corpora.CHAT_CONVERSATIONS); passages come from the ones after them, so

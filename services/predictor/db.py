@@ -29,7 +29,6 @@ from specops_schemas.catalog import Family, Fingerprint
 from specops_schemas.events import BenchPlan, CandidateFailure
 from specops_schemas.heads import HeadTransitioned
 from specops_schemas.registry import DatastoreRegistered
-from specops_schemas.security import SecurityPolicy
 from specops_services.predictor.logic import Bench, RequestedRun, offered_states, registry_head
 from specops_services.predictor.model import HistoryRow, temperature_bucket
 from specops_services.predictor.plan import UploadedDatastore
@@ -239,25 +238,9 @@ async def tenant_heads(conn: Connection, tenant_id: str, *, include_uat: bool) -
 # --- security policies (F-S3) -----------------------------------------------------------------
 
 
-async def hold_policy(conn: Connection, tenant_id: str, *, exclusive: bool) -> None:
-    """Lock the tenant's policy until the transaction ends: exclusively to fold a change, shared
-    to plan under it. A plan that read the policy before an opt-out committed has its bench in
-    place before the fold looks for open benches; a plan after it reads the opt-out. (An
-    advisory lock: a tenant with no row yet has nothing to lock.)"""
-    lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
-    await conn.execute(f"SELECT {lock}(hashtext('predictor_policies'), hashtext(%s))", (tenant_id,))
-
-
-async def record_policy(conn: Connection, policy: SecurityPolicy) -> None:
-    """Fold a tenant's policy (from `security.policy_changed`); an older version changes nothing."""
-    await opt_out.record(
-        conn, "predictor_policies", policy.tenant_id, policy.version, policy.speculation_opt_out
-    )
-
-
-async def speculation_disabled(conn: Connection, tenant_id: str) -> bool:
-    """Whether the tenant's policy opts out of speculation (a tenant without one does not)."""
-    return await opt_out.disabled(conn, "predictor_policies", tenant_id)
+# Whether each tenant opts out, folded from `security.policy_changed`: a plan reads it held (`hold=True`),
+# so that a fold waits for the plan's bench; an answer reads it unheld, its bench locked.
+POLICIES = opt_out.OptOuts("predictor_policies")
 
 
 # --- measuring --------------------------------------------------------------------------------

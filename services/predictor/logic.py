@@ -39,8 +39,14 @@ from speccatalog import families
 from speccatalog.hardware import resolve_profile
 from speccatalog.targets import HeadRef, TargetInfo, resolve_target
 from specops_schemas.api import RunCreateRequest
-from specops_schemas.candidates import CandidateResult, GateOutcome, Measurement, RankedCandidate
-from specops_schemas.catalog import ErrorStage, GateMethod
+from specops_schemas.candidates import (
+    CandidateResult,
+    GateOutcome,
+    Measurement,
+    RankedCandidate,
+    verdict_is_final,
+)
+from specops_schemas.catalog import ErrorStage
 from specops_schemas.events import (
     BenchPlan,
     BenchRequested,
@@ -276,33 +282,12 @@ class Bench:
 
 
 def is_ready(bench: Bench, gates: Mapping[str, GateOutcome]) -> bool:
-    """Whether the run can be answered: bench completed, every measured candidate has a verdict.
-
-    A `pending` verdict is final only when the run's gate method is `pending` itself;
-    under any other method the quality gate replaces it with a verdict later.
-    """
+    """Whether the run can be answered: bench completed, every measured candidate has its final
+    verdict (`verdict_is_final`)."""
     if bench.results is None or bench.finalized:
         return False
-    pending_is_final = bench.plan.quality_gate == GateMethod.PENDING
-
-    def settled(outcome: GateOutcome | None) -> bool:
-        return outcome is not None and (outcome.passed is not None or pending_is_final)
-
-    return all(settled(gates.get(m.candidate_id)) for m in bench.results)
-
-
-def with_verdict(
-    received: Mapping[str, GateOutcome], candidate_id: str, outcome: GateOutcome
-) -> dict[str, GateOutcome] | None:
-    """The bench's verdicts with one more; None when it changes nothing.
-
-    A verdict is final (a redelivered or repeated one is ignored); only a `pending`
-    placeholder is replaced, by a verdict.
-    """
-    before = received.get(candidate_id)
-    if before is not None and (before.passed is not None or outcome.passed is None):
-        return None
-    return {**received, candidate_id: outcome}
+    method = bench.plan.quality_gate
+    return all(verdict_is_final(gates.get(m.candidate_id), method) for m in bench.results)
 
 
 def measured_answer(

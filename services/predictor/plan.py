@@ -27,7 +27,6 @@ from speccatalog.families.base import BUILTIN_PREFIX
 from speccatalog.hardware import Deployment, HardwareError, HardwareProfile, deploy, resolve_profile
 from speccatalog.public_heads import public_heads
 from speccatalog.targets import DatastoreRef, HeadRef, TargetError, TargetInfo, resolve_target
-from speccatalog.workloads import temperature
 from speccore.heads.builtin import builtin_heads
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import Candidate, RankedCandidate, Sampling
@@ -265,9 +264,10 @@ def plan_run(
     latency_batch, throughput_batch = MODE_BATCHES[request.mode]
     context = min(FINGERPRINT_CONTEXT[fingerprint], info.context)
     dep = deploy(info, profile, context_tokens=context, batch=latency_batch)
+    sampling = Sampling.for_fingerprint(fingerprint)
     workload = Workload(
         fingerprint=fingerprint,
-        temperature=temperature(fingerprint),
+        temperature=sampling.temperature,
         latency_batch=latency_batch,
         throughput_batch=throughput_batch,
     )
@@ -302,7 +302,7 @@ def plan_run(
             reps=defaults.reps,
             n_prompts=defaults.n_prompts,
             max_new_tokens=defaults.max_new_tokens,
-            sampling=Sampling(temperature=workload.temperature),
+            sampling=sampling,
             seed=0,
         )
     return Plan(

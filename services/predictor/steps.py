@@ -88,8 +88,8 @@ async def plan(
     if await db.is_planned(conn, run_id):
         log.warning("run %s is planned already; %s ignored", run_id, event.event_id)
         return []
-    await db.hold_policy(conn, event.tenant_id, exclusive=False)
-    if event.payload.speculation_disabled or await db.speculation_disabled(conn, event.tenant_id):
+    opted_out = await db.POLICIES.disabled(conn, event.tenant_id, hold=True)
+    if event.payload.speculation_disabled or opted_out:
         await db.mark_ended(conn, run_id, event.tenant_id)
         return [logic.speculation_disabled(event)]
     if isinstance(target, logic.PlanFailure):
@@ -140,13 +140,10 @@ async def policy_changed(conn: db.Connection, event: Envelope[PolicyChanged]) ->
     """Fold a tenant's new security policy: whether its runs may speculate (F-S3). Once it opts
     out, its later runs are not planned and those planned but not answered end now (`_opt_out`).
     The folded policy decides, not the event's: an older version, delivered late, changes nothing."""
-    tenant_id = event.payload.policy.tenant_id
-    await db.hold_policy(conn, tenant_id, exclusive=True)
-    await db.record_policy(conn, event.payload.policy)
-    if not await db.speculation_disabled(conn, tenant_id):
+    if not await db.POLICIES.fold(conn, event.payload.policy):
         return []
     events: Events = []
-    for bench_id in await db.open_benches(conn, tenant_id):
+    for bench_id in await db.open_benches(conn, event.payload.policy.tenant_id):
         bench = await db.lock_bench(conn, bench_id)
         if bench is not None and not bench.finalized:
             events += await _opt_out(conn, bench, event)
@@ -196,10 +193,9 @@ async def gate_evaluated(conn: db.Connection, event: Envelope[GateEvaluated]) ->
     if bench.finalized:
         return []
     gates = await db.verdicts(conn, bench.bench_id)
-    updated = logic.with_verdict(gates, verdict.candidate_id, verdict.outcome())
-    if updated is not None:
-        await db.save_verdicts(conn, bench.bench_id, updated)
-        gates = updated
+    if verdict.replaces(gates.get(verdict.candidate_id)):
+        gates = {**gates, verdict.candidate_id: verdict.outcome()}
+        await db.save_verdicts(conn, bench.bench_id, gates)
     return await _answer_if_ready(conn, bench, gates, event)
 
 
@@ -228,7 +224,7 @@ async def dead_letter(conn: db.Connection, letter: DeadLetter, parked: Envelope[
 async def _answer_if_ready(
     conn: db.Connection, bench: logic.Bench, gates: dict[str, GateOutcome], trigger: Envelope[Any]
 ) -> Events:
-    if not bench.finalized and await db.speculation_disabled(conn, bench.tenant_id):
+    if not bench.finalized and await db.POLICIES.disabled(conn, bench.tenant_id):
         return await _opt_out(conn, bench, trigger)
     if not logic.is_ready(bench, gates):
         return []

@@ -18,7 +18,7 @@ from typing import TypeVar
 from pydantic import JsonValue
 
 from specbus.envelope import Envelope, EventPayload
-from specops_schemas.candidates import Candidate, GateOutcome, Top5Evidence
+from specops_schemas.candidates import Candidate, GateOutcome, Top5Evidence, verdict_is_final
 from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.events import BenchCompleted, GateEvaluated, RunFailed, RunRunning
 from specops_schemas.heads import HeadFailed, HeadGated, HeadGateResult, HeadTrained
@@ -33,21 +33,14 @@ P = TypeVar("P", bound=EventPayload)
 
 
 def to_gate(bench: BenchCompleted, stored: Mapping[str, GateOutcome]) -> list[Candidate]:
-    """Measured candidates still without a verdict, in plan order.
-
-    A stored `pending` placeholder is final only when the plan's method is `pending`
-    itself; under any other method the candidate is gated (and the verdict replaces it).
-    """
+    """Measured candidates still without their final verdict (`verdict_is_final`: a stored
+    `pending` placeholder is gated again unless the method is `pending`), in plan order."""
     measured = {m.candidate_id for m in bench.results}
     method = bench.plan.quality_gate
-
-    def settled(outcome: GateOutcome | None) -> bool:
-        return outcome is not None and (outcome.passed is not None or method == GateMethod.PENDING)
-
     return [
         c
         for c in bench.plan.candidates
-        if c.candidate_id in measured and not settled(stored.get(c.candidate_id))
+        if c.candidate_id in measured and not verdict_is_final(stored.get(c.candidate_id), method)
     ]
 
 

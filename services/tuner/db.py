@@ -18,7 +18,6 @@ from psycopg.types.json import Jsonb
 from pydantic import TypeAdapter
 
 from specops_schemas.candidates import Candidate, GateOutcome, Measurement
-from specops_schemas.security import SecurityPolicy
 from specops_schemas.tune import CurvePoint, Dimension, TrialResult, TuneRequested
 from specops_services.tuner.logic import Session, Trial
 from specplatform.db import opt_out
@@ -230,20 +229,7 @@ async def save_trial(conn: Connection, session_id: str, t: Trial) -> None:
 # --- security policies (F-S3) -----------------------------------------------------------------
 
 
-async def hold_policy(conn: Connection, tenant_id: str, *, exclusive: bool) -> None:
-    """Lock the tenant's policy until the transaction ends: exclusively to fold a change, shared
-    to start a session under it. A session started on the policy before an opt-out committed is
-    in place before the fold looks for open sessions; one started after reads the opt-out. (An
-    advisory lock: a tenant with no row yet has nothing to lock.)"""
-    lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
-    await conn.execute(f"SELECT {lock}(hashtext('tuner_policies'), hashtext(%s))", (tenant_id,))
-
-
-async def record_policy(conn: Connection, policy: SecurityPolicy) -> None:
-    """Fold a tenant's policy (from `security.policy_changed`); an older version changes nothing."""
-    await opt_out.record(conn, "tuner_policies", policy.tenant_id, policy.version, policy.speculation_opt_out)
-
-
-async def speculation_disabled(conn: Connection, tenant_id: str) -> bool:
-    """Whether the tenant's policy opts out of speculation (a tenant without one does not)."""
-    return await opt_out.disabled(conn, "tuner_policies", tenant_id)
+# Whether each tenant opts out, folded from `security.policy_changed`: a session's start reads it held
+# (`hold=True`), so that a fold waits for the new session; a later step reads it unheld, its
+# session locked.
+POLICIES = opt_out.OptOuts("tuner_policies")

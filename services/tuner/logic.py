@@ -27,15 +27,14 @@ from typing import Any
 
 from specbus.envelope import Envelope, EventPayload, new_event
 from speccatalog.hardware import resolve_profile
-from speccatalog.workloads import temperature
 from specops_schemas.api import Priorities
 from specops_schemas.candidates import (
     Candidate,
     CandidateResult,
-    GateOutcome,
     Measurement,
     Prediction,
     Sampling,
+    verdict_is_final,
 )
 from specops_schemas.catalog import ErrorStage, GateMethod
 from specops_schemas.events import BenchCompleted, BenchPlan, BenchRequested
@@ -108,7 +107,7 @@ def bench_plan(session_id: str, requested: TuneRequested, candidate: Candidate, 
         reps=requested.request.reps or size.reps,
         n_prompts=size.n_prompts,
         max_new_tokens=size.max_new_tokens,
-        sampling=Sampling(temperature=temperature(run.workload.fingerprint)),
+        sampling=Sampling.for_fingerprint(run.workload.fingerprint),
         seed=requested.request.seed,
     )
 
@@ -175,16 +174,11 @@ def measured(trial: Trial, done: BenchCompleted) -> Measurement | Ending:
     return Ending(stage=ErrorStage.BENCHMARK, message="the bench reported nothing for this candidate")
 
 
-def verdict_is_final(outcome: GateOutcome | None, method: GateMethod) -> bool:
-    if method == GateMethod.SKIPPED:
-        return True
-    return outcome is not None and (outcome.passed is not None or method == GateMethod.PENDING)
-
-
 def ending(trial: Trial, method: GateMethod, prio: Priorities) -> Ending | None:
-    """How the trial ends once measured and gated; None while either is missing."""
+    """How the trial ends once measured and gated; None while either is missing. A trial
+    does not wait for a skipped gate's verdict: it passes whatever the candidate emitted."""
     m, gate = trial.result.measurement, trial.result.gate
-    if m is None or not verdict_is_final(gate, method):
+    if m is None or not (method == GateMethod.SKIPPED or verdict_is_final(gate, method)):
         return None
     if gate is not None and gate.passed is False:
         return Ending(

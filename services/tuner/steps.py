@@ -94,8 +94,8 @@ async def requested(conn: db.Connection, event: Envelope[TuneRequested], tuner: 
         stop_reason=None,
         ended=False,
     )
-    await db.hold_policy(conn, event.tenant_id, exclusive=False)
-    if req.speculation_disabled or await db.speculation_disabled(conn, event.tenant_id):
+    opted_out = await db.POLICIES.disabled(conn, event.tenant_id, hold=True)
+    if req.speculation_disabled or opted_out:
         await db.insert_session(conn, session)
         return await _opt_out(conn, tuner, session, [], event, now)
     if not space.dimensions:
@@ -124,13 +124,10 @@ async def policy_changed(conn: db.Connection, event: Envelope[PolicyChanged], tu
     """Fold a tenant's new security policy: whether its sessions may speculate (F-S3). Once it
     opts out, its later sessions run no trial and its open ones end now (`_opt_out`). The folded
     policy decides, not the event's: an older version, delivered late, changes nothing."""
-    tenant_id = event.payload.policy.tenant_id
-    await db.hold_policy(conn, tenant_id, exclusive=True)
-    await db.record_policy(conn, event.payload.policy)
-    if not await db.speculation_disabled(conn, tenant_id):
+    if not await db.POLICIES.fold(conn, event.payload.policy):
         return []
     events: Events = []
-    for session_id in await db.open_sessions(conn, tenant_id):
+    for session_id in await db.open_sessions(conn, event.payload.policy.tenant_id):
         session = await db.lock_session(conn, session_id)
         if session is None or session.ended:
             continue
@@ -194,8 +191,7 @@ async def gate_evaluated(conn: db.Connection, event: Envelope[GateEvaluated], tu
     if found is None:
         return []
     session, trials, trial = found
-    before = trial.result.gate
-    if before is not None and (before.passed is not None or verdict.passed is None):
+    if not verdict.replaces(trial.result.gate):
         return []
     trial = Trial(trial.result.model_copy(update={"gate": verdict.outcome()}), trial.baseline)
     return await _settle(conn, tuner, session, trials, trial, event)
@@ -378,7 +374,7 @@ async def _advance(
     """After a trial ended (or at the start): decide whether to stop, then start trials up to
     the parallel limit, or end the session when it stops with nothing left in flight. A
     session of a tenant found opted out starts no trial: it ends (`_opt_out`)."""
-    if await db.speculation_disabled(conn, session.tenant_id):
+    if await db.POLICIES.disabled(conn, session.tenant_id):
         return await _opt_out(conn, tuner, session, trials, cause, now)
     events: Events = []
     space = session.search_space()

@@ -292,7 +292,7 @@ async def test_a_session_whose_tenant_was_found_opted_out_starts_no_further_tria
         await pool.open()
         try:
             async with pool.connection() as conn, tenant_transaction(conn, TENANT):
-                await tuner_db.record_policy(conn, _opt_out().payload.policy)
+                await tuner_db.POLICIES.fold(conn, _opt_out().payload.policy)
         finally:
             await pool.close()
 

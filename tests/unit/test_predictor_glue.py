@@ -106,18 +106,6 @@ def test_pending_verdicts_are_final_only_under_the_pending_method(method: GateMe
     )
 
 
-def test_a_verdict_is_final_and_only_replaces_a_pending_one() -> None:
-    pending = GateOutcome(method=GateMethod.PENDING, passed=None)
-    passed = GateOutcome(method=GateMethod.TOPK5, passed=True, score=0.99, threshold=0.95)
-    failed = GateOutcome(method=GateMethod.TOPK5, passed=False, score=0.5, threshold=0.95)
-    assert logic.with_verdict({}, "a", pending) == {"a": pending}
-    assert logic.with_verdict({"a": pending}, "a", passed) == {"a": passed}
-    assert logic.with_verdict({"a": pending}, "b", failed) == {"a": pending, "b": failed}
-    assert logic.with_verdict({"a": passed}, "a", failed) is None
-    assert logic.with_verdict({"a": passed}, "a", pending) is None
-    assert logic.with_verdict({"a": pending}, "a", pending) is None
-
-
 def _parked(payload: Any, run_id: str = "r1") -> Envelope[Any]:
     return new_event(payload, tenant_id="acme", correlation_id=run_id, producer="benchmark-runner")
 

@@ -17,10 +17,10 @@ from speccore.errors import SpecError
 from speccore.split import is_heldout
 from speccore.training.chunks import chunk_files
 from speccore.training.data import read_examples
+from specops_schemas.candidates import Sampling
 from specops_schemas.catalog import Fingerprint
 from specprompts.corpora import CHAT_CONVERSATIONS
 from specprompts.derived import (
-    DEFAULT_SAMPLING,
     DERIVED_WORKLOADS,
     DOCUMENT_SKIP,
     RAG_PASSAGES,
@@ -281,8 +281,8 @@ def test_reasoning_alternates_mmlu_and_arithmetic_asked_step_by_step():
 def test_creative_mixes_sources_and_is_sampled_hot():
     prompts = load_prompts("creative", 30, seed=0)
     assert {p.source for p in prompts} == {"mtbench", "sharegpt", "generated"}
-    assert DEFAULT_SAMPLING["creative"]["temperature"] >= 0.8
-    assert set(DEFAULT_SAMPLING) == {"creative"}  # every other fingerprint is measured greedily
+    assert Sampling.for_fingerprint(Fingerprint.CREATIVE).temperature >= 0.8
+    assert Sampling.for_fingerprint(Fingerprint.CODE).temperature == 0.0  # greedy
 
 
 def test_long_context_fills_its_budget_without_exceeding_it():

@@ -25,7 +25,7 @@ from specops_schemas.api import (
     SglangConfig,
     VllmConfig,
 )
-from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Prediction
+from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Prediction, verdict_is_final
 from specops_schemas.catalog import ErrorStage, Fingerprint, GateMethod
 from specops_schemas.events import (
     EVENT_TYPES,
@@ -299,6 +299,17 @@ def test_gate_rules_of_seed_000() -> None:
         _result("c1", gate=failed)
     row = _result("c1", gate=failed, quality_preserved=0.0, error_stage="quality_regression")
     assert row.error_stage == ErrorStage.QUALITY_REGRESSION
+
+
+def test_a_verdict_is_final_and_only_replaces_a_pending_one() -> None:
+    pending = GateOutcome(method=GateMethod.PENDING, passed=None)
+    passed = GateOutcome(method=GateMethod.TOPK5, passed=True, score=0.99, threshold=0.95)
+    failed = GateOutcome(method=GateMethod.TOPK5, passed=False, score=0.5, threshold=0.95)
+    assert pending.replaces(None) and passed.replaces(pending)
+    assert not failed.replaces(passed) and not pending.replaces(passed) and not pending.replaces(pending)
+    # What the predictor, the tuner and the gate wait for: a verdict, or `pending` under `pending`.
+    assert not verdict_is_final(None, GateMethod.TOPK5) and not verdict_is_final(pending, GateMethod.TOPK5)
+    assert verdict_is_final(pending, GateMethod.PENDING) and verdict_is_final(failed, GateMethod.TOPK5)
 
 
 def test_run_completed_is_consistent_about_the_winner() -> None:

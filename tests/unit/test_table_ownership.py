@@ -1,9 +1,9 @@
 """One writer per table: the SQL in services/ and libs/ writes each table from one place only,
 the owner services/README.md names ("Table ownership"), and every owner's writes are seen.
 
-A library function whose SQL writes a table its caller names (`sql.SQL("INSERT INTO {t}")`,
-specplatform.db.opt_out) writes for that caller: a call that passes it a table's name as a
-string constant is the caller's write."""
+A library function or class whose SQL writes a table its caller names (`sql.SQL("INSERT INTO
+{t}")`, specplatform.db.opt_out.OptOuts) writes for that caller: a call that passes it a
+table's name as a string constant is the caller's write."""
 
 from __future__ import annotations
 
@@ -53,12 +53,12 @@ def _strings(tree: ast.AST) -> list[str]:
 
 
 def parametrised_writers(trees: Mapping[str, ast.Module]) -> set[tuple[str, str]]:
-    """(module, function) of every function whose SQL writes the table its caller names."""
+    """(module, name) of every function, and class, whose SQL writes the table its caller names."""
     return {
         (Path(path).stem, node.name)
         for path, tree in trees.items()
         for node in ast.walk(tree)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
         and any(_PARAMETRISED_WRITE.search(text) for text in _strings(node))
     }
 
@@ -178,6 +178,12 @@ def test_a_write_through_a_library_is_its_callers() -> None:
             '    await conn.execute(sql.SQL("INSERT INTO {t} VALUES (%s)").format(t=table), (tenant_id,))\n'
             "async def disabled(conn, table, tenant_id):\n"
             '    await conn.execute(sql.SQL("SELECT 1 FROM {t}").format(t=table))\n'
+            "class OptOuts:\n"
+            "    async def fold(self, conn, tenant_id):\n"
+            '        await conn.execute(sql.SQL("UPDATE {t} SET version = 1").format(t=self.table))\n'
+            "class Reader:\n"
+            "    async def read(self, conn):\n"
+            '        await conn.execute(sql.SQL("SELECT 1 FROM {t}").format(t=self.table))\n'
         ),
         "services/predictor/db.py": (
             "async def save(conn, tenant_id):\n"
@@ -185,7 +191,8 @@ def test_a_write_through_a_library_is_its_callers() -> None:
             '    await opt_out.disabled(conn, "tuner_policies", tenant_id)\n'
         ),
         "services/gateway/db.py": 'record(conn, table="predictor_policies", tenant_id="acme")\n',
+        "services/tuner/db.py": 'POLICIES = opt_out.OptOuts("tuner_policies")\nREAD = Reader("audit_log")\n',
     }
-    writers = table_writers(files, {"predictor_policies", "tuner_policies"})
-    # A read through the library (`disabled`) is no write.
-    assert writers == {"predictor_policies": {"gateway", "predictor"}}
+    writers = table_writers(files, {"predictor_policies", "tuner_policies", "audit_log"})
+    # A read through the library (`disabled`, `Reader`) is no write.
+    assert writers == {"predictor_policies": {"gateway", "predictor"}, "tuner_policies": {"tuner"}}
