@@ -1,5 +1,6 @@
-"""SQL the resources share: the event rows every feed returns, keyset pages, and the winner cache
-(003_gateway.sql) that runs and tune sessions fill and heads clear."""
+"""SQL the resources share: their numbered event streams (`run_events`, `tune_session_events`,
+`head_events`), keyset pages, and the winner cache (003_gateway.sql) that runs and tune sessions
+fill and heads clear."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from specbus.envelope import Envelope
 from specops_schemas.events import RunCompleted
 from specops_services.gateway.winner_cache import CACHE_TTL, KEY_COLUMNS
 from specplatform.db import Connection
@@ -33,6 +36,46 @@ class EventRow:
     seq: int
     type: str
     data: str  # the envelope as JSON text, sent verbatim as the SSE data
+
+
+@dataclass(frozen=True, slots=True)
+class EventStream:
+    """A resource's events, numbered per owner (a run, a session, a head): the table, of columns
+    (`owner`, seq, event_id, type, payload, occurred_at), that its GET .../events streams."""
+
+    table: str
+    owner: str
+    """The column of the owner's id, e.g. `run_id`."""
+
+    async def append(self, conn: Connection, owner_id: str, envelope: Envelope[Any]) -> int | None:
+        """Append an event to the owner's stream; its seq, or None if this event_id is there already.
+
+        Callers hold the owner's row lock (its get_…(..., for_update=True)), so max(seq) + 1 is
+        not raced and seq order is commit order.
+        """
+        query = sql.SQL(
+            """INSERT INTO {t} ({o}, seq, event_id, type, payload, occurred_at)
+               SELECT %s, coalesce(max(seq), 0) + 1, %s, %s, %s, %s FROM {t} WHERE {o} = %s
+               ON CONFLICT (event_id) DO NOTHING
+               RETURNING seq"""
+        ).format(t=sql.Identifier(self.table), o=sql.Identifier(self.owner))
+        payload = Jsonb(envelope.model_dump(mode="json"))
+        cur = await conn.execute(
+            query, (owner_id, envelope.event_id, envelope.type, payload, envelope.occurred_at, owner_id)
+        )
+        row = await cur.fetchone()
+        return None if row is None else int(row["seq"])
+
+    async def after(
+        self, conn: Connection, owner_id: str, after_seq: int, *, limit: int = 100
+    ) -> list[EventRow]:
+        """The owner's events after seq `after_seq`, in order, at most `limit`."""
+        query = sql.SQL(
+            """SELECT seq, type, payload::text AS data FROM {t}
+               WHERE {o} = %s AND seq > %s ORDER BY seq LIMIT %s"""
+        ).format(t=sql.Identifier(self.table), o=sql.Identifier(self.owner))
+        cur = await conn.execute(query, (owner_id, after_seq, limit))
+        return [EventRow(int(r["seq"]), r["type"], r["data"]) for r in await cur.fetchall()]
 
 
 async def cached_winner(conn: Connection, key: Mapping[str, str]) -> dict[str, Any] | None:

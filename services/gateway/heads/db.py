@@ -13,10 +13,9 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from specbus.envelope import Envelope
 from speccatalog import artifacts
 from specops_schemas.heads import HeadDataResponse, HeadResponse, HeadTransition
-from specops_services.gateway.db import EventRow
+from specops_services.gateway.db import EventStream
 from specplatform.db import Connection
 
 
@@ -138,37 +137,6 @@ async def head_state(conn: Connection, head_id: str) -> str | None:
 # --- head_events (the SSE stream) -----------------------------------------------------------------
 
 
-async def append_event(conn: Connection, head_id: str, envelope: Envelope[Any]) -> int | None:
-    """Append an event to the head's stream; its seq, or None if this event_id is there already.
-
-    Callers hold the head's row lock (get_head(..., for_update=True))."""
-    cur = await conn.execute(
-        """INSERT INTO head_events (head_id, seq, event_id, type, payload, occurred_at)
-           SELECT %s, coalesce(max(seq), 0) + 1, %s, %s, %s, %s FROM head_events WHERE head_id = %s
-           ON CONFLICT (event_id) DO NOTHING
-           RETURNING seq""",
-        (
-            head_id,
-            envelope.event_id,
-            envelope.type,
-            Jsonb(envelope.model_dump(mode="json")),
-            envelope.occurred_at,
-            head_id,
-        ),
-    )
-    row = await cur.fetchone()
-    return None if row is None else int(row["seq"])
-
-
-async def events_after(conn: Connection, head_id: str, after_seq: int, *, limit: int = 100) -> list[EventRow]:
-    cur = await conn.execute(
-        """SELECT seq, type, payload::text AS data FROM head_events
-           WHERE head_id = %s AND seq > %s ORDER BY seq LIMIT %s""",
-        (head_id, after_seq, limit),
-    )
-    return [EventRow(int(r["seq"]), r["type"], r["data"]) for r in await cur.fetchall()]
-
-
 # --- approvals and the winner cache ----------------------------------------------------------------
 
 
@@ -211,3 +179,7 @@ async def forget_winners(conn: Connection, tenant_id: str, head_id: str) -> int:
         (tenant_id, head_id, Jsonb([{"candidate": {"draft": head_id}}])),
     )
     return cur.rowcount
+
+
+# What GET .../events streams, and what the projection appends to.
+EVENTS = EventStream("head_events", "head_id")

@@ -49,7 +49,7 @@ async def apply(conn: Connection, event: Envelope[Any]) -> heads_db.HeadRow | No
     if row is None:
         log.debug("%s %s names no head of tenant %s; skipped", event.type, head_id, event.tenant_id)
         return None
-    if await heads_db.append_event(conn, head_id, event) is None:
+    if await heads_db.EVENTS.append(conn, head_id, event) is None:
         return None
     head = heads_logic.fold(row.head, event)
     if head == row.head:

@@ -231,7 +231,7 @@ def event_feed(head_id: str) -> sse.Feed:
 
     async def read(conn: Connection, after: int) -> tuple[bool, list[db.EventRow]]:
         state = await heads_db.head_state(conn, head_id)
-        rows = await heads_db.events_after(conn, head_id, after)
+        rows = await heads_db.EVENTS.after(conn, head_id, after)
         return state is None or state in heads_logic.FINAL_STATES, rows
 
     return sse.Feed(head_id, heads_logic.head_location(head_id), read, frozenset())

@@ -17,10 +17,9 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from specbus.envelope import Envelope
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import RunStatus
-from specops_services.gateway.db import EventRow, page_query
+from specops_services.gateway.db import EventStream, page_query
 from specops_services.gateway.runs.logic import RunProgress, RunState
 from specplatform.db import Connection
 
@@ -166,39 +165,6 @@ async def update_run(conn: Connection, run_id: str, state: RunState) -> None:
 # --- run events --------------------------------------------------------------------------
 
 
-async def append_event(conn: Connection, run_id: str, envelope: Envelope[Any]) -> int | None:
-    """Append an event to the run's stream; its seq, or None if this event_id is already there.
-
-    Callers hold the run's row lock (get_run(..., for_update=True)), so max(seq) + 1 is
-    not raced and seq order is commit order.
-    """
-    cur = await conn.execute(
-        """INSERT INTO run_events (run_id, seq, event_id, type, payload, occurred_at)
-           SELECT %s, coalesce(max(seq), 0) + 1, %s, %s, %s, %s FROM run_events WHERE run_id = %s
-           ON CONFLICT (event_id) DO NOTHING
-           RETURNING seq""",
-        (
-            run_id,
-            envelope.event_id,
-            envelope.type,
-            Jsonb(envelope.model_dump(mode="json")),
-            envelope.occurred_at,
-            run_id,
-        ),
-    )
-    row = await cur.fetchone()
-    return None if row is None else int(row["seq"])
-
-
-async def events_after(conn: Connection, run_id: str, after_seq: int, *, limit: int = 100) -> list[EventRow]:
-    cur = await conn.execute(
-        """SELECT seq, type, payload::text AS data FROM run_events
-           WHERE run_id = %s AND seq > %s ORDER BY seq LIMIT %s""",
-        (run_id, after_seq, limit),
-    )
-    return [EventRow(int(r["seq"]), r["type"], r["data"]) for r in await cur.fetchall()]
-
-
 async def run_status(conn: Connection, run_id: str) -> RunStatus | None:
     cur = await conn.execute("SELECT status FROM runs WHERE id = %s", (run_id,))
     row = await cur.fetchone()
@@ -243,3 +209,7 @@ async def lock_unanswered_run(conn: Connection, run_id: str) -> RunProgress | No
     cur = await conn.execute(f"{_PROGRESS} AND r.id = %s FOR UPDATE OF r SKIP LOCKED", (run_id,))
     row = await cur.fetchone()
     return None if row is None else _progress(row)
+
+
+# What GET .../events streams, and what the projection appends to.
+EVENTS = EventStream("run_events", "run_id")

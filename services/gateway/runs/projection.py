@@ -70,7 +70,7 @@ async def apply(conn: Connection, event: Envelope[Any]) -> run_db.RunRow | None:
     if run is None:
         log.debug("%s %s names no run of tenant %s; skipped", event.type, run_id, event.tenant_id)
         return None
-    if await run_db.append_event(conn, run_id, event) is None:
+    if await run_db.EVENTS.append(conn, run_id, event) is None:
         return None
     state = run_logic.fold(run.state, event)
     if state == run.state:

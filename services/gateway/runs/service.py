@@ -276,7 +276,7 @@ def event_feed(run_id: str) -> sse.Feed:
 
     async def read(conn: Connection, after: int) -> tuple[bool, list[db.EventRow]]:
         status = await run_db.run_status(conn, run_id)
-        rows = await run_db.events_after(conn, run_id, after)
+        rows = await run_db.EVENTS.after(conn, run_id, after)
         return status is None or status in run_logic.TERMINAL_STATUSES, rows
 
     return sse.Feed(run_id, run_location(run_id), read, run_logic.TERMINAL_EVENT_TYPES)

@@ -12,9 +12,8 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from specbus.envelope import Envelope
 from specops_schemas.tune import TuneSessionResponse, TuneStatus
-from specops_services.gateway.db import EventRow, page_query
+from specops_services.gateway.db import EventStream, page_query
 from specops_services.gateway.tune.logic import Source
 from specplatform.db import Connection
 
@@ -107,37 +106,5 @@ async def session_status(conn: Connection, session_id: str) -> TuneStatus | None
     return None if row is None else row["status"]
 
 
-async def append_event(conn: Connection, session_id: str, envelope: Envelope[Any]) -> int | None:
-    """Append an event to the session's stream; its seq, or None if this event_id is already there.
-
-    Callers hold the session's row lock (get_session(..., for_update=True)), so max(seq) + 1
-    is not raced and seq order is commit order.
-    """
-    cur = await conn.execute(
-        """INSERT INTO tune_session_events (session_id, seq, event_id, type, payload, occurred_at)
-           SELECT %s, coalesce(max(seq), 0) + 1, %s, %s, %s, %s FROM tune_session_events
-           WHERE session_id = %s
-           ON CONFLICT (event_id) DO NOTHING
-           RETURNING seq""",
-        (
-            session_id,
-            envelope.event_id,
-            envelope.type,
-            Jsonb(envelope.model_dump(mode="json")),
-            envelope.occurred_at,
-            session_id,
-        ),
-    )
-    row = await cur.fetchone()
-    return None if row is None else int(row["seq"])
-
-
-async def events_after(
-    conn: Connection, session_id: str, after_seq: int, *, limit: int = 100
-) -> list[EventRow]:
-    cur = await conn.execute(
-        """SELECT seq, type, payload::text AS data FROM tune_session_events
-           WHERE session_id = %s AND seq > %s ORDER BY seq LIMIT %s""",
-        (session_id, after_seq, limit),
-    )
-    return [EventRow(int(r["seq"]), r["type"], r["data"]) for r in await cur.fetchall()]
+# What GET .../events streams, and what the projection appends to.
+EVENTS = EventStream("tune_session_events", "session_id")

@@ -54,7 +54,7 @@ async def apply(conn: Connection, event: Envelope[Any]) -> tune_db.SessionRow | 
     if row is None:
         log.debug("%s %s names no session of tenant %s; skipped", event.type, session_id, event.tenant_id)
         return None
-    if await tune_db.append_event(conn, session_id, event) is None:
+    if await tune_db.EVENTS.append(conn, session_id, event) is None:
         return None
     session = tune_logic.fold(row.session, event)
     if session == row.session:

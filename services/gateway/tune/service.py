@@ -174,7 +174,7 @@ def event_feed(session_id: str) -> sse.Feed:
 
     async def read(conn: Connection, after: int) -> tuple[bool, list[db.EventRow]]:
         status = await tune_db.session_status(conn, session_id)
-        rows = await tune_db.events_after(conn, session_id, after)
+        rows = await tune_db.EVENTS.after(conn, session_id, after)
         return status is None or status in tune_logic.TERMINAL_STATUSES, rows
 
     location = tune_logic.session_location(session_id)
