@@ -30,11 +30,12 @@ from typing import Any
 import torch
 from common import machine
 
+from speccatalog.workloads import fingerprint_of
 from speccore.bench import BenchSpec, run_bench
 from speccore.models import load_model
 from specops_schemas.api import Target
 from specops_schemas.candidates import Candidate, Sampling
-from specops_schemas.catalog import Engine, Family, Fingerprint
+from specops_schemas.catalog import Engine, Family
 from specops_schemas.engine_flags import EngineCannotRun, engine_config
 from specops_schemas.events import BenchPlan
 from specops_services.benchmark_runner.engine_server import HttpEngine
@@ -101,7 +102,7 @@ def vllm_side(workload: str, n: int, tokens: int, reps: int, threads: int) -> di
     plan = BenchPlan(
         run_id=f"engines-bench-{workload}",
         target=Target(model_ref=MODEL, gpu="cpu", engine="vllm"),
-        fingerprint=workload if workload in set(Fingerprint) else Fingerprint.STRUCTURED,
+        fingerprint=fingerprint_of(workload),
         mode="interactive",
         quality_gate="topk5",  # greedy: the servers' token ids against the baseline's as well
         candidates=[NGRAM, SUFFIX],

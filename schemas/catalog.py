@@ -2,7 +2,8 @@
 
 Family is the one open vocabulary: its members are the family specs registered in
 speccatalog.families (the built-in ones and those of installed packages), so a new
-family is known on the wire without editing this file.
+family is known on the wire without editing this file. Fingerprint's members are the
+fingerprints of speccatalog.workloads, where each workload is declared once.
 """
 
 from __future__ import annotations
@@ -11,15 +12,21 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from speccatalog.families import families
+from speccatalog.workloads import FINGERPRINTS
 
 if TYPE_CHECKING:
 
     class Family(StrEnum):
         """Speculative-decoding algorithm families the catalog knows (speccatalog.families)."""
 
+    class Fingerprint(StrEnum):
+        """Workload fingerprints: they prune the catalog and pick the measurement prompts."""
+
 else:
     Family = StrEnum("Family", [(name.upper(), name) for name in families()])
     Family.__doc__ = "Speculative-decoding algorithm families the catalog knows (speccatalog.families)."
+    Fingerprint = StrEnum("Fingerprint", [(name.upper(), name) for name in FINGERPRINTS])
+    Fingerprint.__doc__ = "Workload fingerprints: they prune the catalog and pick the measurement prompts."
 
 
 class Engine(StrEnum):
@@ -28,19 +35,6 @@ class Engine(StrEnum):
     SPECCORE = "speccore"
     VLLM = "vllm"
     SGLANG = "sglang"
-
-
-class Fingerprint(StrEnum):
-    """Workload fingerprints: they prune the catalog and pick the measurement prompts."""
-
-    CHAT = "chat"
-    CODE = "code"
-    RAG = "rag"
-    SUMMARIZATION = "summarization"
-    STRUCTURED = "structured"
-    REASONING = "reasoning"
-    CREATIVE = "creative"
-    LONG_CONTEXT = "long_context"
 
 
 class GateMethod(StrEnum):

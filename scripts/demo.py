@@ -107,9 +107,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--down", action="store_true", help="stop the services and servers at the end")
-    parser.add_argument(
-        "--fingerprint", default=WORKLOAD, choices=[f.value for f in Fingerprint], help="default chat"
-    )
+    parser.add_argument("--fingerprint", default=WORKLOAD, choices=list(Fingerprint), help="default chat")
     args = parser.parse_args()
 
     specops("up")

@@ -679,7 +679,7 @@ class Datastores:
             raise ValueError("name the corpus: upload(..., name=...)")
         is_jsonl = jsonl if jsonl is not None else suffix in JSONL_SUFFIXES
         params = {"name": name}
-        workloads = [Fingerprint(f).value for f in fingerprints]
+        workloads = [Fingerprint(f) for f in fingerprints]
         if workloads:
             params["fingerprints"] = ",".join(workloads)
         media = "application/jsonl" if is_jsonl else "text/plain; charset=utf-8"

@@ -1,8 +1,10 @@
 """REST datastores of a candidate's draft: the defaults built from corpora that ship with
 this machine, and the corpora tenants uploaded (`POST datastores`).
 
-code: the Python standard library's sources. chat: ShareGPT assistant replies,
-leaving out the conversations whose prompts are being measured. An uploaded corpus
+A workload's spec (speccatalog.workloads) names the corpus of its default datastore, if
+it has one: ``stdlib``, the Python standard library's sources (code); ``sharegpt``,
+ShareGPT assistant replies, leaving out the conversations whose prompts are being
+measured (chat). An uploaded corpus
 (``ds-<hex>``, speccatalog.artifacts) is found in its tenant's part of the artifact
 store and indexed with the measuring target's tokenizer on first use.
 """
@@ -17,6 +19,7 @@ import time
 from pathlib import Path
 
 from speccatalog.artifacts import find_corpus, is_datastore_id
+from speccatalog.workloads import WORKLOADS
 from speccore.datastore import build_datastore, vocab_fingerprint
 from speccore.errors import SpecError
 from speccore.models import LoadedModel, cache_root
@@ -33,7 +36,8 @@ STDLIB_EXCLUDE = ("site-packages", "test", "tests", "idle_test", "lib2to3")
 
 def default_datastore(target: LoadedModel, workload: str, exclude_ids: frozenset[str]) -> Path:
     """Path of the workload's datastore for this tokenizer, built on first use."""
-    if workload not in ("chat", "code"):
+    spec = WORKLOADS.get(workload)
+    if spec is None or spec.corpus is None:
         raise SpecError(f"no default REST corpus for workload '{workload}'; pass --datastore")
     key = hashlib.sha256(
         "\n".join([workload, vocab_fingerprint(target.tokenizer), *sorted(exclude_ids)]).encode()
@@ -42,7 +46,7 @@ def default_datastore(target: LoadedModel, workload: str, exclude_ids: frozenset
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    if workload == "code":
+    if spec.corpus == "stdlib":
         build_datastore(
             target.tokenizer,
             Path(sysconfig.get_paths()["stdlib"]),

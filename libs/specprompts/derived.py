@@ -50,8 +50,6 @@ from specprompts.sources import (
 )
 from specprompts.structured import structured_tasks
 
-DERIVED_WORKLOADS = ("rag", "summarization", "structured", "reasoning", "creative", "long_context")
-
 # The chat REST datastore is built from the first 4000 ShareGPT conversations
 # (specprompts.corpora.CHAT_CONVERSATIONS); passages come from the ones after them, so
 # REST never retrieves a measured passage verbatim.
@@ -427,3 +425,4 @@ _BUILDERS: dict[str, Callable[..., list[Prompt]]] = {
     "creative": creative_prompts,
     "long_context": long_context_prompts,
 }
+DERIVED_WORKLOADS = tuple(_BUILDERS)

@@ -2,7 +2,7 @@
 
 ``load_prompts`` picks a workload's set (``chat`` and ``code`` from
 :mod:`specprompts.sources`, the six other fingerprints' from :mod:`specprompts.derived`,
-``agentic`` from :mod:`specprompts.agentic`; speccatalog.workloads names them);
+``agentic`` from :mod:`specprompts.agentic`; speccatalog.workloads declares them);
 ``prompts_for_model`` checks that each fits a model's context and fills
 ``long_context`` prompts up to the model's budget. Measurement and the quality gate
 both call it, so they see the same prompts.
@@ -15,7 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from speccatalog.workloads import UnknownWorkload, fingerprint_of
+from speccatalog.workloads import UnknownWorkload, workload_spec
 from speccore.errors import SpecError
 from speccore.training.data import read_examples
 from specprompts.agentic import agentic_prompts, agentic_tasks
@@ -58,7 +58,7 @@ def load_prompts(
 def check_workload(workload: str) -> None:
     """SpecError naming the valid workloads unless `workload` is one."""
     try:
-        fingerprint_of(workload)
+        workload_spec(workload)
     except UnknownWorkload as err:
         raise SpecError(str(err)) from None
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from speccatalog.families.base import Known
 from speccatalog.hardware import Deployment, deploy, resolve_profile
 from speccatalog.targets import TargetInfo, resolve_target
-from speccatalog.workloads import fingerprint_of
+from speccatalog.workloads import workload_spec
 from specops_schemas.candidates import Candidate
 from specops_schemas.catalog import Engine, Fingerprint
 from specops_services.predictor.calibration import Calibration, CalibrationRow, fit_family_scale, fit_shapes
 from specops_services.predictor.catalog import build_catalog, known_for
 from specops_services.predictor.model import Workload, invert_mean_length, predict, prior_acceptance
-from specops_services.predictor.plan import FINGERPRINT_CONTEXT, builtin_datastore_refs, builtin_head_refs
+from specops_services.predictor.plan import builtin_datastore_refs, builtin_head_refs
 
 CPU = "cpu"
 GREEDY = 0.0
@@ -41,9 +41,9 @@ class CalibrationPoint:
 def calibration_point(target_ref: str, workload: str) -> CalibrationPoint:
     """The greedy batch-1 CPU serving point of `workload` for `target_ref` and its catalog."""
     target: TargetInfo = resolve_target(target_ref)
-    fingerprint = Fingerprint(fingerprint_of(workload))
-    context = min(FINGERPRINT_CONTEXT[fingerprint], target.context)
-    dep = deploy(target, resolve_profile(CPU), context_tokens=context, batch=1)
+    spec = workload_spec(workload)
+    fingerprint = Fingerprint(spec.fingerprint)
+    dep = deploy(target, resolve_profile(CPU), context_tokens=min(spec.context, target.context), batch=1)
     known = known_for(
         target, heads=builtin_head_refs(target), datastores=builtin_datastore_refs(target, fingerprint)
     )

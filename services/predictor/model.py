@@ -48,7 +48,6 @@ from specops_schemas.catalog import Family, Fingerprint
 from specops_services.predictor.calibration import Calibration, CalibrationRow
 
 TemperatureBucket = Literal["greedy", "sampled"]
-F = Fingerprint
 
 MAX_ACCEPTANCE = 0.95
 # Each further sibling at a tree depth is accepted half as often as the one before it.
@@ -109,7 +108,7 @@ def prior_acceptance(
     """Per-token acceptance before any measurement of this candidate: its family's prior,
     lowered under sampling (see the module docstring)."""
     spec = families.family(candidate.family)
-    a = spec.prior(candidate, known, str(fingerprint))
+    a = spec.prior(candidate, known, fingerprint)
     if temperature_bucket(temperature) == "sampled":
         a *= _SAMPLED_FACTOR[spec.copies_input]
     return min(max(a, 0.0), MAX_ACCEPTANCE)
@@ -382,10 +381,10 @@ def predict(
     if measured is not None and workload.latency_batch == 1:
         # A shape measured here: its MAL (greedy, this fingerprint) and the wall clock's step
         # cost replace the model's; their ratio to the model carries to throughput.
-        greedy_mal = measured.mean_acceptance_length.get(str(workload.fingerprint))
+        greedy_mal = measured.mean_acceptance_length.get(workload.fingerprint)
         if greedy_mal is not None and temperature_bucket(workload.temperature) == "greedy":
             e_n, a = greedy_mal, invert_mean_length(greedy_mal, candidate.k, candidate.tree)
-        latency = e_n / measured.cost(str(workload.fingerprint))
+        latency = e_n / measured.cost(workload.fingerprint)
         correction = latency / _speedup_at(dep, cost, candidate.k, e_n, workload.latency_batch)
     throughput = _throughput_speedup(dep, cost, candidate.k, e_n, workload.throughput_batch) * correction
     return Estimate(

@@ -2,7 +2,7 @@
 
 Serving point per request:
 
-- context: a working context per fingerprint (FINGERPRINT_CONTEXT, capped at the
+- context: the fingerprint's working context (speccatalog.workloads, capped at the
   target's), the size the KV cache must hold per sequence;
 - temperature: chat and creative endpoints sample (0.7 and 1.0), the others are
   greedy (speccatalog.workloads). It selects the acceptance prior's bucket and the
@@ -27,6 +27,7 @@ from speccatalog.families.base import BUILTIN_PREFIX
 from speccatalog.hardware import Deployment, HardwareError, HardwareProfile, deploy, resolve_profile
 from speccatalog.public_heads import public_heads
 from speccatalog.targets import DatastoreRef, HeadRef, TargetError, TargetInfo, resolve_target
+from speccatalog.workloads import workload_spec
 from speccore.heads.builtin import builtin_heads
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import Candidate, RankedCandidate, Sampling
@@ -38,16 +39,9 @@ from specops_services.predictor.model import HistoryRow, Workload, predict
 from specops_services.predictor.scoring import predicted_front, rank
 from specplatform import engines
 
-F = Fingerprint
-FINGERPRINT_CONTEXT: dict[Fingerprint, int] = {
-    F.CHAT: 4096, F.CODE: 4096, F.RAG: 8192, F.SUMMARIZATION: 8192,
-    F.STRUCTURED: 4096, F.REASONING: 8192, F.CREATIVE: 4096, F.LONG_CONTEXT: 32_768,
-}  # fmt: skip
 MODE_BATCHES: dict[Mode, tuple[int, int]] = {Mode.INTERACTIVE: (1, 8), Mode.BATCH: (32, 32)}
 # Candidates a T1 bench measures beside the baseline, unless the host says otherwise.
 TOP_N = 3
-# speccore builds a default REST datastore for these workloads (libs/speccore/corpora.py).
-BUILTIN_DATASTORE_WORKLOADS = (F.CHAT, F.CODE)
 BUILTIN_DATASTORE_BYTES = 64 << 20  # measured 27-41 MB for smollm2 (bench/results)
 # An uploaded corpus is indexed as int32 tokens + an int32 suffix array (8 bytes a token)
 # at ~3.5 bytes of text a token (BPE on English and code; smollm2 on the stdlib: 3.6).
@@ -138,14 +132,16 @@ class UploadedDatastore:
 
 
 def builtin_datastore_refs(target: TargetInfo, fingerprint: Fingerprint) -> list[DatastoreRef]:
-    if fingerprint not in BUILTIN_DATASTORE_WORKLOADS:
+    """The built-in REST datastore of the fingerprint's workload, if it has one (its corpus:
+    speccatalog.workloads), built with the target's tokenizer."""
+    if workload_spec(fingerprint).corpus is None:
         return []
     return [
         DatastoreRef(
             datastore_id=f"{BUILTIN_PREFIX}{fingerprint}",
             tokenizer=target.tokenizer,
             size_bytes=BUILTIN_DATASTORE_BYTES,
-            fingerprints=frozenset({str(fingerprint)}),
+            fingerprints=frozenset({fingerprint}),
         )
     ]
 
@@ -261,9 +257,9 @@ def plan_run(
     profile = resolve_profile(request.target.gpu)
     _check_engine_runs(request.target.engine, profile, host)
     fingerprint = request.workload.fingerprint
+    spec = workload_spec(fingerprint)
     latency_batch, throughput_batch = MODE_BATCHES[request.mode]
-    context = min(FINGERPRINT_CONTEXT[fingerprint], info.context)
-    dep = deploy(info, profile, context_tokens=context, batch=latency_batch)
+    dep = deploy(info, profile, context_tokens=min(spec.context, info.context), batch=latency_batch)
     sampling = Sampling.for_fingerprint(fingerprint)
     workload = Workload(
         fingerprint=fingerprint,

@@ -32,8 +32,7 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     upload.add_argument("--name", help="a name for it (default: the file's name)")
     upload.add_argument(
         "--fingerprints",
-        help="comma-separated workloads it serves (default: any of them): "
-        + ", ".join(f.value for f in Fingerprint),
+        help="comma-separated workloads it serves (default: any of them): " + ", ".join(Fingerprint),
     )
     upload.set_defaults(handler=run_upload)
     ls = actions.add_parser("ls", help="the tenant's datastores, newest first")

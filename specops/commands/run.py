@@ -49,7 +49,7 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--gpu", required=True, help="hardware profile, e.g. cpu or H100-80GB")
     p.add_argument("--engine", required=True, choices=[e.value for e in Engine])
     p.add_argument("--engine-version", help="engine version (default: the one installed where it runs)")
-    p.add_argument("--fingerprint", required=True, choices=[f.value for f in Fingerprint], help="workload")
+    p.add_argument("--fingerprint", required=True, choices=list(Fingerprint), help="workload")
     p.add_argument(
         "--quality-gate",
         choices=[g.value for g in GateMethod if g != GateMethod.PENDING],

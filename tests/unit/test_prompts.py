@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from speccatalog.workloads import EXTRA_WORKLOADS, FINGERPRINTS, WORKLOADS
+from speccatalog.workloads import FINGERPRINTS, WORKLOADS
 from speccore.errors import SpecError
 from speccore.split import is_heldout
 from speccore.training.chunks import chunk_files
@@ -218,12 +218,9 @@ def test_missing_fetched_data_says_how_to_fetch_it(tmp_path):
 DERIVED = list(DERIVED_WORKLOADS)
 
 
-def test_there_is_a_prompt_set_for_every_fingerprint():
-    fingerprints = {f.value for f in Fingerprint}
-    assert set(FINGERPRINTS) == fingerprints
-    assert set(WORKLOADS) == fingerprints | set(EXTRA_WORKLOADS)
-    assert set(WORKLOADS) == {"chat", "code", *DERIVED, *EXTRA_WORKLOADS}
-    assert set(EXTRA_WORKLOADS.values()) <= fingerprints
+def test_there_is_a_prompt_set_for_every_workload():
+    assert set(WORKLOADS) == {"chat", "code", *DERIVED, "agentic"}
+    assert {spec.fingerprint for spec in WORKLOADS.values()} == set(FINGERPRINTS)
 
 
 @pytest.mark.parametrize("workload", DERIVED)
