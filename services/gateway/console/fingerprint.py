@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from speccatalog.workloads import WORKLOADS, prompt_cues
 from specops_schemas.catalog import Fingerprint
 
 
@@ -26,41 +27,40 @@ class Question:
     """(value, label) of each answer."""
 
 
+def _picks(question: str) -> dict[str, Fingerprint]:
+    """The answers to `question` that pick a fingerprint (speccatalog's workload specs), by value."""
+    return {
+        spec.answer.value: Fingerprint(name)
+        for name, spec in WORKLOADS.items()
+        if spec.answer is not None and spec.answer.question == question
+    }
+
+
+def _choices(question: str) -> tuple[tuple[str, str], ...]:
+    return tuple(
+        (spec.answer.value, spec.answer.label)
+        for spec in WORKLOADS.values()
+        if spec.answer is not None and spec.answer.question == question
+    )
+
+
 QUESTIONS = (
     Question(
         "output",
         "What does the endpoint produce?",
-        (
-            ("text", "Prose or conversation"),
-            ("code", "Source code"),
-            ("structured", "JSON or another fixed format"),
-        ),
+        (("text", "Prose or conversation"), *_choices("output")),
     ),
-    Question(
-        "input",
-        "What does a typical request carry?",
-        (
-            ("conversation", "A chat turn or short instruction"),
-            ("documents", "Retrieved documents to answer from"),
-            ("condense", "A text to summarize"),
-            ("problem", "A problem to reason through step by step"),
-            ("brief", "A creative brief (story, poem, copy)"),
-        ),
-    ),
+    Question("input", "What does a typical request carry?", _choices("input")),
     Question(
         "length",
         "How long are the prompts?",
-        (("short", "Up to a few thousand tokens"), ("long", "Tens of thousands of tokens")),
+        (("short", "Up to a few thousand tokens"), *_choices("length")),
     ),
 )
 
-_BY_INPUT = {
-    "conversation": Fingerprint.CHAT,
-    "documents": Fingerprint.RAG,
-    "condense": Fingerprint.SUMMARIZATION,
-    "problem": Fingerprint.REASONING,
-    "brief": Fingerprint.CREATIVE,
-}
+_BY_OUTPUT = _picks("output")
+_BY_INPUT = _picks("input")
+_BY_LENGTH = _picks("length")
 # Long prompts dominate how a chat or retrieval endpoint behaves (the draft's context).
 _LONG_INPUTS = frozenset({"conversation", "documents"})
 
@@ -68,12 +68,10 @@ _LONG_INPUTS = frozenset({"conversation", "documents"})
 def wizard(output: str, input: str, length: str) -> Fingerprint:
     """The fingerprint the three answers describe: the output format decides first (code and
     structured output draft alike whatever they read), then what the prompts carry and how long."""
-    if output == "code":
-        return Fingerprint.CODE
-    if output == "structured":
-        return Fingerprint.STRUCTURED
-    if length == "long" and input in _LONG_INPUTS:
-        return Fingerprint.LONG_CONTEXT
+    if output in _BY_OUTPUT:
+        return _BY_OUTPUT[output]
+    if length in _BY_LENGTH and input in _LONG_INPUTS:
+        return _BY_LENGTH[length]
     return _BY_INPUT[input]
 
 
@@ -81,25 +79,12 @@ def wizard_table() -> dict[str, str]:
     """Every combination of answers -> its fingerprint, keyed `output/input/length` (the page's
     script looks the user's answers up in it)."""
     output, input, length = (tuple(value for value, _ in q.choices) for q in QUESTIONS)
-    return {f"{o}/{i}/{n}": wizard(o, i, n).value for o in output for i in input for n in length}
+    return {f"{o}/{i}/{n}": wizard(o, i, n) for o in output for i in input for n in length}
 
 
 # A prompt this many characters long (about 8k tokens of English) counts as long context.
 LONG_PROMPT_CHARS = 32_000
-_CUES: tuple[tuple[Fingerprint, re.Pattern[str]], ...] = (
-    (
-        Fingerprint.CODE,
-        re.compile(r"```|\bdef |\bfunction\b|\bclass \w+|#include|\bimport \w+|=>|\breturn\b"),
-    ),
-    (Fingerprint.STRUCTURED, re.compile(r"\bjson\b|\byaml\b|\bschema\b|\bcsv\b|^\s*[{\[]", re.I | re.M)),
-    (Fingerprint.SUMMARIZATION, re.compile(r"\bsummar|\btl;?dr\b|\bcondense\b|\bkey points\b", re.I)),
-    (
-        Fingerprint.RAG,
-        re.compile(r"\bcontext:|\bdocuments?\b|\bbased on the (following|passage)|\bsources?:", re.I),
-    ),
-    (Fingerprint.REASONING, re.compile(r"step by step|\bprove\b|\bsolve\b|\bhow many\b|\bcalculate\b", re.I)),
-    (Fingerprint.CREATIVE, re.compile(r"\bstory\b|\bpoem\b|\bimagine\b|\bslogan\b|\blyrics\b", re.I)),
-)
+_CUES = tuple((Fingerprint(name), pattern) for name, pattern in prompt_cues())
 
 
 def vote(prompt: str) -> Fingerprint:
@@ -134,4 +119,4 @@ def infer(prompts: Iterable[str]) -> Inference | None:
     order = [Fingerprint.LONG_CONTEXT, *(fingerprint for fingerprint, _ in _CUES), Fingerprint.CHAT]
     best = max(votes.values())
     winner = next(fingerprint for fingerprint in order if votes[fingerprint] == best)
-    return Inference(winner, {fingerprint.value: count for fingerprint, count in votes.most_common()})
+    return Inference(winner, {str(fingerprint): count for fingerprint, count in votes.most_common()})

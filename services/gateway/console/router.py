@@ -171,7 +171,7 @@ async def new_run_page(request: Request) -> Response:
             "engines": views.engines(),
             "modes": [mode.value for mode in Mode],
             "gates": [gate.value for gate in GateMethod],
-            "fingerprints": [value.value for value in Fingerprint],
+            "fingerprints": list(Fingerprint),
             "questions": fingerprint.QUESTIONS,
             "wizard_table": json.dumps(fingerprint.wizard_table()),
         }

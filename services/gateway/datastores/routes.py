@@ -188,7 +188,7 @@ def _fingerprints(raw: str | None) -> list[Fingerprint]:
     try:
         return sorted({Fingerprint(n) for n in names})
     except ValueError:
-        known = ", ".join(f.value for f in Fingerprint)
+        known = ", ".join(Fingerprint)
         raise _invalid(f"fingerprints must name workloads among {known}; got {raw!r}") from None
 
 
