@@ -6,7 +6,7 @@ The names below are what other parts of the gateway may use; the modules inside 
 resource's own (an import-linter contract in pyproject.toml holds that).
 """
 
-from specops_services.gateway.runs.db import get_run
+from specops_services.gateway.runs.db import RUN_MONITOR, count_runs_by_status, get_run
 from specops_services.gateway.runs.logic import (
     TERMINAL_EVENT_TYPES,
     TERMINAL_STATUSES,
@@ -16,6 +16,8 @@ from specops_services.gateway.runs.logic import (
 from specops_services.gateway.runs.service import event_feed, list_runs, read_run
 
 __all__ = [
+    "RUN_MONITOR",
+    "count_runs_by_status",
     "RunState",
     "TERMINAL_EVENT_TYPES",
     "TERMINAL_STATUSES",
