@@ -24,8 +24,8 @@ import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
 import yaml
-
 from infra_render import render
+
 from specops.runtime.nats_server import find_binary
 from specops.runtime.topology import bus_consumers
 from specops_services import service_specs

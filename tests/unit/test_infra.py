@@ -8,7 +8,6 @@ code's services and consumers.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import os
 import shutil
@@ -24,9 +23,9 @@ from typing import Any
 
 import nats
 import pytest
+from infra_render import INFRA, kustomization_dirs, render
 from nats.errors import Error as NatsError
 
-from infra_render import INFRA, kustomization_dirs, render
 from specops.runtime.nats_server import find_binary
 
 ROOT = INFRA.parent
@@ -451,7 +450,9 @@ def test_the_base_nats_does_not_start_without_its_users(
     """No Secret, no server: the pod never comes up open."""
     etc = tmp_path / "etc"
     etc.mkdir()
-    config = next(c for name, c in _named(rendered[BASE], "ConfigMap").items() if name.startswith("nats-config"))
+    config = next(
+        c for name, c in _named(rendered[BASE], "ConfigMap").items() if name.startswith("nats-config")
+    )
     (etc / "nats.conf").write_text(config["data"]["nats.conf"].replace("/data", str(tmp_path / "data")))
     checked = subprocess.run(
         [str(find_binary()), "-c", str(etc / "nats.conf"), "-t"], capture_output=True, text=True, timeout=30
