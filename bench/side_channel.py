@@ -216,7 +216,7 @@ def cut_prompts(target: Any, workload: str, n: int, skip: int = 0) -> list[list[
     if workload == "copy":
         texts = [copy_text(seed) for seed in range(skip + n)]
     else:
-        texts = [p.text for p in load_prompts(workload, 164 if workload == "code" else 600)]
+        texts = [p.text for p in load_prompts(workload, 164 if workload == "code" else 400)]
     ids = [target.encode_prompt(text, chat=False) for text in texts if text.isascii()]
     long = [i[:PROMPT_TOKENS] for i in ids if len(i) >= PROMPT_TOKENS][skip:]
     if len(long) < n:
