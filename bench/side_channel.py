@@ -26,6 +26,9 @@ the candidates. Settings on one server, interleaved: the single-tenant tier (one
 every tenant) and F-S1 (both tenants in the shared tier: a pool per tenant). Same
 candidates and halves in both (their pools never meet).
 
+The bench is the trusted proxy of its servers: it signs each request's tenant claim with a
+key of its own (`--tenant-key-file`), as the shared tiers require.
+
 Throughput: tokens / wall time of the requests of a setting (request sent to last chunk),
 and its ratio to the unmitigated setting's in the same run.
 
@@ -37,11 +40,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import secrets
 import statistics
 import sys
 import tempfile
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,14 +55,17 @@ import httpx
 import numpy as np
 from common import machine
 
-from specops.report.launch import engine_server
+from specops.report.launch import engine_servers
 from specops_schemas.security import JitterSettings, SecurityPolicy, SecurityTier
+from specplatform.tenant_signature import TenantSigner
 from specprompts.sets import load_prompts
 
 MODEL = "smollm2-135m-instruct"
 METHOD = "ngram"
 PROMPT_TOKENS = 64
 GOAL_AUC = 0.55
+# The key this run's servers share with it, to sign tenant claims; new each run.
+TENANT_KEY = secrets.token_hex(32).encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +87,12 @@ class Streamed:
         return self.chunks[-1] - self.sent if self.chunks else 0.0
 
 
-def server(args: list[str], log: Path, threads: int) -> AbstractContextManager[str]:
+@contextmanager
+def server(args: list[str], name: str, log_dir: Path, threads: int) -> Iterator[str]:
+    """The URL of a `specops serve engine` of MODEL with ``args``, its log ``log_dir/name.log``."""
     cpu = ["--threads", str(threads), "--device", "cpu", "--dtype", "float32"]
-    return engine_server(["--model", MODEL, *args, *cpu], log)
+    with engine_servers({name: args}, MODEL, cpu, log_dir) as urls:
+        yield urls[name]
 
 
 def stream(client: httpx.Client, tenant: str, prompt: list[int], max_tokens: int) -> Streamed:
@@ -96,7 +107,7 @@ def stream(client: httpx.Client, tenant: str, prompt: list[int], max_tokens: int
     chunks: list[float] = []
     text, tokens, reason = "", 0, None
     sent = time.perf_counter()
-    with client.stream("POST", "/v1/completions", json=body, headers={"X-Specops-Tenant": tenant}) as r:
+    with client.stream("POST", "/v1/completions", json=body, auth=TenantSigner(TENANT_KEY, tenant)) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -205,7 +216,7 @@ def cut_prompts(target: Any, workload: str, n: int, skip: int = 0) -> list[list[
     if workload == "copy":
         texts = [copy_text(seed) for seed in range(skip + n)]
     else:
-        texts = [p.text for p in load_prompts(workload, 164 if workload == "code" else 600)]
+        texts = [p.text for p in load_prompts(workload, 164 if workload == "code" else 400)]
     ids = [target.encode_prompt(text, chat=False) for text in texts if text.isascii()]
     long = [i[:PROMPT_TOKENS] for i in ids if len(i) >= PROMPT_TOKENS][skip:]
     if len(long) < n:
@@ -384,11 +395,13 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="side-channel-"))  # the servers' logs and the policies
     print(f"server logs in {work}", file=sys.stderr)
     policies(work / "policies.json", args.pace_ms)
+    (work / "tenant.key").write_bytes(TENANT_KEY)
     common = ["--method", METHOD, "--security-policies", str(work / "policies.json")]
-    with server(common, work / "engine-a.log", args.threads) as url:
+    common += ["--tenant-key-file", str(work / "tenant.key")]
+    with server(common, "engine-a", work, args.threads) as url:
         pattern = acceptance_pattern(url, prompts, args.max_tokens, args.pace_ms)
     print(json.dumps(pattern["settings"], indent=1), file=sys.stderr)
-    with server([*common, "--draft-pool"], work / "engine-b.log", args.threads) as url:
+    with server([*common, "--draft-pool"], "engine-b", work, args.threads) as url:
         cache = shared_cache(url, candidates, args.max_tokens)
     print(json.dumps(cache["settings"], indent=1), file=sys.stderr)
 

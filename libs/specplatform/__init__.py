@@ -9,5 +9,7 @@
 - `specplatform.service_spec`: a bus service declared once (`ServiceSpec`), for everything
   that lists the services;
 - `specplatform.telemetry`: a process's traces, from the standard OTEL_* variables;
+- `specplatform.body_limit`: an HTTP service's request body limit (ASGI), refused unread;
+- `specplatform.tenant_signature`: a trusted proxy's signed tenant claim to the engine server;
 - `specplatform.errors`: the one-line errors of all of the above.
 """

@@ -6,4 +6,6 @@ updates back as the OpenAI wire (`protocol.py`); `metrics.py` keeps vLLM's servi
 spec-decode metrics under the `specops:` prefix. With `--fallback`, `drift.py` watches the
 method's acceptance per (tenant, workload) and switches a key that drifts to n-gram or plain
 decoding and back; `drift_events.py` logs, counts and publishes those switches.
+`tenant_auth.py` decides whether a request may speak for the tenant it names (a trusted
+proxy's signature); `security.py` what that tenant's policy makes of it.
 """

@@ -3,7 +3,11 @@
 
 Errors are OpenAI's JSON (`{"error": {"message", "type", "param", "code"}}`), which the
 `openai` client raises as BadRequestError (400), NotFoundError (404), ...; a body that fails
-validation is a 400, as OpenAI answers it, not FastAPI's 422.
+validation is a 400, as OpenAI answers it, not FastAPI's 422; a body over
+``ServerOptions.max_body_bytes`` is a 413, refused before it is read (specplatform.body_limit).
+
+A request speaks for the tenant it names only if tenant_auth takes its claim (a trusted
+proxy's signature): otherwise a 401 or 403, before its body is validated or tokenized.
 
 Shutdown (SIGTERM, SIGINT): uvicorn stops accepting connections and lets the requests under
 way finish for up to ``GRACE_S``, then cancels them (which cancels their rows); the lifespan
@@ -15,15 +19,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
+from starlette.types import Scope
 
 from speccore.engine import Engine
 from specops_services.engine import responses
@@ -35,7 +40,16 @@ from specops_services.engine.protocol import (
     ModelList,
     error_response,
 )
-from specops_services.engine.serving import EngineFailure, EngineServer, InvalidRequest, ServerOptions
+from specops_services.engine.serving import (
+    EngineFailure,
+    EngineServer,
+    InvalidRequest,
+    Prepared,
+    ServerOptions,
+)
+from specops_services.engine.tenant_auth import Claim, TenantRefused
+from specplatform.body_limit import BodyLimit
+from specplatform.tenant_signature import SIGNATURE_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +58,7 @@ JOIN_S = 60.0  # how long shutdown waits for the worker's step under way
 CLIENT_CLOSED = 499  # nginx's status of a request whose client went away
 
 T = TypeVar("T", bound=BaseModel)
+B = TypeVar("B", CompletionRequest, ChatCompletionRequest)
 
 
 def create_app(server: EngineServer) -> FastAPI:
@@ -59,6 +74,7 @@ def create_app(server: EngineServer) -> FastAPI:
             yield
         finally:
             await asyncio.to_thread(server.worker.stop, JOIN_S)
+            server.tokenizing.shutdown(wait=False, cancel_futures=True)
             if server.drift is not None:
                 await server.drift.stop()
             if server.policy_feed is not None:
@@ -66,6 +82,7 @@ def create_app(server: EngineServer) -> FastAPI:
 
     app = FastAPI(title="specops engine", lifespan=lifespan)
     app.state.server = server
+    app.add_middleware(BodyLimit, max_bytes=server.options.max_body_bytes, refusal=_too_large)
 
     @app.exception_handler(InvalidRequest)
     async def _invalid(request: Request, exc: InvalidRequest) -> JSONResponse:
@@ -77,6 +94,10 @@ def create_app(server: EngineServer) -> FastAPI:
         where = [str(part) for part in first["loc"] if part != "body"]
         message = f"{'.'.join(where)}: {first['msg']}" if where else str(first["msg"])
         return JSONResponse(error_response(400, message, param=where[-1] if where else None), status_code=400)
+
+    @app.exception_handler(TenantRefused)
+    async def _refused(request: Request, exc: TenantRefused) -> JSONResponse:
+        return JSONResponse(error_response(exc.status, str(exc)), status_code=exc.status)
 
     @app.exception_handler(EngineFailure)
     async def _failed(request: Request, exc: EngineFailure) -> JSONResponse:
@@ -103,9 +124,9 @@ def create_app(server: EngineServer) -> FastAPI:
         return ModelList(data=[card])
 
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> Response:
+    async def completions(body: CompletionRequest, request: Request, key: TenantKey) -> Response:
         arrival = time.monotonic()
-        prepared = server.completion(body, _drift_key(request))
+        prepared = await _off_loop(server, server.completion, body, key)
         stream = server.open(prepared, arrival)
         header = responses.Header.new("cmpl", int(time.time()), server.model_name)
         if body.stream:
@@ -116,9 +137,9 @@ def create_app(server: EngineServer) -> FastAPI:
         )
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    async def chat_completions(body: ChatCompletionRequest, request: Request, key: TenantKey) -> Response:
         arrival = time.monotonic()
-        prepared = server.chat(body, _drift_key(request))
+        prepared = await _off_loop(server, server.chat, body, key)
         stream = server.open(prepared, arrival)
         header = responses.Header.new("chatcmpl", int(time.time()), server.model_name)
         if body.stream:
@@ -131,11 +152,42 @@ def create_app(server: EngineServer) -> FastAPI:
     return app
 
 
-def _drift_key(request: Request) -> DriftKey:
+async def _authenticated_key(request: Request) -> DriftKey:
+    """The request's tenant and workload; TenantRefused unless its tenant claim is taken."""
+    server: EngineServer = request.app.state.server
+    tenant = request.headers.get(TENANT_HEADER)
+    workload = request.headers.get(WORKLOAD_HEADER)
     try:
-        return key_of(request.headers.get(TENANT_HEADER), request.headers.get(WORKLOAD_HEADER))
+        key = key_of(tenant, workload)
     except ValueError as exc:
         raise InvalidRequest(400, str(exc)) from None
+    if tenant:  # no claim: the default tenant
+        claim = Claim(
+            tenant=key.tenant,
+            workload=workload or "",
+            signature=request.headers.get(SIGNATURE_HEADER),
+            method=request.method,
+            path=request.url.path,
+            body=await request.body(),
+        )
+        server.tenants.check(claim, server.security.policy(key.tenant).tier, time.time())
+    return key
+
+
+# A dependency, so that a refused claim is answered before the body is validated.
+TenantKey = Annotated[DriftKey, Depends(_authenticated_key)]
+
+
+async def _off_loop(
+    server: EngineServer, prepare: Callable[[B, DriftKey], Prepared], body: B, key: DriftKey
+) -> Prepared:
+    """``prepare(body, key)`` (tokenizing) on the server's tokenizer thread."""
+    return await asyncio.get_running_loop().run_in_executor(server.tokenizing, prepare, body, key)
+
+
+def _too_large(scope: Scope, max_bytes: int) -> Response:
+    message = f"the request body is over {max_bytes} bytes, this server's limit (--max-body-bytes)"
+    return JSONResponse(error_response(413, message), status_code=413)
 
 
 def _json(body: BaseModel | None) -> Response:

@@ -36,13 +36,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
+from specplatform.tenant_signature import TENANT_HEADER, WORKLOAD_HEADER
+
 FALLBACKS = ("ngram", "none", "auto")
 DEFAULT_KEY_PART = "default"
-# A request names its key in headers (the OpenAI `user` field is an end user, too many values
-# for a metric label); without them it is the `default` tenant's `default` workload. There is
-# no workload classifier in the project to guess it from the prompt.
-TENANT_HEADER = "X-Specops-Tenant"
-WORKLOAD_HEADER = "X-Specops-Workload"
+# A request names its key in headers, TENANT_HEADER and WORKLOAD_HEADER (the OpenAI `user`
+# field is an end user, too many values for a metric label); without them it is the `default`
+# tenant's `default` workload. There is no workload classifier in the project to guess it from
+# the prompt.
 _KEY_PART = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TransitionKind = Literal["detected", "recovered"]
 

@@ -1,11 +1,13 @@
 """The I/O side of drift (drift.py decides): its Prometheus series, its log lines, and its
 events on NATS when the server has a bus.
 
-Metrics, in the server's registry, labelled ``model_name``, ``tenant``, ``workload``:
+Metrics, in the server's registry, labelled ``model_name`` and ``workload`` (a known
+workload, or ``other``), never the tenant: a label per tenant would grow without bound with
+the names clients send, and tell anyone who reads /metrics how much each tenant asks.
 ``specops:spec_decode_drift_events_total{kind}`` (kind ``detected`` or ``recovered``),
-``specops:spec_decode_active_method{method}`` (1 for the method a key's requests go to, 0 for
-the server's others) and ``specops:spec_decode_rolling_acceptance`` (the primary's rolling
-acceptance the last decision of the key read).
+``specops:spec_decode_active_method{method}`` (how many keys of the workload the method
+decodes) and ``specops:spec_decode_rolling_acceptance`` (the primary's rolling acceptance the
+last decision of a key of the workload read).
 
 Events: `spec.serve.<server_id>.drift_detected` / `drift_recovered`
 (specops_schemas.serve), published on JetStream (the SPEC stream captures ``spec.>``) from
@@ -25,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from specbus import publish
 from specbus.broker import ensure_stream
 from specbus.envelope import Envelope, new_event
+from speccatalog.workloads import WORKLOADS
 from specops_schemas.serve import DriftDetected, DriftRecovered
 from specops_services.engine.drift import DriftKey, DriftMonitor, DriftPolicy, Measured, Transition
 from specops_services.engine.logic import SpecCounts
@@ -33,39 +36,51 @@ from specops_services.engine.metrics import PREFIX
 log = logging.getLogger(__name__)
 
 PRODUCER = "engine"
+OTHER_WORKLOAD = "other"
+
+
+def workload_label(workload: str) -> str:
+    """A workload as a metric label: a known workload's name, ``other`` for anything else (the
+    header is the client's to choose: its values must not grow the series without bound)."""
+    return workload if workload in WORKLOADS else OTHER_WORKLOAD
 
 
 class DriftMetrics:
     def __init__(self, registry: CollectorRegistry, model_name: str, methods: Sequence[str]) -> None:
         self.model_name = model_name
         self.methods = list(methods)
-        labels = ["model_name", "tenant", "workload"]
+        labels = ["model_name", "workload"]
         self.events = Counter(
             PREFIX + "spec_decode_drift_events",
-            "Drift decisions per key: detected (to the fallback) or recovered (back to the primary).",
+            "Drift decisions of the workload's keys: detected (to the fallback) or recovered (back).",
             [*labels, "kind"],
             registry=registry,
         )
         self.active = Gauge(
             PREFIX + "spec_decode_active_method",
-            "1 for the method a key's requests go to (probes aside), 0 for the server's others.",
+            "Keys (tenant, workload) of the workload whose requests go to the method (probes aside).",
             [*labels, "method"],
             registry=registry,
         )
         self.rolling = Gauge(
             PREFIX + "spec_decode_rolling_acceptance",
-            "The primary's rolling acceptance on the key at its last drift decision.",
+            "The primary's rolling acceptance at the last drift decision of a key of the workload.",
             labels,
             registry=registry,
         )
+        self._on: dict[DriftKey, str] = {}  # each key's method, counted per workload label
 
     def method(self, key: DriftKey, active: str) -> None:
+        self._on[key] = active
+        label = workload_label(key.workload)
+        on = [m for k, m in self._on.items() if workload_label(k.workload) == label]
         for m in self.methods:
-            self.active.labels(self.model_name, key.tenant, key.workload, m).set(int(m == active))
+            self.active.labels(self.model_name, label, m).set(on.count(m))
 
     def transition(self, t: Transition) -> None:
-        self.events.labels(self.model_name, t.key.tenant, t.key.workload, t.kind).inc()
-        self.rolling.labels(self.model_name, t.key.tenant, t.key.workload).set(t.current)
+        label = workload_label(t.key.workload)
+        self.events.labels(self.model_name, label, t.kind).inc()
+        self.rolling.labels(self.model_name, label).set(t.current)
         self.method(t.key, t.method)
 
 

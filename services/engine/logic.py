@@ -14,6 +14,17 @@ from speccore.engine import Request
 from speccore.metrics import GenerationMetrics
 from speccore.sampling import SamplingParams
 
+# More characters per token than any tokenizer averages over a whole prompt (English text takes
+# about 4; code tokenizers fold a run of up to 16-32 spaces into one token, but no prompt is
+# all such runs): a prompt longer than the context times this cannot fit, so it is refused
+# without tokenizing it (a 50 MB prompt once took 53 s to tokenize only to be refused).
+MAX_CHARS_PER_TOKEN = 32
+
+
+def prompt_chars_limit(max_context: int) -> int:
+    """The most characters a prompt for a ``max_context``-token context may have."""
+    return max_context * MAX_CHARS_PER_TOKEN
+
 
 @dataclass(slots=True)
 class SpecCounts:

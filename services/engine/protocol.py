@@ -12,6 +12,11 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# The longest request body the server reads (`--max-body-bytes`), 4 MiB: a whole 128k-token
+# context fits, as JSON token ids (at most 7 bytes per id) or as text (about 4 characters per
+# token), with a batch of prompts beside it; a 20 MB body, which only an attacker sends, does not.
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+
 # Fields the server does not implement -> their neutral values, the only ones accepted.
 _UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "logprobs": (None, False, 0),
@@ -220,8 +225,15 @@ class ErrorResponse(BaseModel):
 
 def error_response(status: int, message: str, *, param: str | None = None) -> dict[str, Any]:
     """The JSON of an OpenAI-style error; `type` and `code` as OpenAI names them per status."""
-    kinds = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable"}
-    codes = {404: "model_not_found"}
+    kinds = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        503: "service_unavailable",
+    }
+    codes = {404: "model_not_found", 413: "request_too_large"}
     body = ErrorBody(
         message=message, type=kinds.get(status, "server_error"), param=param, code=codes.get(status)
     )

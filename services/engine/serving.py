@@ -7,6 +7,11 @@ prompts when a completion sends several, share it), stamped with the loop's cloc
 leave the worker. Leaving a :class:`ChoiceStream` before every choice finished (the client
 went away, the task was cancelled) cancels the rest.
 
+Tokenizing runs on the server's one tokenizer thread (``tokenizing``), off the event loop, so
+that /health and the other requests' streams go on while a long prompt is encoded; a prompt
+over what the context could hold is refused by its length in characters before it is
+encoded (logic.prompt_chars_limit).
+
 Security (issue 20), per request from its tenant's policy (security.py): with a draft pool
 (`--draft-pool`) its requests draft from and feed their tenant's scope of it (F-S1); with a
 pace (F-S2) its choices' tokens are released one per interval (speccore.pacing), streamed
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from speccore.batching import ContinuousBatcher
@@ -34,9 +40,10 @@ from specops_services.engine.detokenize import Decoder, IncrementalText
 from specops_services.engine.drift import DEFAULT_KEY, DriftKey, DriftMonitor, DriftPolicy
 from specops_services.engine.drift_events import DriftControl, DriftMetrics, DriftReporter
 from specops_services.engine.metrics import EngineMetrics
-from specops_services.engine.protocol import ChatCompletionRequest, CompletionRequest
+from specops_services.engine.protocol import DEFAULT_MAX_BODY_BYTES, ChatCompletionRequest, CompletionRequest
 from specops_services.engine.security import SecurityPolicies
 from specops_services.engine.security_events import PolicyFeed
+from specops_services.engine.tenant_auth import TenantVerifier
 from specops_services.engine.worker import EngineWorker, Event, Failed, Tokens
 
 
@@ -65,6 +72,8 @@ class ServerOptions:
     nats_credentials: Mapping[str, str] = field(default_factory=dict)  # nats.connect options
     security: PolicySettings = field(default_factory=PolicySettings)  # every tenant's, unless its own
     policies: tuple[SecurityPolicy, ...] = ()  # tenants' own (`--security-policies`)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a longer body is a 413, unread
+    tenant_key: bytes | None = field(default=None, repr=False)  # the trusted proxy's (tenant_auth)
 
     @property
     def bus_id(self) -> str:
@@ -112,6 +121,9 @@ class EngineServer:
         self.worker = EngineWorker(self.batcher, self.metrics, control)
         self.created = int(time.time())
         self.security = SecurityPolicies(options.security, options.policies)
+        self.tenants = TenantVerifier(options.tenant_key)
+        # One thread: a burst of long prompts takes one core, not every core from the worker.
+        self.tokenizing = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
         self.policy_feed: PolicyFeed | None = None
         if options.nats_url is not None:
             self.policy_feed = PolicyFeed(
@@ -143,6 +155,7 @@ class EngineServer:
     def chat(self, body: ChatCompletionRequest, key: DriftKey = DEFAULT_KEY) -> Prepared:
         self.check_model(body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        self._check_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
             ids = self.target.encode_chat(messages)
         except SpecError as exc:
@@ -167,13 +180,26 @@ class EngineServer:
     def _completion_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
         """Token ids of each prompt: text as `specops generate` encodes it (no chat template)."""
         if isinstance(prompt, str):
+            self._check_chars(len(prompt), "prompt")
             return [self.target.encode_prompt(prompt, chat=False)]
-        ids: list[list[int]] = []
+        if any(isinstance(p, int) for p in prompt):  # one prompt given as token ids
+            return [[int(t) for t in prompt]]  # type: ignore[arg-type]
         for p in prompt:
-            if isinstance(p, int):  # one prompt given as token ids
-                return [[int(t) for t in prompt]]  # type: ignore[arg-type]
-            ids.append(self.target.encode_prompt(p, chat=False) if isinstance(p, str) else list(p))
-        return ids
+            if isinstance(p, str):
+                self._check_chars(len(p), "prompt")
+        return [self.target.encode_prompt(p, chat=False) if isinstance(p, str) else list(p) for p in prompt]
+
+    def _check_chars(self, chars: int, param: str) -> None:
+        """A 400 for text too long for the context whatever its tokens, before encoding it."""
+        context = self.target.max_context
+        limit = logic.prompt_chars_limit(context)
+        if chars > limit:
+            raise InvalidRequest(
+                400,
+                f"the prompt has {chars} characters, more than a {context}-token context can hold "
+                f"(at most {limit}); shorten the prompt",
+                param,
+            )
 
     def _prepare(
         self,
@@ -203,7 +229,7 @@ class EngineServer:
             )
             try:
                 # check() reads only the request and the model's context, none of the
-                # batcher's state, so the event loop may call it beside the worker thread.
+                # batcher's state, so the tokenizer thread may call it beside the worker's.
                 self.batcher.check(choices[0])
             except SpecError as exc:
                 raise InvalidRequest(400, f"{exc}; shorten the prompt or lower max_tokens") from None

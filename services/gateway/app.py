@@ -30,7 +30,7 @@ from specops_services.gateway.datastores import routes as datastores
 from specops_services.gateway.heads import projector as heads_projector
 from specops_services.gateway.heads import routes as heads_routes
 from specops_services.gateway.http import db as http_db
-from specops_services.gateway.http.limits import BodyLimit
+from specops_services.gateway.http.limits import body_too_large
 from specops_services.gateway.http.listener import RunEventsListener
 from specops_services.gateway.http.problems import install, problem_response, responses
 from specops_services.gateway.http.socket import claim_port, deployment_id, listening_socket
@@ -41,6 +41,7 @@ from specops_services.gateway.security import routes as security_routes
 from specops_services.gateway.settings import GatewaySettings, gateway_settings
 from specops_services.gateway.tune import projector as tune_projector
 from specops_services.gateway.tune import routes as tune_routes
+from specplatform.body_limit import BodyLimit
 from specplatform.db import (
     create_pool,
     migrate,
@@ -76,6 +77,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.gateway_max_body_bytes,
+        refusal=body_too_large,
         per_path={
             datastores.DATASTORES_PATH: settings.datastore_max_bytes,
             heads_routes.HEAD_DATA_PATH: settings.datastore_max_bytes,

@@ -26,7 +26,9 @@ from speccore.errors import SpecError
 from specops.commands import decoding
 from specops_schemas.catalog import Engine as EngineName
 from specops_schemas.catalog import RunStatus
+from specops_services.engine.protocol import DEFAULT_MAX_BODY_BYTES
 from specplatform.settings import load_settings
+from specplatform.tenant_signature import KEY_ENV, MIN_KEY_BYTES, SIGNATURE_HEADER, TENANT_HEADER
 
 if TYPE_CHECKING:
     from speccore.models import LoadedModel
@@ -47,7 +49,7 @@ ENGINE_OPTIONS = (
     "model", "device", "dtype", "threads", "method", "k", "draft", "datastore", "head", "tree_shape",
     "tree_topk", "tree_tokens", "tree_min_prob", "max_batch", "host", "port", "served_model_name",
     "from_run", "url", "token", "adaptive_k", "prefix_cache_mb", "nats_url", "draft_pool", "jitter",
-    "jitter_interval_ms", "security_tier", "security_policies",
+    "jitter_interval_ms", "security_tier", "security_policies", "max_body_bytes", "tenant_key_file",
 )  # fmt: skip
 # Drift control (services/engine/drift.py): engine-only as well.
 DRIFT_OPTIONS = (
@@ -72,6 +74,12 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", help=f"address to listen on (default {DEFAULT_HOST})")
     g.add_argument("--port", type=int, help=f"port to listen on (default {DEFAULT_PORT})")
     g.add_argument("--served-model-name", help="the model's name in the API (default: --model)")
+    g.add_argument(
+        "--max-body-bytes",
+        type=decoding.positive,
+        help="a request body over this many bytes is a 413, refused before it is read "
+        f"(default {DEFAULT_MAX_BODY_BYTES >> 20} MiB: a whole long context fits)",
+    )
     g.add_argument("--from-run", metavar="RUN_ID", help="serve this completed T1/T2 run's measured winner")
     g.add_argument("--url", help="--from-run: gateway URL (default: SPECOPS_URL, else `specops up`'s)")
     g.add_argument("--token", help="--from-run: API token (default: SPECOPS_TOKEN, else the state dir's)")
@@ -127,6 +135,15 @@ def add_security_options(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="tenants' own policies: a JSON list of SecurityPolicy (the security service's); "
         "with --nats-url, policy_changed events update them",
+    )
+    g.add_argument(
+        "--tenant-key-file",
+        metavar="FILE",
+        help=f"the key (at least {MIN_KEY_BYTES} bytes) shared with the trusted proxy that signs each "
+        f"request's {TENANT_HEADER} claim ({SIGNATURE_HEADER}: HMAC-SHA256 over the time, endpoint, "
+        f"tenant, workload and body; default: {KEY_ENV}, else none). With a key every claim must "
+        "be signed; without one, only tenants of the single_tenant tier may be named "
+        "(a shared or multi-tenant tier's claim is refused: 401 unsigned, 403 badly signed)",
     )
 
 
@@ -213,6 +230,7 @@ def run(args: argparse.Namespace, served: Served) -> int:
 
     drift = drift_policy(args, served)  # refused before the model loads
     default_policy, policies = security_policies(args)
+    tenant_key = read_tenant_key(args.tenant_key_file)
     log.info("serving %s", served.origin)
     load = argparse.Namespace(
         model=served.model, device=args.device or "auto", dtype=args.dtype or "auto", threads=args.threads
@@ -250,6 +268,8 @@ def run(args: argparse.Namespace, served: Served) -> int:
         nats_credentials=load_settings().nats_credentials() if args.nats_url else {},
         security=default_policy,
         policies=tuple(policies),
+        max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+        tenant_key=tenant_key,
     )
     serve(engines, options)
     return 0
@@ -301,6 +321,27 @@ def security_policies(args: argparse.Namespace) -> tuple[PolicySettings, list[Se
     except (ValidationError, ValueError) as exc:
         raise SpecError(f"security options: {exc}") from None
     return default, policies
+
+
+def read_tenant_key(path: str | None) -> bytes | None:
+    """The trusted proxy's key: the file's (surrounding whitespace dropped), else KEY_ENV's, else
+    None; SpecError when it is unreadable or too short. Never a flag's value: a command line is
+    readable by every user of the host (ps)."""
+    from pathlib import Path
+
+    if path is not None:
+        try:
+            key = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise SpecError(f"--tenant-key-file: cannot read {path}: {exc.strerror or exc}") from None
+        where = path
+    elif os.environ.get(KEY_ENV):
+        key, where = os.environ[KEY_ENV].strip().encode(), KEY_ENV
+    else:
+        return None
+    if len(key) < MIN_KEY_BYTES:
+        raise SpecError(f"the tenant key in {where} has {len(key)} bytes; it needs at least {MIN_KEY_BYTES}")
+    return key
 
 
 def adaptive_k(args: argparse.Namespace) -> bool:

@@ -26,12 +26,14 @@ from specbus.envelope import new_event
 from speccore.engine import Engine, Request
 from speccore.models import LoadedModel
 from specops_schemas.security import PolicyChanged, SecurityPolicy, SecurityTier
+from specplatform.tenant_signature import TenantSigner
 
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m-instruct"
 MAX_TOKENS = 24
 PACE_MS = 10
+KEY = b"side-channel-test-tenant-key-0123456789"  # the trusted proxy's, which signs the claims
 TEXTS = [
     "def fibonacci(n):\n    ",
     "List the planets of the solar system, then list them again:",
@@ -58,6 +60,9 @@ def engine(tmp_path_factory: pytest.TempPathFactory, nats_url: str) -> Iterator[
     policies.write_text(json.dumps([p.model_dump(mode="json") for p in POLICIES]))
     args = ["--model", MODEL, "--method", "ngram", "--draft-pool", "--prefix-cache-mb", "64"]
     args += ["--jitter", "pace"]
+    key = tmp / "tenant.key"
+    key.write_bytes(KEY)
+    args += ["--tenant-key-file", str(key)]
     args += [
         "--jitter-interval-ms",
         str(PACE_MS),
@@ -83,8 +88,9 @@ def _changed(policy: SecurityPolicy) -> Any:
 
 
 def _client(url: str, tenant: str | None = None) -> openai.OpenAI:
-    headers = {"X-Specops-Tenant": tenant} if tenant else None
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, default_headers=headers)
+    """A client of the default tenant, or one that speaks for ``tenant`` as the trusted proxy."""
+    http = httpx.Client(auth=TenantSigner(KEY, tenant), timeout=120) if tenant else None
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, http_client=http)
 
 
 def _complete(url: str, text: str, tenant: str | None = None) -> str:

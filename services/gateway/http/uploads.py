@@ -32,7 +32,7 @@ async def receive(request: Request, directory: Path, max_bytes: int) -> tuple[Pa
                 digest.update(chunk)
                 f.write(chunk)
     except ClientDisconnect:
-        # The body limit (limits.BodyLimit) cut the body off; it answers the 413 itself.
+        # The body limit (specplatform.body_limit.BodyLimit) cut the body off; it answers the 413 itself.
         tmp.unlink(missing_ok=True)
         raise too_large(max_bytes) from None
     except BaseException:
