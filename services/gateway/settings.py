@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 from pydantic import Field
 
@@ -59,6 +60,11 @@ class GatewaySettings(Settings):
         description="Runs a tenant may have queued or running at once; more are refused (429 or rejected).",
     )
 
+    gateway_models_dir: Path | None = Field(
+        None,
+        description="The one directory whose model directories a run's model_ref may name by path "
+        "(symlinks and `..` resolved first); None: model_ref takes only catalog aliases and hub ids.",
+    )
     gateway_policy_wait_s: float = Field(
         10.0,
         ge=0.0,

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from specbus import outbox
 from specbus.envelope import Envelope, new_event
 from speccatalog.hardware import HardwareError, resolve_profile
-from speccatalog.targets import TargetError, UnknownModel, parse_hf_config, resolve_target
+from speccatalog.targets import TargetError, parse_hf_config, resolve_target
 from specops_schemas.api import (
     API_PREFIX,
     ApplyRequest,
@@ -62,14 +62,23 @@ def _invalid(pointer: str, detail: str, kind: str) -> ProblemError:
     )
 
 
-def check_target(request: RunCreateRequest) -> None:
-    """422 naming the model or GPU profile the predictor could not describe."""
+# One answer for every local path outside the models directory, whether it exists or not,
+# so that model_ref cannot probe the server's filesystem.
+LOCAL_PATH_REFUSED = (
+    "model_ref names a catalog alias, a Hugging Face id (`org/name`) or a directory inside the "
+    "server's configured models directory (SPECOPS_GATEWAY_MODELS_DIR); other local paths are not accepted"
+)
+
+
+def check_target(request: RunCreateRequest, models_dir: Path | None = None) -> None:
+    """422 naming the model or GPU profile the predictor could not describe; a local model_ref is
+    taken only inside `models_dir` (None: no local paths)."""
     nul = params.nul_pointer(request.model_dump(mode="json"))
     if nul is not None:
         raise _invalid(nul, "text must not contain the NUL character (U+0000)", "invalid-text")
     ref = request.target.model_ref
     try:
-        _describe(ref)
+        _describe(ref, models_dir)
     except TargetError as exc:
         raise _invalid("#/target/model_ref", str(exc), "unknown-model") from None
     try:
@@ -78,23 +87,31 @@ def check_target(request: RunCreateRequest) -> None:
         raise _invalid("#/target/gpu", str(exc), "unknown-gpu") from None
 
 
-def _describe(ref: str) -> None:
-    try:
+def _describe(ref: str, models_dir: Path | None) -> None:
+    if not run_logic.looks_local(ref):
         resolve_target(ref)
-    except UnknownModel:
-        config = _local_config(ref)
-        if config is None:
-            raise
-        parse_hf_config(config, ref)
+        return
+    directory = _inside(ref, models_dir)
+    config = None if directory is None else _local_config(directory)
+    if config is None:
+        raise _invalid("#/target/model_ref", LOCAL_PATH_REFUSED, "model-ref-refused")
+    parse_hf_config(config, ref)
 
 
-def _local_config(ref: str) -> dict[str, Any] | None:
-    """The config.json of a local model directory (absolute paths only), or None if there is none."""
-    path = Path(ref)
-    if not path.is_absolute():
+def _inside(ref: str, models_dir: Path | None) -> Path | None:
+    """The directory `ref` names once symlinks and `..` are resolved, if it lies inside
+    `models_dir`; None otherwise (and always when no models directory is configured)."""
+    if models_dir is None or not Path(ref).is_absolute():
         return None
+    root = models_dir.resolve()
+    directory = Path(ref).resolve()
+    return directory if directory.is_relative_to(root) and directory != root else None
+
+
+def _local_config(directory: Path) -> dict[str, Any] | None:
+    """The config.json of a model directory, or None if there is none."""
     try:
-        parsed = json.loads((path / "config.json").read_text())
+        parsed = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):
         return None
     return parsed if isinstance(parsed, dict) else None
@@ -108,6 +125,7 @@ async def create_run(
     request_hash: str,
     *,
     max_active_runs: int,
+    models_dir: Path | None = None,
     key_ttl: timedelta = idempotency.IDEMPOTENCY_TTL,
 ) -> idempotency.Reply:
     """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too.
@@ -116,7 +134,7 @@ async def create_run(
     nothing, is still answered); a tenant whose policy opts out of speculation is never
     answered from the winner cache, nor refused for its budget (nothing is measured): its
     `run.requested` says so, and the predictor answers it as `speculation_disabled`."""
-    check_target(request)
+    check_target(request, models_dir)
 
     async def work(conn: Connection) -> idempotency.Reply:
         run_id = params.new_spec_id()
