@@ -133,6 +133,12 @@ async def test_model_ref_takes_paths_only_inside_the_models_dir_and_never_says_w
         answer = await gw.create(body=run_body(model_ref=str(inside), gpu="cpu", engine="speccore"))
         assert answer.status_code == 422
         assert answer.json()["type"] == "urn:specops:problem:model-ref-refused"
+        # A head's target is a model reference too: the head-trainer would load it.
+        for ref in ("/etc", str(outside), str(inside)):
+            head = {"target": ref, "family": "medusa", "train_data": "d" * 64}
+            trained = await gw.client.post(HEADS_TRAIN, json=head, headers=gw.auth())
+            assert trained.status_code == 422, trained.text
+            assert (trained.json()["type"], trained.json()["detail"]) == (refusals[0][0], refusals[0][1])
 
 
 # --- finding 12: bounded budgets ---------------------------------------------------------------------

@@ -19,13 +19,6 @@ from specops_schemas.candidates import CandidateResult
 from specops_schemas.catalog import ErrorStage, RunStatus
 from specops_schemas.events import RunCompleted, RunFailed, RunPredicted
 
-
-def looks_local(model_ref: str) -> bool:
-    """Whether a model_ref is a filesystem path rather than an alias or a hub id (`org/name`):
-    absolute, home- or dot-relative, or holding a `..` step or a backslash."""
-    return model_ref.startswith(("/", "~", ".")) or "\\" in model_ref or ".." in model_ref.split("/")
-
-
 # --- roles -------------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ from specops_schemas.api import (
 from specops_schemas.events import RunCompleted, RunQueued, RunRequested
 from specops_services.gateway import apply, db, idempotency, results, security
 from specops_services.gateway import winner_cache as cache
-from specops_services.gateway.http import params, sse
+from specops_services.gateway.http import model_refs, params, sse
 from specops_services.gateway.http.auth import Principal
 from specops_services.gateway.http.problems import ProblemError, not_found, problem
 from specops_services.gateway.idempotency import keyed
@@ -62,14 +62,6 @@ def _invalid(pointer: str, detail: str, kind: str) -> ProblemError:
     )
 
 
-# One answer for every local path outside the models directory, whether it exists or not,
-# so that model_ref cannot probe the server's filesystem.
-LOCAL_PATH_REFUSED = (
-    "model_ref names a catalog alias, a Hugging Face id (`org/name`) or a directory inside the "
-    "server's configured models directory (SPECOPS_GATEWAY_MODELS_DIR); other local paths are not accepted"
-)
-
-
 def check_target(request: RunCreateRequest, models_dir: Path | None = None) -> None:
     """422 naming the model or GPU profile the predictor could not describe; a local model_ref is
     taken only inside `models_dir` (None: no local paths)."""
@@ -88,24 +80,14 @@ def check_target(request: RunCreateRequest, models_dir: Path | None = None) -> N
 
 
 def _describe(ref: str, models_dir: Path | None) -> None:
-    if not run_logic.looks_local(ref):
+    if not model_refs.looks_local(ref):
         resolve_target(ref)
         return
-    directory = _inside(ref, models_dir)
+    directory = model_refs.inside(ref, models_dir)
     config = None if directory is None else _local_config(directory)
     if config is None:
-        raise _invalid("#/target/model_ref", LOCAL_PATH_REFUSED, "model-ref-refused")
+        raise model_refs.refused("#/target/model_ref")
     parse_hf_config(config, ref)
-
-
-def _inside(ref: str, models_dir: Path | None) -> Path | None:
-    """The directory `ref` names once symlinks and `..` are resolved, if it lies inside
-    `models_dir`; None otherwise (and always when no models directory is configured)."""
-    if models_dir is None or not Path(ref).is_absolute():
-        return None
-    root = models_dir.resolve()
-    directory = Path(ref).resolve()
-    return directory if directory.is_relative_to(root) and directory != root else None
 
 
 def _local_config(directory: Path) -> dict[str, Any] | None:
