@@ -13,10 +13,20 @@ import httpx
 import psycopg
 import pytest
 from fixtures.flows import SESSIONS, completed_run, start
-from fixtures.gateway import RUNS, Gateway, run_body, running_gateway
+from fixtures.gateway import (
+    RUNS,
+    Gateway,
+    ServerThread,
+    gateway_settings,
+    issue_tokens,
+    run_body,
+    running_gateway,
+)
 
 from specops_schemas.api import API_PREFIX, PROBLEM_MEDIA_TYPE
+from specops_services.gateway.app import create_app
 from specops_services.gateway.http import credentials
+from specops_services.gateway.http.sse import TOKEN_REVOKED
 
 ME = f"{API_PREFIX}/me"
 SIGN_IN = "/ui/sign-in"
@@ -196,3 +206,22 @@ async def test_sessions_end_when_idle_and_at_their_absolute_expiry(db: str, nats
             await asyncio.sleep(0.2)
         await asyncio.sleep(0.6)
         problem(await dev.get(ME), 401)
+
+
+def test_signing_out_ends_the_sessions_open_event_stream(db: str, nats_url: str) -> None:
+    tokens = asyncio.run(issue_tokens(db))
+    settings = gateway_settings(db, nats_url, gateway_sse_token_check_s=0.2)
+    with ServerThread(create_app(settings)) as server, httpx.Client(base_url=server.url) as browser:
+        browser.get(SIGN_IN)
+        signed = browser.post(SIGN_IN, data={"token": tokens["dev"], "csrf": browser.cookies["specops_csrf"]})
+        assert signed.status_code == 303, signed.text
+        # Nothing runs it: the run stays queued and its stream would stay open.
+        run = browser.post(RUNS, json=run_body(), headers={"X-Specops-CSRF": browser.cookies["specops_csrf"]})
+        assert run.status_code == 202, run.text
+        with browser.stream("GET", f"{RUNS}/{run.json()['id']}/events") as stream:
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line.startswith("event:")) == "event: run.queued"
+            with httpx.Client(base_url=server.url, cookies=browser.cookies) as tab:
+                assert tab.post(SIGN_OUT, data={"csrf": tab.cookies["specops_csrf"]}).status_code == 303
+            assert next(line for line in lines if line.startswith("event:")) == "event: error"
+            assert TOKEN_REVOKED in next(line for line in lines if line.startswith("data:"))

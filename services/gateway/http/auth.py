@@ -39,11 +39,13 @@ CSRF_REFUSED = "urn:specops:problem:csrf"
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the token's id, tenant and role."""
+    """Who is calling: the token's id, tenant and role; through the console, the hash of the
+    session too (an open event stream ends with it)."""
 
     token_id: str
     tenant_id: str
     role: Role
+    session_sha256: str | None = None
 
 
 def pool_of(request: Request) -> Pool:
@@ -65,9 +67,14 @@ def _principal(row: http_db.TokenRow) -> Principal:
 async def session_principal(request: Request, session_id: str) -> Principal | None:
     """The principal of a live console session (its token live, not idle or expired), or None."""
     idle_s = request.app.state.settings.gateway_console_session_idle_s
+    session_sha256 = hash_token(session_id)
     async with pool_of(request).connection() as conn, role_transaction(conn, http_db.SESSION_KEEPER):
-        row = await http_db.touch_session(conn, hash_token(session_id), idle_s)
-    return None if row is None else _principal(row)
+        row = await http_db.touch_session(conn, session_sha256, idle_s)
+    if row is None:
+        return None
+    return Principal(
+        token_id=row.token_id, tenant_id=row.tenant_id, role=row.role, session_sha256=session_sha256
+    )
 
 
 async def open_session(request: Request, principal: Principal) -> str:

@@ -61,6 +61,17 @@ async def touch_session(conn: Connection, session_sha256: str, idle_s: float) ->
     return None if row is None else TokenRow(row["id"], row["tenant_id"], Role(row["role"]))
 
 
+async def session_live(conn: Connection, session_sha256: str) -> bool:
+    """Whether a console session is still there, unexpired, its token live (an open event stream
+    re-checks its caller's; the stream itself is the session's use), as SESSION_KEEPER."""
+    cur = await conn.execute(
+        """SELECT 1 FROM console_sessions s JOIN api_tokens t ON t.id = s.token_id
+           WHERE s.id_sha256 = %s AND t.revoked_at IS NULL AND s.expires_at > now()""",
+        (session_sha256,),
+    )
+    return await cur.fetchone() is not None
+
+
 async def end_session(conn: Connection, session_sha256: str) -> None:
     """Forget a console session (signing out), as SESSION_KEEPER."""
     await conn.execute("DELETE FROM console_sessions WHERE id_sha256 = %s", (session_sha256,))
