@@ -13,6 +13,8 @@ from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, Gat
 
 API_PREFIX = "/api/v1/inferenceiq/speculative"
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+# Weights are normalised, so only their ratio matters; the bound keeps 1e30 and inf out.
+MAX_PRIORITY_WEIGHT = 1000.0
 
 
 class Target(Model):
@@ -39,8 +41,12 @@ class Workload(Model):
 class Priorities(Model):
     """Relative weights of the scoring objectives (the scorer normalises them to sum 1)."""
 
-    throughput: float = Field(0.0, ge=0.0, description="Weight of decode tokens/s.")
-    latency: float = Field(0.0, ge=0.0, description="Weight of time per output token.")
+    throughput: float = Field(
+        0.0, ge=0.0, le=MAX_PRIORITY_WEIGHT, description="Weight of decode tokens/s (at most 1000)."
+    )
+    latency: float = Field(
+        0.0, ge=0.0, le=MAX_PRIORITY_WEIGHT, description="Weight of time per output token (at most 1000)."
+    )
 
     @model_validator(mode="after")
     def _some_weight(self) -> Self:

@@ -14,4 +14,7 @@ Id = Annotated[str, Field(pattern=f"^{ID_PATTERN}$")]
 
 Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 
-__all__ = ["Fraction", "Id", "Model", "UtcDatetime", "utc_now"]
+# Seeds feed numpy's and torch's generators, which take 32-bit seeds.
+MAX_SEED = 2**32 - 1
+
+__all__ = ["MAX_SEED", "Fraction", "Id", "Model", "UtcDatetime", "utc_now"]

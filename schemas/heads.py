@@ -34,7 +34,7 @@ from typing import Literal
 from pydantic import Field
 
 from specbus.envelope import EventPayload
-from specops_schemas.base import Fraction, Model, UtcDatetime
+from specops_schemas.base import MAX_SEED, Fraction, Model, UtcDatetime
 from specops_schemas.catalog import ErrorStage
 
 HEAD_ID_PATTERN = r"^hd-[0-9a-f]{24}$"
@@ -84,7 +84,10 @@ class HeadGateSpec(Model):
         0.05, description="Least draft-token acceptance rate (accepted / drafted) measured on speccore."
     )
     min_speedup: float | None = Field(
-        None, gt=0.0, description="Least speedup over `none` on those prompts; None: recorded, not required."
+        None,
+        gt=0.0,
+        le=100.0,
+        description="Least speedup over `none` on those prompts (at most 100); None: recorded, not required.",
     )
     n_prompts: int = Field(4, ge=1, le=64, description="Held-out prompts decoded.")
     max_new_tokens: int = Field(32, ge=8, le=512, description="Tokens generated per prompt.")
@@ -117,7 +120,12 @@ class HeadTrainRequest(Model):
         description="Training-time budget; the head trained so far is gated when it runs out.",
     )
     lr: float | None = Field(None, gt=0.0, le=1.0, description="Peak learning rate; None: the family's.")
-    seed: int = Field(0, ge=0, description="Seed of the initial weights, the batch order and the noise.")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEED,
+        description="Seed of the initial weights, the batch order and the noise (32 bits).",
+    )
     num_heads: int = Field(4, ge=1, le=8, description="Medusa heads (draft depth).")
     draft_vocab: int = Field(8192, ge=256, le=262_144, description="Tokens the head scores.")
     max_len: int = Field(512, ge=32, le=8192, description="Tokens per training sequence.")

@@ -59,6 +59,15 @@ class JitterSettings(Model):
     )
 
 
+# Upper bounds, so that no policy holds a number no deployment could mean (1e30, inf): a
+# month's measurement seconds of about 380 GPUs, and 1 TiB of corpora per tenant.
+MAX_GPU_BUDGET_S = 1e9
+MAX_STORAGE_QUOTA_BYTES = 1024**4
+DEFAULT_STORAGE_QUOTA_BYTES = 1024**3
+MAX_DATASTORES = 10_000
+DEFAULT_MAX_DATASTORES = 100
+
+
 class PolicySettings(Model):
     """What an admin sets (PUT body); the service adds the tenant, version and provenance."""
 
@@ -72,7 +81,23 @@ class PolicySettings(Model):
     gpu_budget_s: float | None = Field(
         default=None,
         ge=0.0,
-        description="Measurement seconds (T1, T2, T3) a calendar month (UTC); null: unlimited.",
+        le=MAX_GPU_BUDGET_S,
+        description=f"Measurement seconds (T1, T2, T3) a calendar month (UTC), at most {MAX_GPU_BUDGET_S:g}; "
+        "null: unlimited.",
+    )
+    storage_quota_bytes: int = Field(
+        default=DEFAULT_STORAGE_QUOTA_BYTES,
+        ge=0,
+        le=MAX_STORAGE_QUOTA_BYTES,
+        description="Bytes of datastores the tenant may hold (default 1 GiB, at most 1 TiB); an upload "
+        "that would exceed it is refused (413).",
+    )
+    max_datastores: int = Field(
+        default=DEFAULT_MAX_DATASTORES,
+        ge=0,
+        le=MAX_DATASTORES,
+        description=f"Datastores the tenant may hold (default {DEFAULT_MAX_DATASTORES}, at most "
+        f"{MAX_DATASTORES}); one more is refused (413).",
     )
 
     @model_validator(mode="after")

@@ -32,7 +32,7 @@ from pydantic import Field, JsonValue, model_validator
 
 from specbus.envelope import EventPayload
 from specops_schemas.api import Priorities, RunCreateRequest
-from specops_schemas.base import Id, Model, UtcDatetime
+from specops_schemas.base import MAX_SEED, Id, Model, UtcDatetime
 from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Measurement
 from specops_schemas.catalog import ErrorStage, Family
 
@@ -73,7 +73,9 @@ class TuneSessionCreateRequest(Model):
     max_trials: int | None = Field(
         None, ge=1, le=10_000, description="Stop after this many trials even if budget is left."
     )
-    seed: int = Field(0, ge=0, description="Seed of the sampler and of the measurement prompts.")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="Seed of the sampler and of the measurement prompts (32 bits)."
+    )
 
 
 class CurvePoint(Model):

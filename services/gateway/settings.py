@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 from pydantic import Field
 
@@ -59,6 +60,24 @@ class GatewaySettings(Settings):
         description="Runs a tenant may have queued or running at once; more are refused (429 or rejected).",
     )
 
+    gateway_console_session_idle_s: float = Field(
+        8 * 3600.0,
+        gt=0.0,
+        le=7 * 86400.0,
+        description="A console session unused this long (seconds, at most 7 days) ends: sign in again.",
+    )
+    gateway_console_session_max_s: float = Field(
+        24 * 3600.0,
+        gt=0.0,
+        le=30 * 86400.0,
+        description="A console session ends this long (seconds, at most 30 days) after sign-in, "
+        "however used.",
+    )
+    gateway_models_dir: Path | None = Field(
+        None,
+        description="The one directory whose model directories a run's model_ref may name by path "
+        "(symlinks and `..` resolved first); None: model_ref takes only catalog aliases and hub ids.",
+    )
     gateway_policy_wait_s: float = Field(
         10.0,
         ge=0.0,

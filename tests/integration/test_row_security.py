@@ -26,6 +26,7 @@ SERVICE_ROLES = (
     "specops_audit_writer",
     "specops_audit_reader",
     "specops_rebuild_reader",
+    "specops_session_keeper",
 )
 
 # The only tables without row-level security: they hold no tenant's rows (tenants lists
@@ -48,6 +49,8 @@ SEED = {
         VALUES ('run-' || %(x)s, 1, gen_random_uuid(), 'run.queued', '{}', now())""",
     "api_tokens": """INSERT INTO api_tokens (id, tenant_id, role, secret_sha256)
         VALUES ('tok-' || %(x)s, %(t)s, 'admin', repeat(%(x)s, 64))""",
+    "console_sessions": """INSERT INTO console_sessions (id_sha256, token_id, tenant_id, expires_at)
+        VALUES (repeat(%(x)s, 64), 'tok-' || %(x)s, %(t)s, now() + interval '1 hour')""",
     "idempotency_keys": """INSERT INTO idempotency_keys (tenant_id, key, request_hash, expires_at)
         VALUES (%(t)s, %(key)s, 'h', now() + %(expires)s::interval)""",
     "candidates": """INSERT INTO candidates (run_id, candidate_id, rank, family, candidate, prediction)

@@ -4,19 +4,33 @@ a bearer token: roles, tenants, revocation)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
 from fixtures.flows import SESSIONS, completed_run, start
-from fixtures.gateway import RUNS, Gateway, run_body, running_gateway
+from fixtures.gateway import (
+    RUNS,
+    Gateway,
+    ServerThread,
+    gateway_settings,
+    issue_tokens,
+    run_body,
+    running_gateway,
+)
 
 from specops_schemas.api import API_PREFIX, PROBLEM_MEDIA_TYPE
+from specops_services.gateway.app import create_app
 from specops_services.gateway.http import credentials
+from specops_services.gateway.http.sse import TOKEN_REVOKED
 
 ME = f"{API_PREFIX}/me"
+SIGN_IN = "/ui/sign-in"
+SIGN_OUT = "/ui/sign-out"
 
 
 @pytest.fixture
@@ -82,16 +96,40 @@ async def test_tune_sessions_are_listed_with_their_run(gw: Gateway) -> None:
     assert (await gw.client.get(SESSIONS, headers=gw.auth("other"))).json()["sessions"] == []
 
 
-async def cookie_client(gw: Gateway, who: str, *, csrf: str | None = "c5rf") -> httpx.AsyncClient:
-    """A client that sends `who`'s token as the console's session cookie (and a CSRF cookie)."""
-    cookies = {"specops_session": gw.tokens[who]} | ({"specops_csrf": csrf} if csrf else {})
+@asynccontextmanager
+async def cookie_client(
+    gw: Gateway, who: str, *, csrf: str | None = "c5rf"
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A browser signed in to the console with `who`'s token: its session cookie, and the CSRF
+    cookie `csrf` (none if None)."""
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=gw.app), base_url="http://gateway"
+    ) as client:
+        await _sign_in(client, gw.tokens[who], csrf)
+        yield client
+
+
+def bare_cookie(gw: Gateway, session: str) -> httpx.AsyncClient:
+    """A client that sends `session` as the session cookie, as a copied cookie would be sent."""
     return httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=gw.app), base_url="http://gateway", cookies=cookies
+        transport=httpx.ASGITransport(app=gw.app),
+        base_url="http://gateway",
+        cookies={"specops_session": session},
     )
 
 
+async def _sign_in(client: httpx.AsyncClient, token: str, csrf: str | None) -> None:
+    await client.get(SIGN_IN)
+    signed = await client.post(SIGN_IN, data={"token": token, "csrf": client.cookies["specops_csrf"]})
+    assert signed.status_code == 303, signed.text
+    client.cookies.delete("specops_csrf")
+    if csrf:
+        client.cookies.set("specops_csrf", csrf)
+    return client
+
+
 async def test_the_session_cookie_authenticates_and_unsafe_methods_need_the_csrf_header(gw: Gateway) -> None:
-    async with await cookie_client(gw, "dev") as dev:
+    async with cookie_client(gw, "dev") as dev:
         assert (await dev.get(ME)).json()["role"] == "developer"
         assert (await dev.get(RUNS)).status_code == 200
         refused = problem(await dev.post(RUNS, json=run_body()), 403)
@@ -99,7 +137,7 @@ async def test_the_session_cookie_authenticates_and_unsafe_methods_need_the_csrf
         problem(await dev.post(RUNS, json=run_body(), headers={"X-Specops-CSRF": "wrong"}), 403)
         created = await dev.post(RUNS, json=run_body(), headers={"X-Specops-CSRF": "c5rf"})
         assert created.status_code == 202, created.text
-    async with await cookie_client(gw, "dev", csrf=None) as no_csrf_cookie:
+    async with cookie_client(gw, "dev", csrf=None) as no_csrf_cookie:
         problem(await no_csrf_cookie.post(RUNS, json=run_body(), headers={"X-Specops-CSRF": ""}), 403)
     # A bearer token needs no CSRF header, cookie or not.
     assert (await gw.create()).status_code == 202
@@ -108,17 +146,17 @@ async def test_the_session_cookie_authenticates_and_unsafe_methods_need_the_csrf
 async def test_a_viewers_cookie_can_do_no_more_than_a_viewers_token(gw: Gateway) -> None:
     run_id = await completed_run(gw)
     csrf = {"X-Specops-CSRF": "c5rf"}
-    async with await cookie_client(gw, "viewer") as viewer:
+    async with cookie_client(gw, "viewer") as viewer:
         assert (await viewer.get(f"{RUNS}/{run_id}")).status_code == 200
         problem(await viewer.post(RUNS, json=run_body(), headers=csrf), 403)
         problem(await viewer.post(f"{RUNS}/{run_id}/apply", json={}, headers=csrf), 403)
         problem(await viewer.get(f"{API_PREFIX}/security/policy"), 403)
-    async with await cookie_client(gw, "other") as other:
+    async with cookie_client(gw, "other") as other:
         problem(await other.get(f"{RUNS}/{run_id}"), 404)
 
 
 async def test_a_revoked_tokens_cookie_is_refused(gw: Gateway) -> None:
-    async with await cookie_client(gw, "dev") as dev:
+    async with cookie_client(gw, "dev") as dev:
         assert (await dev.get(ME)).status_code == 200
         async with await psycopg.AsyncConnection.connect(gw.dsn, autocommit=True) as conn:
             await conn.execute(
@@ -126,6 +164,64 @@ async def test_a_revoked_tokens_cookie_is_refused(gw: Gateway) -> None:
                 (credentials.hash_token(gw.tokens["dev"]),),
             )
         problem(await dev.get(ME), 401)
-    async with await cookie_client(gw, "viewer") as viewer:
-        viewer.cookies.set("specops_session", "spk_unknown")
-        problem(await viewer.get(ME), 401)
+    async with bare_cookie(gw, "sps_unknown") as unknown:
+        problem(await unknown.get(ME), 401)
+
+
+async def test_the_cookie_is_a_server_session_not_the_token_and_signing_out_ends_it(gw: Gateway) -> None:
+    async with cookie_client(gw, "dev") as dev:
+        session = dev.cookies["specops_session"]
+        assert session != gw.tokens["dev"] and gw.tokens["dev"] not in session
+        assert (await dev.get(ME)).json()["role"] == "developer"
+        # The token as a cookie is no session: the cookie names a server-side session only.
+        async with bare_cookie(gw, gw.tokens["dev"]) as forged:
+            problem(await forged.get(ME), 401)
+        out = await dev.post(SIGN_OUT, data={"csrf": "c5rf"})
+        assert out.status_code == 303, out.text
+        assert "specops_session" not in dev.cookies
+    # A copy of the cookie taken before signing out no longer works.
+    async with bare_cookie(gw, session) as stolen:
+        refused = problem(await stolen.get(ME), 401)
+        assert "signed out" in refused["detail"]
+        page = await stolen.get("/ui/runs")
+        assert page.status_code == 303 and page.headers["location"] == SIGN_IN
+    # The token itself lives on, and opens new sessions.
+    assert (await gw.client.get(ME, headers=gw.auth("dev"))).status_code == 200
+    async with cookie_client(gw, "dev") as again:
+        assert (await again.get(ME)).status_code == 200
+
+
+async def test_sessions_end_when_idle_and_at_their_absolute_expiry(db: str, nats_url: str) -> None:
+    idle = running_gateway(db, nats_url, gateway_console_session_idle_s=0.5)
+    async with idle as gw, cookie_client(gw, "dev") as dev:
+        for _ in range(4):  # used within the idle time, it lives on past it
+            await asyncio.sleep(0.3)
+            assert (await dev.get(ME)).status_code == 200
+        await asyncio.sleep(0.8)
+        problem(await dev.get(ME), 401)
+    short = running_gateway(db, nats_url, gateway_console_session_max_s=1.0)
+    async with short as gw, cookie_client(gw, "dev") as dev:
+        for _ in range(3):
+            assert (await dev.get(ME)).status_code == 200
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.6)
+        problem(await dev.get(ME), 401)
+
+
+def test_signing_out_ends_the_sessions_open_event_stream(db: str, nats_url: str) -> None:
+    tokens = asyncio.run(issue_tokens(db))
+    settings = gateway_settings(db, nats_url, gateway_sse_token_check_s=0.2)
+    with ServerThread(create_app(settings)) as server, httpx.Client(base_url=server.url) as browser:
+        browser.get(SIGN_IN)
+        signed = browser.post(SIGN_IN, data={"token": tokens["dev"], "csrf": browser.cookies["specops_csrf"]})
+        assert signed.status_code == 303, signed.text
+        # Nothing runs it: the run stays queued and its stream would stay open.
+        run = browser.post(RUNS, json=run_body(), headers={"X-Specops-CSRF": browser.cookies["specops_csrf"]})
+        assert run.status_code == 202, run.text
+        with browser.stream("GET", f"{RUNS}/{run.json()['id']}/events") as stream:
+            lines = stream.iter_lines()
+            assert next(line for line in lines if line.startswith("event:")) == "event: run.queued"
+            with httpx.Client(base_url=server.url, cookies=browser.cookies) as tab:
+                assert tab.post(SIGN_OUT, data={"csrf": tab.cookies["specops_csrf"]}).status_code == 303
+            assert next(line for line in lines if line.startswith("event:")) == "event: error"
+            assert TOKEN_REVOKED in next(line for line in lines if line.startswith("data:"))

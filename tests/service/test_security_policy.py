@@ -111,6 +111,8 @@ async def test_an_admin_reads_and_changes_the_policy_and_the_change_is_audited(
             "jitter": {"mode": "off", "interval_ms": 40.0},
             "speculation_opt_out": False,
             "gpu_budget_s": None,
+            "storage_quota_bytes": 1024**3,
+            "max_datastores": 100,
             "updated_at": None,
             "updated_by": None,
             "adr": SECURITY_ADR,

@@ -122,8 +122,9 @@ async def sign_in(request: Request) -> Response:
     if await session.form_csrf_refusal(request) is not None:
         return _sign_in_page(request, "The sign-in form had expired; sign in again.")
     token = (await session.form_field(request, "token")).strip()
-    if token and await principal_of(pool_of(request), token) is not None:
-        return session.signed_in(request, token, f"{views.UI}/runs")
+    principal = await principal_of(pool_of(request), token) if token else None
+    if principal is not None:
+        return await session.signed_in(request, principal, f"{views.UI}/runs")
     return _sign_in_page(request, "That token is unknown or revoked.")
 
 
@@ -140,7 +141,7 @@ async def sign_out(request: Request) -> Response:
     refusal = await session.form_csrf_refusal(request)
     if refusal is not None:
         return _error(request, None, Problem(title="Forbidden", status=403, detail=refusal))
-    return session.signed_out(views.SIGN_IN)
+    return await session.signed_out(request, views.SIGN_IN)
 
 
 # --- runs -------------------------------------------------------------------------------------

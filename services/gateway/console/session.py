@@ -1,6 +1,8 @@
-"""The browser's session: sign-in sets the session cookie (the API token itself, HttpOnly and
-SameSite=Strict, so no script reads it and no other site's request carries it) and the CSRF
-cookie the console's script echoes (auth.authenticate checks both on API calls)."""
+"""The browser's session: sign-in opens a server-side session and sets its cookie (a random
+session id, never the API token; HttpOnly and SameSite=Strict, so no script reads it and no
+other site's request carries it) and the CSRF cookie the console's script echoes
+(auth.authenticate checks both on API calls). Signing out ends the session on the server, so a
+copied cookie stops working too."""
 
 from __future__ import annotations
 
@@ -10,13 +12,13 @@ from fastapi import Request
 from fastapi.responses import RedirectResponse, Response
 
 from specops_services.gateway.http import credentials
-from specops_services.gateway.http.auth import Principal, pool_of, principal_of
+from specops_services.gateway.http.auth import Principal, end_session, open_session, session_principal
 
 
 async def page_principal(request: Request) -> Principal | None:
     """Who the session cookie signs in, or None (then the page sends the browser to sign in)."""
-    token = request.cookies.get(credentials.SESSION_COOKIE)
-    return None if not token else await principal_of(pool_of(request), token)
+    session_id = request.cookies.get(credentials.SESSION_COOKIE)
+    return None if not session_id else await session_principal(request, session_id)
 
 
 async def form_field(request: Request, name: str) -> str:
@@ -37,11 +39,17 @@ def form_csrf(request: Request) -> str:
     return request.cookies.get(credentials.CSRF_COOKIE) or credentials.new_csrf_token()
 
 
-def signed_in(request: Request, token: str, to: str) -> RedirectResponse:
-    """See other `to`, with the session cookie set and a fresh CSRF cookie (Secure over https)."""
+async def signed_in(request: Request, principal: Principal, to: str) -> RedirectResponse:
+    """See other `to`, with a new session's cookie set and a fresh CSRF cookie (Secure over https)."""
+    session_id = await open_session(request, principal)
     response = RedirectResponse(to, status_code=303)
     response.set_cookie(
-        credentials.SESSION_COOKIE, token, httponly=True, samesite="strict", secure=_secure(request), path="/"
+        credentials.SESSION_COOKIE,
+        session_id,
+        httponly=True,
+        samesite="strict",
+        secure=_secure(request),
+        path="/",
     )
     set_csrf(request, response, credentials.new_csrf_token())
     return response
@@ -51,7 +59,11 @@ def _secure(request: Request) -> bool:
     return request.url.scheme == "https"
 
 
-def signed_out(to: str) -> RedirectResponse:
+async def signed_out(request: Request, to: str) -> RedirectResponse:
+    """See other `to`, the session ended on the server and its cookies cleared."""
+    session_id = request.cookies.get(credentials.SESSION_COOKIE)
+    if session_id:
+        await end_session(request, session_id)
     response = RedirectResponse(to, status_code=303)
     for name in (credentials.SESSION_COOKIE, credentials.CSRF_COOKIE):
         response.delete_cookie(name, path="/", samesite="strict")

@@ -6,6 +6,7 @@ from typing import Any
 
 from specbus.envelope import Envelope
 from specops_schemas.registry import DatastoreRegistered
+from specops_services.gateway.datastores.logic import Usage
 from specplatform.db import Connection
 
 _DATASTORE_COLUMNS = "id, name, sha256, size_bytes, format, documents, fingerprints, created_at"
@@ -49,3 +50,18 @@ async def list_datastores(conn: Connection, tenant_id: str) -> list[dict[str, An
         (tenant_id,),
     )
     return list(await cur.fetchall())
+
+
+async def lock_tenant(conn: Connection, tenant_id: str) -> None:
+    """Serialise the tenant's uploads until the transaction ends, so that two parallel uploads
+    cannot both fit in the room only one of them has."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('datastores:' || %s, 0))", (tenant_id,))
+
+
+async def usage(conn: Connection, tenant_id: str) -> Usage:
+    cur = await conn.execute(
+        "SELECT coalesce(sum(size_bytes), 0) AS bytes, count(*) AS n FROM datastores WHERE tenant_id = %s",
+        (tenant_id,),
+    )
+    row = await cur.fetchone()
+    return Usage(bytes=int(row["bytes"]), datastores=int(row["n"])) if row else Usage(0, 0)

@@ -23,7 +23,7 @@ from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse
 
 from specbus import outbox
-from specbus.envelope import new_event
+from specbus.envelope import Envelope, new_event
 from speccatalog import artifacts
 from speccore.datastore import record_text
 from specops_schemas.api import API_PREFIX
@@ -34,12 +34,13 @@ from specops_schemas.registry import (
     DatastoreRegistered,
     DatastoreResponse,
 )
-from specops_services.gateway import results
+from specops_services.gateway import results, security
 from specops_services.gateway.datastores import db as datastore_db
+from specops_services.gateway.datastores import logic as datastore_logic
 from specops_services.gateway.http.auth import Developer, Viewer, pool_of
 from specops_services.gateway.http.problems import ProblemError, problem, responses
 from specops_services.gateway.http.uploads import READ_CHUNK, receive, settle
-from specplatform.db import tenant_transaction
+from specplatform.db import Connection, tenant_transaction
 
 router = APIRouter(prefix=API_PREFIX, tags=["datastores"])
 
@@ -104,32 +105,15 @@ async def upload_datastore(
     try:
         documents = await asyncio.to_thread(count_documents, tmp, fmt)
         relative = artifacts.corpus_path(tenant, sha256, fmt)
-        await asyncio.to_thread(settle, tmp, root / relative)
+        registered = _registered(tenant, name, sha256, size, fmt, documents, workloads, relative)
+        async with pool_of(request).connection() as conn, tenant_transaction(conn, tenant):
+            created = await _record(conn, registered, tmp, root / relative)
+            row = await datastore_db.find_datastore(conn, tenant, registered.payload.datastore_id)
     except CorpusError as exc:
         raise _invalid(str(exc)) from None
     finally:
         tmp.unlink(missing_ok=True)
-    ds_id = artifacts.datastore_id(tenant, sha256)
-    registered = new_event(
-        DatastoreRegistered(
-            datastore_id=ds_id,
-            name=name,
-            sha256=sha256,
-            size_bytes=size,
-            format=fmt,
-            documents=documents,
-            fingerprints=workloads,
-            path=relative,
-        ),
-        tenant_id=tenant,
-        correlation_id=ds_id,
-        producer=results.PRODUCER,
-    )
-    async with pool_of(request).connection() as conn, tenant_transaction(conn, tenant):
-        created = await datastore_db.insert_datastore(conn, registered)
-        if created:
-            await outbox.add(conn, registered)
-        row = await datastore_db.find_datastore(conn, tenant, ds_id)
+    ds_id = registered.payload.datastore_id
     if row is None:
         raise RuntimeError(f"datastore {ds_id} was not recorded")
     body = _response(row).model_dump(mode="json")
@@ -165,6 +149,60 @@ async def get_datastore(datastore_id: DatastoreId, request: Request, principal: 
 
 
 # --- the upload ----------------------------------------------------------------------------------
+
+
+def _registered(
+    tenant: str,
+    name: str,
+    sha256: str,
+    size: int,
+    fmt: CorpusFormat,
+    documents: int,
+    workloads: list[Fingerprint],
+    relative: str,
+) -> Envelope[DatastoreRegistered]:
+    ds_id = artifacts.datastore_id(tenant, sha256)
+    return new_event(
+        DatastoreRegistered(
+            datastore_id=ds_id,
+            name=name,
+            sha256=sha256,
+            size_bytes=size,
+            format=fmt,
+            documents=documents,
+            fingerprints=workloads,
+            path=relative,
+        ),
+        tenant_id=tenant,
+        correlation_id=ds_id,
+        producer=results.PRODUCER,
+    )
+
+
+async def _record(
+    conn: Connection, registered: Envelope[DatastoreRegistered], tmp: Path, final: Path
+) -> bool:
+    """Settle and record a new datastore within the tenant's storage quota (413 beyond it);
+    False for bytes the tenant uploaded before, which take no more room.
+
+    Under the tenant's upload lock, so that parallel uploads are counted one after the other,
+    and the corpus is moved into place only once it is sure to be recorded."""
+    tenant = registered.tenant_id
+    await datastore_db.lock_tenant(conn, tenant)
+    if await datastore_db.find_datastore(conn, tenant, registered.payload.datastore_id) is not None:
+        return False
+    policy = await security.tenant_policy(conn, tenant)
+    usage = await datastore_db.usage(conn, tenant)
+    over = datastore_logic.over_quota(policy, usage, registered.payload.size_bytes)
+    if over is not None:
+        raise problem(413, over.detail, type=datastore_logic.OVER_QUOTA, **over.extras())
+    await asyncio.to_thread(settle, tmp, final)
+    await datastore_db.insert_datastore(conn, registered)
+    await outbox.add(conn, registered)
+    return True
+
+
+# --- the corpus ----------------------------------------------------------------------------------
 
 
 class CorpusError(ValueError):

@@ -110,7 +110,10 @@ async def train_head(
 ) -> JSONResponse:
     key = parse_key(idempotency_key)
     digest = await request_hash(request)
-    return json_reply(await heads.train(pool_of(request), principal, body, key, digest))
+    models_dir = request.app.state.settings.gateway_models_dir
+    return json_reply(
+        await heads.train(pool_of(request), principal, body, key, digest, models_dir=models_dir)
+    )
 
 
 @router.get(

@@ -26,7 +26,7 @@ from specops_services.gateway import db, idempotency, results, security
 from specops_services.gateway.heads import db as heads_db
 from specops_services.gateway.heads import logic as heads_logic
 from specops_services.gateway.heads import projection as heads_projection
-from specops_services.gateway.http import params, sse
+from specops_services.gateway.http import model_refs, params, sse
 from specops_services.gateway.http.auth import Principal
 from specops_services.gateway.http.problems import ProblemError, not_found, problem
 from specops_services.gateway.idempotency import keyed
@@ -103,12 +103,20 @@ async def record_data(
 
 
 async def train(
-    pool: Pool, principal: Principal, request: HeadTrainRequest, key: str | None, request_hash: str
+    pool: Pool,
+    principal: Principal,
+    request: HeadTrainRequest,
+    key: str | None,
+    request_hash: str,
+    *,
+    models_dir: Path | None = None,
 ) -> idempotency.Reply:
     """A new head of the caller's tenant, `training`; head.requested queued for the head-trainer.
     Refused (403) when its policy opts out of speculation (a head exists only to speculate
     with), and (429) while the tenant's GPU budget is spent; an idempotent replay is answered
     before either."""
+    if model_refs.looks_local(request.target) and model_refs.inside(request.target, models_dir) is None:
+        raise model_refs.refused("#/target")
     refusal = heads_logic.train_refusal(request, eagle3=heads_logic.eagle3_enabled())
     if refusal is not None:
         raise problem(422, refusal, type="urn:specops:problem:invalid-head-request")

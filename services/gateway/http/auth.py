@@ -1,5 +1,5 @@
 """Authentication (a bearer token, or the console's session cookie) and role checks, as FastAPI
-dependencies."""
+dependencies; the console's server-side sessions (opened at sign-in, ended at sign-out)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from specops_services.gateway.http.credentials import (
     csrf_refusal,
     has_role,
     hash_token,
+    new_session_id,
 )
 from specops_services.gateway.http.problems import problem, unauthorized
-from specplatform.db import Pool, role_transaction
+from specplatform.db import Pool, role_transaction, tenant_transaction
 
 # auto_error=False: a missing header must become our 401 problem (with its challenge),
 # not FastAPI's plain 403. The schemes still document the two ways in, in the OpenAPI.
@@ -38,11 +39,13 @@ CSRF_REFUSED = "urn:specops:problem:csrf"
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who is calling: the token's id, tenant and role."""
+    """Who is calling: the token's id, tenant and role; through the console, the hash of the
+    session too (an open event stream ends with it)."""
 
     token_id: str
     tenant_id: str
     role: Role
+    session_sha256: str | None = None
 
 
 def pool_of(request: Request) -> Pool:
@@ -54,7 +57,44 @@ async def principal_of(pool: Pool, token: str) -> Principal | None:
     """The live token's principal, or None for a token unknown or revoked."""
     async with pool.connection() as conn, role_transaction(conn, http_db.TOKEN_READER):
         row = await http_db.find_token(conn, hash_token(token))
-    return None if row is None else Principal(token_id=row.token_id, tenant_id=row.tenant_id, role=row.role)
+    return None if row is None else _principal(row)
+
+
+def _principal(row: http_db.TokenRow) -> Principal:
+    return Principal(token_id=row.token_id, tenant_id=row.tenant_id, role=row.role)
+
+
+async def session_principal(request: Request, session_id: str) -> Principal | None:
+    """The principal of a live console session (its token live, not idle or expired), or None."""
+    idle_s = request.app.state.settings.gateway_console_session_idle_s
+    session_sha256 = hash_token(session_id)
+    async with pool_of(request).connection() as conn, role_transaction(conn, http_db.SESSION_KEEPER):
+        row = await http_db.touch_session(conn, session_sha256, idle_s)
+    if row is None:
+        return None
+    return Principal(
+        token_id=row.token_id, tenant_id=row.tenant_id, role=row.role, session_sha256=session_sha256
+    )
+
+
+async def open_session(request: Request, principal: Principal) -> str:
+    """A new console session of the principal's token; its id, for the cookie."""
+    session_id = new_session_id()
+    max_age_s = request.app.state.settings.gateway_console_session_max_s
+    async with pool_of(request).connection() as conn, tenant_transaction(conn, principal.tenant_id):
+        await http_db.open_session(
+            conn,
+            session_sha256=hash_token(session_id),
+            token_id=principal.token_id,
+            tenant_id=principal.tenant_id,
+            max_age_s=max_age_s,
+        )
+    return session_id
+
+
+async def end_session(request: Request, session_id: str) -> None:
+    async with pool_of(request).connection() as conn, role_transaction(conn, http_db.SESSION_KEEPER):
+        await http_db.end_session(conn, hash_token(session_id))
 
 
 async def authenticate(
@@ -66,9 +106,12 @@ async def authenticate(
     unsafe requests must also pass the CSRF check."""
     authorization = request.headers.get("authorization")
     if authorization is None and session:
-        principal = await principal_of(pool_of(request), session)
+        principal = await session_principal(request, session)
         if principal is None:
-            raise unauthorized("the session's token is unknown or revoked: sign in again", invalid=True)
+            raise unauthorized(
+                "the console session has ended (signed out, expired or its token revoked): sign in again",
+                invalid=True,
+            )
         refusal = csrf_refusal(
             request.method, request.cookies.get(CSRF_COOKIE), request.headers.get(CSRF_HEADER)
         )

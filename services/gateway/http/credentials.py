@@ -40,13 +40,22 @@ def bearer_token(authorization: str | None) -> str | None:
     return token
 
 
-# The session cookie holds the API token (HttpOnly, SameSite=Strict); the CSRF cookie a random
-# value the console's script echoes in CSRF_HEADER (double submit), which a page of another
-# origin cannot read.
+# The session cookie holds a random session id (HttpOnly, SameSite=Strict) whose hash names a
+# server-side session, never the API token, so signing out or revoking the token ends it; the
+# CSRF cookie a random value the console's script echoes in CSRF_HEADER (double submit), which a
+# page of another origin cannot read.
 SESSION_COOKIE = "specops_session"
 CSRF_COOKIE = "specops_csrf"
 CSRF_HEADER = "X-Specops-CSRF"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+SESSION_PREFIX = "sps_"
+
+
+def new_session_id() -> str:
+    """A console session's secret; like a token, only its sha256 (`hash_token`) is stored."""
+    return SESSION_PREFIX + secrets.token_urlsafe(32)
 
 
 def new_csrf_token() -> str:

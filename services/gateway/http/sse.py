@@ -65,14 +65,14 @@ async def follow(
     """The feed's events after seq `after`, as they land, until its terminal event.
 
     A stream may stay open for as long as its run or session takes: every `token_check_s`
-    it checks that its caller's token is still live, and once it is revoked the stream
-    ends with an `error` event holding the 401 problem.
+    it checks that its caller's token (through the console: its session) is still live, and
+    once it is revoked (signed out, expired) the stream ends with an `error` event holding
+    the 401 problem.
     """
     last_sent = token_checked = time.monotonic()
     while True:
         if time.monotonic() - token_checked >= token_check_s:
-            async with pool.connection() as conn, role_transaction(conn, http_db.TOKEN_READER):
-                live = await http_db.token_live(conn, principal.token_id)
+            live = await _caller_live(pool, principal)
             if not live:
                 yield token_revoked(feed.location)
                 return
@@ -100,12 +100,12 @@ async def follow(
 
 
 def token_revoked(location: str) -> ServerSentEvent:
-    """The last event of a stream whose token was revoked while it was open."""
+    """The last event of a stream whose token was revoked (or console session ended) while open."""
     body = Problem(
         type=TOKEN_REVOKED,
         title="Unauthorized",
         status=401,
-        detail="the bearer token was revoked while the stream was open",
+        detail="the token was revoked (or the console session ended) while the stream was open",
         instance=f"{location}/events",
     )
     return ServerSentEvent(event=SSE_ERROR, raw_data=body.model_dump_json(exclude_none=True))
@@ -132,6 +132,14 @@ def resume_after(
         return parse_last_event_id(last_event_id)
     except ValueError as exc:
         raise problem(400, str(exc)) from None
+
+
+async def _caller_live(pool: Pool, principal: Principal) -> bool:
+    if principal.session_sha256 is not None:
+        async with pool.connection() as conn, role_transaction(conn, http_db.SESSION_KEEPER):
+            return await http_db.session_live(conn, principal.session_sha256)
+    async with pool.connection() as conn, role_transaction(conn, http_db.TOKEN_READER):
+        return await http_db.token_live(conn, principal.token_id)
 
 
 async def follow_feed(

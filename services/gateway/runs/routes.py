@@ -53,9 +53,17 @@ async def create_run(
     body: RunCreateRequest, request: Request, principal: Developer, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
     key = parse_key(idempotency_key)
-    limit = request.app.state.settings.gateway_max_active_runs
+    settings = request.app.state.settings
     digest = await request_hash(request)
-    reply = await runs.create_run(pool_of(request), principal, body, key, digest, max_active_runs=limit)
+    reply = await runs.create_run(
+        pool_of(request),
+        principal,
+        body,
+        key,
+        digest,
+        max_active_runs=settings.gateway_max_active_runs,
+        models_dir=settings.gateway_models_dir,
+    )
     return json_reply(reply)
 
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from specbus import outbox
 from specbus.envelope import Envelope, new_event
 from speccatalog.hardware import HardwareError, resolve_profile
-from speccatalog.targets import TargetError, UnknownModel, parse_hf_config, resolve_target
+from speccatalog.targets import TargetError, parse_hf_config, resolve_target
 from specops_schemas.api import (
     API_PREFIX,
     ApplyRequest,
@@ -27,7 +27,7 @@ from specops_schemas.api import (
 from specops_schemas.events import RunCompleted, RunQueued, RunRequested
 from specops_services.gateway import apply, db, idempotency, results, security
 from specops_services.gateway import winner_cache as cache
-from specops_services.gateway.http import params, sse
+from specops_services.gateway.http import model_refs, params, sse
 from specops_services.gateway.http.auth import Principal
 from specops_services.gateway.http.problems import ProblemError, not_found, problem
 from specops_services.gateway.idempotency import keyed
@@ -62,14 +62,15 @@ def _invalid(pointer: str, detail: str, kind: str) -> ProblemError:
     )
 
 
-def check_target(request: RunCreateRequest) -> None:
-    """422 naming the model or GPU profile the predictor could not describe."""
+def check_target(request: RunCreateRequest, models_dir: Path | None = None) -> None:
+    """422 naming the model or GPU profile the predictor could not describe; a local model_ref is
+    taken only inside `models_dir` (None: no local paths)."""
     nul = params.nul_pointer(request.model_dump(mode="json"))
     if nul is not None:
         raise _invalid(nul, "text must not contain the NUL character (U+0000)", "invalid-text")
     ref = request.target.model_ref
     try:
-        _describe(ref)
+        _describe(ref, models_dir)
     except TargetError as exc:
         raise _invalid("#/target/model_ref", str(exc), "unknown-model") from None
     try:
@@ -78,23 +79,21 @@ def check_target(request: RunCreateRequest) -> None:
         raise _invalid("#/target/gpu", str(exc), "unknown-gpu") from None
 
 
-def _describe(ref: str) -> None:
-    try:
+def _describe(ref: str, models_dir: Path | None) -> None:
+    if not model_refs.looks_local(ref):
         resolve_target(ref)
-    except UnknownModel:
-        config = _local_config(ref)
-        if config is None:
-            raise
-        parse_hf_config(config, ref)
+        return
+    directory = model_refs.inside(ref, models_dir)
+    config = None if directory is None else _local_config(directory)
+    if config is None:
+        raise model_refs.refused("#/target/model_ref")
+    parse_hf_config(config, ref)
 
 
-def _local_config(ref: str) -> dict[str, Any] | None:
-    """The config.json of a local model directory (absolute paths only), or None if there is none."""
-    path = Path(ref)
-    if not path.is_absolute():
-        return None
+def _local_config(directory: Path) -> dict[str, Any] | None:
+    """The config.json of a model directory, or None if there is none."""
     try:
-        parsed = json.loads((path / "config.json").read_text())
+        parsed = json.loads((directory / "config.json").read_text())
     except (OSError, ValueError):
         return None
     return parsed if isinstance(parsed, dict) else None
@@ -108,6 +107,7 @@ async def create_run(
     request_hash: str,
     *,
     max_active_runs: int,
+    models_dir: Path | None = None,
     key_ttl: timedelta = idempotency.IDEMPOTENCY_TTL,
 ) -> idempotency.Reply:
     """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too.
@@ -116,7 +116,7 @@ async def create_run(
     nothing, is still answered); a tenant whose policy opts out of speculation is never
     answered from the winner cache, nor refused for its budget (nothing is measured): its
     `run.requested` says so, and the predictor answers it as `speculation_disabled`."""
-    check_target(request)
+    check_target(request, models_dir)
 
     async def work(conn: Connection) -> idempotency.Reply:
         run_id = params.new_spec_id()

@@ -10,6 +10,7 @@ from specops_services.gateway.security.service import (
     require_budget,
     require_speculation,
     speculation_disabled,
+    tenant_policy,
 )
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "require_budget",
     "require_speculation",
     "speculation_disabled",
+    "tenant_policy",
 ]
