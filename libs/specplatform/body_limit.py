@@ -57,6 +57,12 @@ class BodyLimit:
             if not over:
                 await send(message)
 
-        await self.app(scope, counted, answered)
+        try:
+            await self.app(scope, counted, answered)
+        except Exception:
+            # A route that reads the body itself (request.stream()) raises ClientDisconnect
+            # at the disconnect it was told of; past the limit that is the refusal's case.
+            if not over:
+                raise
         if over:
             await self.refusal(scope, max_bytes)(scope, receive, send)

@@ -30,6 +30,10 @@ TENANT_HEADER = "X-Specops-Tenant"
 WORKLOAD_HEADER = "X-Specops-Workload"
 SIGNATURE_HEADER = "X-Specops-Signature"
 KEY_ENV = "SPECOPS_ENGINE_TENANT_KEY"
+# What the engine calls a request that names no tenant. No tenant may have this id (the
+# gateway refuses to create it, the engine a policy for it): else an unsigned request would
+# speak for that tenant, its pool and its policy.
+UNCLAIMED_TENANT = "default"
 # A shared key shorter than this is guessable offline from one captured signature.
 MIN_KEY_BYTES = 32
 

@@ -36,10 +36,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from specplatform.tenant_signature import TENANT_HEADER, WORKLOAD_HEADER
+from specplatform.tenant_signature import TENANT_HEADER, UNCLAIMED_TENANT, WORKLOAD_HEADER
 
 FALLBACKS = ("ngram", "none", "auto")
-DEFAULT_KEY_PART = "default"
+# The name of a request's tenant when it names none (reserved: no tenant has it), and of its
+# workload when it names none.
+DEFAULT_KEY_PART = UNCLAIMED_TENANT
 # A request names its key in headers, TENANT_HEADER and WORKLOAD_HEADER (the OpenAI `user`
 # field is an end user, too many values for a metric label); without them it is the `default`
 # tenant's `default` workload. There is no workload classifier in the project to guess it from

@@ -5,9 +5,9 @@ Metrics, in the server's registry, labelled ``model_name`` and ``workload`` (a k
 workload, or ``other``), never the tenant: a label per tenant would grow without bound with
 the names clients send, and tell anyone who reads /metrics how much each tenant asks.
 ``specops:spec_decode_drift_events_total{kind}`` (kind ``detected`` or ``recovered``),
-``specops:spec_decode_active_method{method}`` (how many keys of the workload the method
-decodes) and ``specops:spec_decode_rolling_acceptance`` (the primary's rolling acceptance the
-last decision of a key of the workload read).
+and ``specops:spec_decode_active_method{method}`` (how many keys of the workload the method
+decodes). No series carries one key's acceptance: with one tenant on a workload it would be
+that tenant's acceptance, the side channel the security tiers guard; the events carry it.
 
 Events: `spec.serve.<server_id>.drift_detected` / `drift_recovered`
 (specops_schemas.serve), published on JetStream (the SPEC stream captures ``spec.>``) from
@@ -62,25 +62,25 @@ class DriftMetrics:
             [*labels, "method"],
             registry=registry,
         )
-        self.rolling = Gauge(
-            PREFIX + "spec_decode_rolling_acceptance",
-            "The primary's rolling acceptance at the last drift decision of a key of the workload.",
-            labels,
-            registry=registry,
-        )
-        self._on: dict[DriftKey, str] = {}  # each key's method, counted per workload label
+        self._on: dict[DriftKey, str] = {}  # each key's method
 
     def method(self, key: DriftKey, active: str) -> None:
-        self._on[key] = active
+        # One increment and one decrement, not a count over every key: clients name keys, so
+        # a recount per new key would grow with all the names ever sent.
         label = workload_label(key.workload)
-        on = [m for k, m in self._on.items() if workload_label(k.workload) == label]
-        for m in self.methods:
-            self.active.labels(self.model_name, label, m).set(on.count(m))
+        was = self._on.get(key)
+        if was == active:
+            return
+        self._on[key] = active
+        for m in self.methods:  # every method's series of the workload, at 0 until it decodes
+            self.active.labels(self.model_name, label, m)
+        if was is not None:
+            self.active.labels(self.model_name, label, was).dec()
+        self.active.labels(self.model_name, label, active).inc()
 
     def transition(self, t: Transition) -> None:
         label = workload_label(t.key.workload)
         self.events.labels(self.model_name, label, t.kind).inc()
-        self.rolling.labels(self.model_name, label).set(t.current)
         self.method(t.key, t.method)
 
 

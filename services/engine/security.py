@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import TypeAdapter, ValidationError
 
 from specops_schemas.security import JitterMode, PolicySettings, SecurityPolicy
+from specplatform.tenant_signature import UNCLAIMED_TENANT
 
 # The draft pool scope of the single-tenant tier; a tenant id never is "*" (a subject token).
 GLOBAL_SCOPE = "*"
@@ -42,7 +43,11 @@ class SecurityPolicies:
         return self.tenants.get(tenant, self.default)
 
     def apply(self, policy: SecurityPolicy) -> bool:
-        """Take a tenant's policy unless an equal or newer version is already held; True if taken."""
+        """Take a tenant's policy unless an equal or newer version is already held; True if taken.
+        A policy for the name of unclaimed requests is never taken: it would be every unsigned
+        request's policy."""
+        if policy.tenant_id == UNCLAIMED_TENANT:
+            return False
         held = self.tenants.get(policy.tenant_id)
         if held is not None and held.version >= policy.version:
             return False

@@ -4,6 +4,7 @@ and the flags that set its default (`specops serve engine --jitter ... --securit
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from pathlib import Path
 
@@ -11,8 +12,11 @@ import pytest
 
 from speccore.errors import SpecError
 from specops.commands import serve_engine
+from specops_schemas.catalog import Role
 from specops_schemas.security import JitterMode, JitterSettings, PolicySettings, SecurityPolicy, SecurityTier
 from specops_services.engine.security import GLOBAL_SCOPE, SecurityPolicies, load_policies
+from specops_services.gateway.http.tokens import issue_token
+from specplatform.tenant_signature import UNCLAIMED_TENANT
 
 
 def policy(tenant: str, version: int, **settings: object) -> SecurityPolicy:
@@ -38,6 +42,19 @@ def test_only_a_newer_version_replaces_a_tenants_policy() -> None:
         policy("acme", 3, tier=SecurityTier.MULTI_TENANT_ISOLATED, speculation_opt_out=True)
     )
     assert policies.policy("acme").speculation_opt_out
+
+
+def test_no_policy_is_taken_for_the_name_of_requests_that_name_no_tenant() -> None:
+    # Else every unsigned request would read that tenant's pool under its policy.
+    policies = SecurityPolicies()
+    assert not policies.apply(policy(UNCLAIMED_TENANT, 1, tier=SecurityTier.SHARED))
+    assert policies.draft_scope(UNCLAIMED_TENANT) == GLOBAL_SCOPE
+
+
+def test_the_platform_refuses_a_tenant_by_that_name() -> None:
+    # Refused before any database is reached, so no address is needed.
+    with pytest.raises(ValueError, match="reserved"):
+        asyncio.run(issue_token("postgresql:///nowhere", tenant_id=UNCLAIMED_TENANT, role=Role.DEVELOPER))
 
 
 def test_a_policies_file_is_a_list_of_policies(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from specops_schemas.catalog import Role
 from specops_services.gateway.http import credentials, params
 from specops_services.gateway.http import db as http_db
 from specplatform.db import connect, tenant_transaction
+from specplatform.tenant_signature import UNCLAIMED_TENANT
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +47,7 @@ async def ensure_tenant(dsn: str, tenant_id: str) -> None:
 def _require_tenant_id(tenant_id: str) -> None:
     if not params.is_spec_id(tenant_id):
         raise ValueError(f"invalid tenant id {tenant_id!r}: use 1-128 of A-Z a-z 0-9 _ -")
+    if tenant_id == UNCLAIMED_TENANT:
+        raise ValueError(
+            f"tenant id {tenant_id!r} is reserved: the engine server's requests that name no tenant"
+        )
