@@ -33,55 +33,41 @@ import datetime as dt
 import json
 import os
 import platform
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 import psycopg
+from live_stack import (
+    TARGET,
+    Stack,
+    StreamMessage,
+    log,
+    poison_messages,
+    publish_as_admin,
+    stack,
+    stop_watcher,
+    stream_messages,
+    utc_now,
+    wait_parked,
+)
 
-from specbus.envelope import new_event
-from specbus.publish import MSG_ID
-from specbus.subjects import intake_subject
 from specops.client import SpecopsAPIError, SpecopsError, SpeculativeClient
 from specops.runtime import postgres_server
-from specops.runtime.nats_auth import ADMIN, Keys
 from specops.runtime.state import StateDir
-from specops.runtime.supervisor import SERVICES, down, status, up
-from specops_schemas.api import RunCreateRequest
+from specops.runtime.supervisor import SERVICES, status, up
 from specops_schemas.catalog import Role
-from specops_schemas.events import RunRequested
 from specops_services.gateway.http.tokens import issue_token
-from specplatform.settings import STATE_DIR_ENV, Settings
 
-TARGET = {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"}
-# Runs of 1 rep x 1 prompt x 8 tokens, gates of 1 prompt: the faults are the point, not speedups.
-TINY = {
-    "SPECOPS_BENCH_REPS": "1",
-    "SPECOPS_BENCH_PROMPTS": "1",
-    "SPECOPS_BENCH_NEW_TOKENS": "8",
-    "SPECOPS_GATE_PROMPTS": "1",
-    "SPECOPS_GATE_NEW_TOKENS": "8",
-    "SPECOPS_GATE_BATCH_SIZE": "1",
-    "SPECOPS_BENCH_DEVICE": "cpu",
-    "SPECOPS_GATE_DEVICE": "cpu",
-    "OMP_WAIT_POLICY": "PASSIVE",
-}
 TERMINAL = ("completed", "failed")
 POLL_S = 1.0
-READY_TIMEOUT_S = 300.0
 # The event whose first appearance on any run in flight means "mid-run" for a service's kill.
 MID_RUN = {
     "predictor": "run.queued",
@@ -91,10 +77,6 @@ MID_RUN = {
     "gateway": "run.predicted",
 }
 REPLICATED = "benchmark-runner"
-
-
-def log(message: str) -> None:
-    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
 
 
 @dataclass
@@ -121,71 +103,6 @@ class Result:
     @property
     def clean(self) -> bool:
         return self.lost == self.duplicated == self.stuck == 0
-
-
-@dataclass
-class Stack:
-    settings: Settings
-    url: str
-    database_url: str
-    nats_url: str
-    root: Path
-
-    @property
-    def admin_seed(self) -> str:
-        return str(Keys(self.settings.state_dir).seed_file(ADMIN))
-
-    def pid_or_none(self, service: str, replica: int = 0) -> int | None:
-        for p in status(self.settings).processes:
-            if p.service == service and p.replica == replica and p.alive:
-                return p.pid
-        return None
-
-    def pid(self, service: str, replica: int = 0) -> int:
-        pid = self.pid_or_none(service, replica)
-        if pid is None:
-            raise RuntimeError(f"{service}[{replica}] is not running")
-        return pid
-
-    def server_pid(self, name: str) -> int:
-        for s in status(self.settings).servers:
-            if s.name == name and s.alive and s.pid is not None:
-                return s.pid
-        raise RuntimeError(f"{name} is not running")
-
-    def healthy(self) -> bool:
-        """`specops status` exit 0: every component up and reachable."""
-        env = os.environ | {STATE_DIR_ENV: str(self.settings.state_dir)}
-        done = subprocess.run(
-            [sys.executable, "-m", "specops.cli", "status"], env=env, capture_output=True, check=False
-        )
-        return done.returncode == 0
-
-
-@contextmanager
-def stack(replicas: dict[str, int]) -> Iterator[Stack]:
-    root = Path(tempfile.mkdtemp(prefix="specops-chaos-"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    for name in ("NATS_URL", "DATABASE_URL", "NATS_NKEY_SEED_FILE", "NATS_CREDS_FILE", "SPECOPS_URL"):
-        os.environ.pop(name, None)
-    os.environ.update(TINY | {"SPECOPS_GATEWAY_HOST": "127.0.0.1", "SPECOPS_GATEWAY_PORT": str(port)})
-    settings = Settings(state_dir=root / "state", nats_url=None, database_url=None)
-    try:
-        result = up(settings, replicas, progress=log)
-        servers = {s.name: s.url for s in result.servers}
-        running = Stack(settings, f"http://127.0.0.1:{port}", servers["postgres"], servers["nats"], root)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not running.healthy():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the stack was not healthy after {READY_TIMEOUT_S:g} s; logs in {root}")
-            time.sleep(2)
-        yield running
-    finally:
-        down(settings, progress=log)
-        if os.environ.get("SPECOPS_CHAOS_KEEP") != "1":
-            shutil.rmtree(root, ignore_errors=True)
 
 
 # --- runs ------------------------------------------------------------------------------
@@ -287,37 +204,20 @@ def settle(
     return last
 
 
-async def stream_messages(stack: Stack) -> list[tuple[str, str, bytes]]:
-    """(subject, Nats-Msg-Id, body) of every message on the SPEC stream, in order."""
-    nc = await nats.connect(stack.nats_url, nkeys_seed=stack.admin_seed)
-    try:
-        js = nc.jetstream()
-        info = await js.stream_info("SPEC")
-        sub = await js.subscribe("spec.>", ordered_consumer=True)
-        found = []
-        for _ in range(info.state.messages):
-            msg = await sub.next_msg(timeout=10)
-            found.append((msg.subject, (msg.headers or {}).get(MSG_ID, ""), msg.data))
-        await sub.unsubscribe()
-        return found
-    finally:
-        await nc.close()
-
-
 def account(
     result: Result,
     runs: Sequence[str],
     last: dict[str, dict[str, Any] | None],
-    messages: Sequence[tuple[str, str, bytes]],
+    messages: Sequence[StreamMessage],
 ) -> None:
     """Fill the counts of `result` from the runs' last state and the stream."""
     result.submitted = len(runs)
-    ids = Counter(msg_id for _, msg_id, _ in messages if msg_id)
+    ids = Counter(m.msg_id for m in messages if m.msg_id)
     for run_id in runs:
         body = last.get(run_id)
-        on_stream = [s for s, _, _ in messages if s.startswith(f"spec.run.{run_id}.")]
+        on_stream = [m.subject for m in messages if m.subject.startswith(f"spec.run.{run_id}.")]
         ends = [s for s in on_stream if s.endswith((".completed", ".failed"))]
-        run_ids = {i for s, i, _ in messages if s.startswith(f"spec.run.{run_id}.") and i}
+        run_ids = {m.msg_id for m in messages if m.subject.startswith(f"spec.run.{run_id}.") and m.msg_id}
         if body is None or f"spec.run.{run_id}.requested" not in on_stream:
             result.lost += 1
             continue
@@ -345,10 +245,6 @@ def account(
 
 def kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
-
-
-def utc_now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -396,8 +292,6 @@ def postgres_outage(seconds: float) -> Callable[[Stack, list[str], Result], dt.d
         wait_for_event(stack, run_ids, "bench.requested")
         state = StateDir(stack.settings.state_dir).load()
         record = state.servers["postgres"]
-        # The watcher would start it again at once: the operator's way to hold a component
-        # down is to stop the watcher; `specops up` starts both again.
         stop_watcher(stack)
         log(f"stopping postgres for {seconds:g} s")
         postgres_server.stop(record)
@@ -407,14 +301,6 @@ def postgres_outage(seconds: float) -> Callable[[Stack, list[str], Result], dt.d
         return utc_now()
 
     return inject
-
-
-def stop_watcher(stack: Stack) -> None:
-    watcher = StateDir(stack.settings.state_dir).load().watcher
-    if watcher is not None and watcher.alive():
-        os.kill(watcher.pid, signal.SIGTERM)
-        while watcher.alive():
-            time.sleep(0.1)
 
 
 def kill_replicas(stack: Stack, run_ids: list[str], result: Result) -> dt.datetime:
@@ -442,60 +328,19 @@ def kill_replicas(stack: Stack, run_ids: list[str], result: Result) -> dt.dateti
 # --- poison ----------------------------------------------------------------------------
 
 
-def poison_messages() -> dict[str, tuple[str, bytes]]:
-    """name -> (subject, body) of each poison message."""
-    fake = f"chaos{uuid.uuid4().hex[:8]}"
-    request = RunCreateRequest.model_validate({"target": TARGET, "workload": {"fingerprint": "chat"}})
-    valid = new_event(
-        RunRequested(run_id=fake, request=request, requested_by="tok_chaos"),
-        tenant_id="chaos-poison",
-        correlation_id=fake,
-        producer="gateway",
-    )
-    body = json.loads(valid.to_json_bytes())
-    requested = valid.subject
-    return {
-        "nested": (requested, b"[" * 5000 + b"]" * 5000),
-        "oversized": (requested, b'{"pad": "' + b"x" * 900_000 + b'"}'),
-        "invalid-json": (requested, b"{not json"),
-        "unknown-type": (requested, json.dumps(body | {"type": "run.exploded"}).encode()),
-        "wrong-schema-version": (requested, json.dumps(body | {"schema_version": 99}).encode()),
-        "unknown-tenant": (
-            intake_subject("chaos-nobody"),
-            json.dumps({"event_id": str(uuid.uuid4()), "request": request.model_dump(mode="json")}).encode(),
-        ),
-    }
-
-
 def poison(stack: Stack, run_ids: list[str], result: Result) -> dt.datetime:
     wait_for_event(stack, run_ids, "run.queued")
     messages = poison_messages()
     ids = {name: f"chaos-poison-{name}-{uuid.uuid4().hex[:8]}" for name in messages}
-
-    async def send() -> None:
-        nc = await nats.connect(stack.nats_url, nkeys_seed=stack.admin_seed)
-        try:
-            js = nc.jetstream()
-            for name, (subject, body) in messages.items():
-                await js.publish(subject, body, headers={MSG_ID: ids[name]})
-        finally:
-            await nc.close()
-
     log(f"publishing {len(messages)} poison messages")
-    asyncio.run(send())
+    asyncio.run(publish_as_admin(stack, messages, ids))
     cleared = utc_now()
     # Each is parked once by each service that consumes it: wait until every one is.
-    deadline = time.monotonic() + 180
-    while True:
-        letters = asyncio.run(dead_letters(stack))
-        parked = {
-            name: dict(Counter(s for i, s, _ in letters if i == msg_id)) for name, msg_id in ids.items()
-        }
-        if all(parked.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(2)
+    parked, letters = wait_parked(stack, ids)
     result.parked = parked
-    result.park_errors = {name: e[:200] for name, msg_id in ids.items() for i, _, e in letters if i == msg_id}
+    result.park_errors = {
+        name: x.error[:200] for name, msg_id in ids.items() for x in letters if x.msg_id == msg_id
+    }
     for name, by_service in parked.items():
         if not by_service:
             result.notes.append(f"poison {name} was never parked")
@@ -505,16 +350,6 @@ def poison(stack: Stack, run_ids: list[str], result: Result) -> dt.datetime:
                 result.notes.append(f"poison {name} parked {count} times by {service}")
                 result.duplicated += 1
     return cleared
-
-
-async def dead_letters(stack: Stack) -> list[tuple[str, str, str]]:
-    """(original Nats-Msg-Id, parking service, error) of every dead letter on the stream."""
-    letters = []
-    for subject, _, body in await stream_messages(stack):
-        if subject.startswith("spec.dlq."):
-            letter = json.loads(body)
-            letters.append((letter["headers"].get(MSG_ID, ""), letter["service"], letter["error"]))
-    return letters
 
 
 # --- the suite -------------------------------------------------------------------------
@@ -567,7 +402,7 @@ def main() -> int:
     results: list[Result] = []
     begin = time.monotonic()
     replicas = dict.fromkeys(SERVICES, 1)
-    with stack(replicas) as running:
+    with stack(replicas, prefix="chaos", keep=os.environ.get("SPECOPS_CHAOS_KEEP") == "1") as running:
         for scenario in chosen:
             if scenario.name == "kill-replicas":
                 up(running.settings, replicas | {REPLICATED: 2}, progress=log)
