@@ -46,6 +46,12 @@ MAX_BYTES = 6 * 2**30
 UPSTREAM_MAX_AGE_S = 7 * 24 * 3600.0
 UPSTREAM_MAX_BYTES = 512 * 2**20
 
+# SPEC_INTAKE keeps JetStream's Nats-Msg-Id dedup as short as the server allows (100 ms):
+# that dedup spans the whole stream, so one tenant publishing another's msg id would have
+# the other's request dropped as a duplicate, unanswered. Dedup there is per tenant
+# instead, in the gateway, by (tenant, the request's event_id) through its idempotency keys.
+INTAKE_DUPLICATE_WINDOW_S = 0.1
+
 RECONNECT_BASE_S = 0.25
 RECONNECT_CAP_S = 5.0
 # Ping often enough that a half-open TCP connection (server host gone) is noticed in
@@ -79,7 +85,8 @@ def upstream_stream_configs(
     *, max_age_s: float = UPSTREAM_MAX_AGE_S, max_bytes: int = UPSTREAM_MAX_BYTES
 ) -> list[StreamConfig]:
     """SPEC_INTAKE (what tenants publish) and SPEC_RESULTS (what they read back), each
-    bounded by `max_age_s` and `max_bytes`."""
+    bounded by `max_age_s` and `max_bytes`. Only the gateway's outbox publishes on
+    SPEC_RESULTS, so it keeps the usual dedup window; SPEC_INTAKE the smallest."""
     return [
         StreamConfig(
             name=name,
@@ -90,11 +97,21 @@ def upstream_stream_configs(
             discard=DiscardPolicy.OLD,
             max_age=max_age_s,
             max_bytes=max_bytes,
-            duplicate_window=DUPLICATE_WINDOW_S,
+            duplicate_window=window,
         )
-        for name, prefix, description in (
-            (INTAKE_STREAM, INTAKE_PREFIX, "run requests of upstream systems, one subject per tenant"),
-            (RESULTS_STREAM, RESULTS_PREFIX, "each tenant's runs' events and intake rejections"),
+        for name, prefix, description, window in (
+            (
+                INTAKE_STREAM,
+                INTAKE_PREFIX,
+                "run requests of upstream systems, one subject per tenant",
+                INTAKE_DUPLICATE_WINDOW_S,
+            ),
+            (
+                RESULTS_STREAM,
+                RESULTS_PREFIX,
+                "each tenant's runs' events and intake rejections",
+                DUPLICATE_WINDOW_S,
+            ),
         )
     ]
 

@@ -89,6 +89,35 @@ class ChainBreak:
     reason: str
 
 
+Gap = tuple[int, int]  # an inclusive range of stream sequences that have no row
+
+
+def seq_gaps(seqs: Iterable[int], *, first: int | None = None, last: int | None = None) -> list[Gap]:
+    """The ranges of `first`..`last` (by default the smallest and largest of `seqs`) that
+    `seqs` leaves out, in order; sequences outside the range are ignored."""
+    ordered = sorted(set(seqs))
+    low = first if first is not None else (ordered[0] if ordered else 1)
+    high = last if last is not None else (ordered[-1] if ordered else 0)
+    gaps: list[Gap] = []
+    expected = low
+    for seq in ordered:
+        if seq < low:
+            continue
+        if seq > high:
+            break
+        if seq > expected:
+            gaps.append((expected, seq - 1))
+        expected = seq + 1
+    if expected <= high:
+        gaps.append((expected, high))
+    return gaps
+
+
+def describe_gaps(gaps: Iterable[Gap]) -> str:
+    """`5..7, 9`: each missing range, a single sequence as itself."""
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in gaps)
+
+
 @dataclass(frozen=True, slots=True)
 class VerifyReport:
     rows: int  # rows checked (up to and including the broken one)
@@ -96,14 +125,22 @@ class VerifyReport:
     last_seq: int | None
     head_hash: bytes  # hash of the last row found intact
     broken: ChainBreak | None
+    # Stream sequences missing between the rows' smallest and largest: each message of the
+    # stream gets a row, so a hole is a row deleted (and the chain recomputed over it).
+    gaps: tuple[Gap, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return self.broken is None
+        return self.broken is None and not self.gaps
 
     def summary(self) -> str:
         if self.broken is not None:
             return f"audit chain broken at seq {self.broken.seq}: {self.broken.reason}"
+        if self.gaps:
+            return (
+                f"audit chain links but stream sequences {describe_gaps(self.gaps)} have no row "
+                f"among the {self.rows} rows: rows deleted (or not recorded yet)"
+            )
         if self.rows == 0:
             return "audit chain intact: empty"
         return (
@@ -120,6 +157,7 @@ class VerifyReport:
             "last_seq": self.last_seq,
             "head_hash": self.head_hash.hex(),
             "broken": broken,
+            "gaps": [list(gap) for gap in self.gaps],
         }
 
 
@@ -191,6 +229,7 @@ class ChainVerifier:
         self._first: int | None = None
         self._last: AuditRow | None = None
         self._broken: ChainBreak | None = None
+        self._stream_seqs: list[int] = []
 
     def feed(self, row: AuditRow) -> bool:
         """Check the next row; False once the chain is broken (later rows are not checked)."""
@@ -203,6 +242,8 @@ class ChainVerifier:
         if self._first is None:
             self._first = row.seq
         self._last = row
+        if row.stream_seq is not None:
+            self._stream_seqs.append(row.stream_seq)
         return True
 
     def _check(self, row: AuditRow) -> ChainBreak | None:
@@ -242,7 +283,9 @@ class ChainVerifier:
             broken = ChainBreak(
                 head.seq, f"the chain head records seq {head.seq} but {found}: rows were deleted at the end"
             )
-        return VerifyReport(self._rows, self._first, last_seq, last_hash, broken)
+        # Only over a chain read to its end: a broken one stopped early and would show false holes.
+        gaps = tuple(seq_gaps(self._stream_seqs)) if broken is None else ()
+        return VerifyReport(self._rows, self._first, last_seq, last_hash, broken, gaps)
 
 
 def verify_chain(rows: Iterable[AuditRow], head: ChainHead | None = None) -> VerifyReport:
@@ -298,25 +341,38 @@ def entry_from_message(subject: str, data: bytes, stream_seq: int | None = None)
 
 @dataclass(frozen=True, slots=True)
 class StreamReport:
-    """`verify --against-stream`: whether every row records the stream message at its stream_seq."""
+    """`verify --against-stream`: whether every row records the stream message at its
+    stream_seq, and every message the stream holds has a row."""
 
     rows: int  # rows checked (up to and including the first that differs)
-    broken: ChainBreak | None  # the first row that differs, or the first message without a row
+    broken: ChainBreak | None  # the first row that differs from its message
     retired: int = 0  # rows not checked: their messages are past the stream's age or size limit
+    gaps: tuple[Gap, ...] = ()  # the stream's messages without a row: at its start, middle or end
 
     @property
     def ok(self) -> bool:
-        return self.broken is None
+        return self.broken is None and not self.gaps
 
     def summary(self) -> str:
         if self.broken is not None:
             return f"audit log differs from the stream at seq {self.broken.seq}: {self.broken.reason}"
+        if self.gaps:
+            return (
+                f"audit log misses stream messages {describe_gaps(self.gaps)}: no row records them "
+                f"(rows deleted, or not recorded yet); {self.rows} rows match"
+            )
         older = f" ({self.retired} older rows not checked: the stream no longer keeps them)"
         return f"audit log matches the stream: {self.rows} rows" + (older if self.retired else "")
 
     def to_dict(self) -> dict[str, Any]:
         broken = None if self.broken is None else {"seq": self.broken.seq, "reason": self.broken.reason}
-        return {"ok": self.ok, "rows": self.rows, "retired": self.retired, "broken": broken}
+        return {
+            "ok": self.ok,
+            "rows": self.rows,
+            "retired": self.retired,
+            "broken": broken,
+            "gaps": [list(gap) for gap in self.gaps],
+        }
 
 
 def stream_mismatch(row: AuditRow, message: tuple[str, bytes] | None) -> str | None:
@@ -342,19 +398,21 @@ def stream_mismatch(row: AuditRow, message: tuple[str, bytes] | None) -> str | N
 
 
 class StreamChecker:
-    """Rows against their stream messages, one at a time; then whether a message between the
-    first and the last recorded one has no row (a row deleted, the chain recomputed).
+    """Rows against their stream messages, one at a time; then which of the stream's messages,
+    `first_kept_seq`..`last_seq`, have no row: the newest deleted with the chain head moved
+    back, the oldest, or any between, each range named.
 
-    `first_kept_seq`: the stream's first message. The stream discards its oldest messages
-    at its age or size limit (specbus.broker), so rows of earlier ones have nothing left
-    to be checked against and are only counted.
+    The stream discards its oldest messages at its age or size limit (specbus.broker), so
+    rows of messages before `first_kept_seq` have nothing left to be checked against and are
+    only counted.
     """
 
-    def __init__(self, first_kept_seq: int = 1) -> None:
+    def __init__(self, first_kept_seq: int = 1, last_seq: int = 0) -> None:
         self.first_kept_seq = first_kept_seq
+        self.last_seq = last_seq
         self._rows = 0
         self._retired = 0
-        self._seqs: dict[int, int] = {}  # stream_seq -> row seq
+        self._seqs: list[int] = []
         self._broken: ChainBreak | None = None
 
     def feed(self, row: AuditRow, message: tuple[str, bytes] | None) -> bool:
@@ -370,26 +428,14 @@ class StreamChecker:
             self._broken = ChainBreak(row.seq, reason)
             return False
         if row.stream_seq is not None:
-            self._seqs[row.stream_seq] = row.seq
+            self._seqs.append(row.stream_seq)
         return True
 
     def report(self) -> StreamReport:
-        broken = self._broken
-        if broken is None and self._seqs:
-            recorded = sorted(self._seqs)
-            for before, after in zip(recorded, recorded[1:], strict=False):
-                if after > before + 1:
-                    missing = (
-                        f"message {before + 1} has"
-                        if after == before + 2
-                        else f"messages {before + 1}..{after - 1} have"
-                    )
-                    broken = ChainBreak(
-                        self._seqs[after],
-                        f"stream {missing} no audit row (rows deleted, or not recorded yet)",
-                    )
-                    break
-        return StreamReport(self._rows, broken, retired=self._retired)
+        gaps: tuple[Gap, ...] = ()
+        if self._broken is None:
+            gaps = tuple(seq_gaps(self._seqs, first=self.first_kept_seq, last=self.last_seq))
+        return StreamReport(self._rows, self._broken, retired=self._retired, gaps=gaps)
 
 
 def _json_object(data: bytes) -> dict[str, Any] | None:

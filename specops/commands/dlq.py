@@ -181,18 +181,33 @@ def table(found: list[ParkedLetter]) -> list[str]:
 
 
 def detail(parked: ParkedLetter) -> dict[str, Any]:
-    """One letter whole, as `show` prints it: the body as JSON when it is JSON, else base64."""
+    """One letter whole, as `show` prints it: the body as JSON when it is JSON, else as text
+    (JSON nested deeper than Python reads and writes) or base64 (not UTF-8)."""
     letter = parked.letter
-    raw = bytes(letter.data)
-    try:
-        body: Any = json.loads(raw) if raw else None
-    except ValueError:
-        body = {"base64": base64.b64encode(raw).decode()}
     return summary(parked) | {
         "headers": letter.headers,
-        "body": body,
+        "body": _body(bytes(letter.data)),
         "omitted_bytes": letter.omitted_bytes,
         "stream": letter.stream,
         "stream_sequence": letter.stream_sequence,
         "redrive": None if parked.redriven is None else parked.redriven.model_dump(mode="json"),
     }
+
+
+def _body(raw: bytes) -> Any:
+    if not raw:
+        return None
+    try:
+        body = json.loads(raw)
+        json.dumps(body)  # as deep as json.loads took, the printing must take it too
+        return body
+    except RecursionError:
+        # Poison is parked as it came: nesting deep enough to overflow the reader is a reason
+        # it was parked, and must not stop anyone from reading it.
+        try:
+            return {"text": raw.decode(), "note": "JSON nested too deep to show as a value"}
+        except UnicodeDecodeError:
+            pass
+    except ValueError:
+        pass
+    return {"base64": base64.b64encode(raw).decode()}

@@ -16,7 +16,7 @@ from typing import Any
 import nats
 import psycopg
 import pytest
-from audit_tamper import rewrite_with_recomputed_chain
+from audit_tamper import delete_with_recomputed_chain, rewrite_with_recomputed_chain
 from fixtures.nats import NatsServer
 
 from specbus import SpecBroker, make_broker, publish
@@ -336,12 +336,7 @@ def test_replay_without_a_server_is_a_one_line_error(
     )
 
 
-def test_a_rewritten_chain_passes_verify_alone_and_is_named_against_the_stream(
-    db: str, nats_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    run_id = f"rewrite-{uuid.uuid4().hex[:8]}"
-    events, seqs = asyncio.run(_publish_for_replay(nats_url, run_id))
-
+def _record_as_the_audit(db: str, nats_url: str, seqs: list[int]) -> None:
     async def record() -> None:
         # As the audit service records them: each stream message with its sequence.
         nc = await nats.connect(nats_url)
@@ -354,8 +349,16 @@ def test_a_rewritten_chain_passes_verify_alone_and_is_named_against_the_stream(
             await nc.close()
 
     asyncio.run(record())
+
+
+def test_a_rewritten_chain_passes_verify_alone_and_is_named_against_the_stream(
+    db: str, empty_nats_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_id = f"rewrite-{uuid.uuid4().hex[:8]}"
+    events, seqs = asyncio.run(_publish_for_replay(empty_nats_url, run_id))
+    _record_as_the_audit(db, empty_nats_url, seqs)
     monkeypatch.setenv("DATABASE_URL", db)
-    monkeypatch.setenv("NATS_URL", nats_url)
+    monkeypatch.setenv("NATS_URL", empty_nats_url)
     assert specops(["audit", "verify", "--against-stream"]) == 0
     out = capsys.readouterr().out
     assert f"audit log matches the stream: {len(seqs)} rows" in out, out
@@ -372,6 +375,54 @@ def test_a_rewritten_chain_passes_verify_alone_and_is_named_against_the_stream(
         f"audit log differs from the stream at seq 3: stream_seq {seqs[2]}: "
         "payload differs from the stream's message"
     )
+
+
+def test_deleting_the_newest_rows_and_moving_the_head_back_is_named_against_the_stream(
+    db: str, empty_nats_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, seqs = asyncio.run(_publish_for_replay(empty_nats_url, f"tail-{uuid.uuid4().hex[:8]}"))
+    _record_as_the_audit(db, empty_nats_url, seqs)
+    monkeypatch.setenv("DATABASE_URL", db)
+    monkeypatch.setenv("NATS_URL", empty_nats_url)
+    newest = len(seqs)  # the row of the stream's last message
+
+    delete_with_recomputed_chain(db, newest)
+
+    assert specops(["audit", "verify"]) == 0  # nothing among the rows left shows it
+    capsys.readouterr()
+    assert specops(["audit", "verify", "--against-stream", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True  # the chain itself links
+    assert report["stream"]["ok"] is False
+    assert report["stream"]["gaps"] == [[seqs[-1], seqs[-1]]]
+    assert specops(["audit", "verify", "--against-stream"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith(f"audit log misses stream messages {seqs[-1]}: no row records them"), out
+
+
+def test_missing_rows_at_the_start_middle_and_end_are_each_named_as_a_range(
+    db: str, empty_nats_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, seqs = asyncio.run(_publish_for_replay(empty_nats_url, f"gaps-{uuid.uuid4().hex[:8]}"))
+    assert len(seqs) >= 5 and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    # Recorded without the first message, the third, and the fifth to the last.
+    _record_as_the_audit(db, empty_nats_url, [seqs[1], seqs[3]])
+    monkeypatch.setenv("DATABASE_URL", db)
+    monkeypatch.setenv("NATS_URL", empty_nats_url)
+
+    # Alone, verify sees the hole among the rows it holds (the chain over them links).
+    assert specops(["audit", "verify"]) == 1
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"audit chain links but stream sequences {seqs[2]} have no row"), out
+
+    assert specops(["audit", "verify", "--against-stream", "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["gaps"] == [[seqs[2], seqs[2]]]
+    assert report["stream"]["gaps"] == [[seqs[0], seqs[0]], [seqs[2], seqs[2]], [seqs[4], seqs[-1]]]
+    assert specops(["audit", "verify", "--against-stream"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    tail = f"{seqs[4]}" if seqs[4] == seqs[-1] else f"{seqs[4]}..{seqs[-1]}"
+    assert out[1].startswith(f"audit log misses stream messages {seqs[0]}, {seqs[2]}, {tail}: "), out
 
 
 def test_the_audit_role_can_insert_but_not_rewrite(db: str) -> None:

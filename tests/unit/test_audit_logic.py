@@ -21,13 +21,14 @@ from specops_services.audit.logic import (
     hash_of,
     raw_event_id,
     row_hash,
+    seq_gaps,
     verify_chain,
 )
 
 T0 = datetime(2026, 11, 23, 14, 0, tzinfo=UTC)
 
 
-def _chain(n: int, *, stride: int = 10) -> list[AuditRow]:
+def _chain(n: int, *, stride: int = 1) -> list[AuditRow]:
     rows: list[AuditRow] = []
     prev = GENESIS_HASH
     for seq in range(1, n + 1):
@@ -150,7 +151,7 @@ def _stream_of(rows: list[AuditRow]) -> dict[int, tuple[str, bytes]]:
 
 
 def _check(rows: list[AuditRow], stream: dict[int, tuple[str, bytes]], first_kept_seq: int = 1) -> str:
-    checker = StreamChecker(first_kept_seq=first_kept_seq)
+    checker = StreamChecker(first_kept_seq=first_kept_seq, last_seq=max(stream, default=0))
     for row in rows:
         if not checker.feed(row, None if row.stream_seq is None else stream.get(row.stream_seq)):
             break
@@ -179,16 +180,39 @@ def test_a_row_rewritten_with_a_recomputed_chain_is_named_by_the_stream() -> Non
     )
 
 
-def test_rows_missing_between_stream_messages_and_rows_without_a_message_are_named() -> None:
-    rows = _chain(4, stride=1)
+def test_every_stream_message_without_a_row_is_named_as_a_range() -> None:
+    rows = _chain(6, stride=1)
     stream = _stream_of(rows)
-    assert _check([rows[0], *rows[2:]], stream).endswith(
-        "at seq 3: stream message 2 has no audit row (rows deleted, or not recorded yet)"
+    missing = "(rows deleted, or not recorded yet)"
+    assert _check(rows[:-1], stream).startswith(
+        f"audit log misses stream messages 6: no row records them {missing}"
     )
-    gap = _chain(4, stride=2)
-    assert "at seq 2: stream message 3 has no audit row" in _check(gap, _stream_of(gap))
+    assert _check([rows[1], rows[4]], stream).startswith("audit log misses stream messages 1, 3..4, 6: ")
+    assert _check([], stream).startswith("audit log misses stream messages 1..6: ")
     assert "stream holds no message 30" in _check([*rows[:2], replace(rows[2], stream_seq=30)], stream)
     assert "has no stream_seq" in _check([replace(rows[0], stream_seq=None)], {})
+
+
+def test_seq_gaps_are_the_ranges_left_out() -> None:
+    assert seq_gaps([3, 4, 7, 9], first=1, last=10) == [(1, 2), (5, 6), (8, 8), (10, 10)]
+    assert seq_gaps([3, 4, 7]) == [(5, 6)]
+    assert seq_gaps([]) == []
+    assert seq_gaps([], first=5, last=4) == []  # a purged stream: first = last + 1
+    assert seq_gaps([1, 2], first=3, last=3) == [(3, 3)]
+
+
+def test_plain_verify_names_stream_sequences_missing_between_its_rows() -> None:
+    rows = _chain(4, stride=1)
+    # The row of stream message 2 deleted and the chain recomputed over the hole.
+    relinked = [rows[0], *rows[2:]]
+    prev = rows[0].hash
+    for i in range(1, len(relinked)):
+        relinked[i] = replace(relinked[i], prev_hash=prev)
+        relinked[i] = replace(relinked[i], hash=hash_of(relinked[i]))
+        prev = relinked[i].hash
+    report = verify_chain(relinked, _head(relinked))
+    assert not report.ok and report.broken is None and report.gaps == ((2, 2),)
+    assert report.summary().startswith("audit chain links but stream sequences 2 have no row")
 
 
 def test_rows_of_messages_the_stream_retired_at_its_limits_are_counted_not_checked() -> None:

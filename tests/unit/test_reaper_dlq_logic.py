@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -126,3 +127,11 @@ def test_ls_and_show_say_what_was_parked_and_whether_it_was_redriven() -> None:
     assert detail(ParkedLetter(9, when, _letter(data=base64.b64encode(b"\xff").decode()), None))["body"] == {
         "base64": "/w=="
     }
+
+
+def test_show_prints_any_parked_body_even_nested_past_the_json_reader() -> None:
+    when = datetime(2026, 11, 25, 4, 0, tzinfo=UTC)
+    nested = b"[" * 100_000 + b"]" * 100_000
+    shown = detail(ParkedLetter(9, when, _letter(data=base64.b64encode(nested).decode()), None))
+    assert shown["body"]["text"] == nested.decode() and "too deep" in shown["body"]["note"]
+    assert json.loads(json.dumps(shown))["body"]["text"].startswith("[[[")

@@ -20,6 +20,13 @@ APP_ROLE = "specops_app"
 Pool = AsyncConnectionPool[psycopg.AsyncConnection[DictRow]]
 Connection = psycopg.AsyncConnection[DictRow]
 
+# psycopg_pool retries a failed connect with a backoff that doubles (1, 2, 4 ... s) until
+# `reconnect_timeout`: after a minute-long outage its next try could be a minute away, and
+# every request meanwhile waits out its PoolTimeout. Giving up after a few seconds instead
+# leaves the pool short, and the next request that finds it empty starts a fresh attempt
+# at once: a pool is usable again within seconds of Postgres returning.
+RECONNECT_GIVE_UP_S = 2.0
+
 
 def create_pool(
     dsn: str, *, min_size: int = 1, max_size: int = 10, name: str = "specops", timeout_s: float = 30.0
@@ -30,6 +37,8 @@ def create_pool(
     DSN names (the tables' owner, a superuser): a service sees a tenant's rows only in a
     `tenant_transaction` (or `specbus.process_once`), and another tenant's never.
     Unopened because AsyncConnectionPool must be opened inside a running event loop.
+    A connection is checked (one empty round trip) before it is handed out, so one that
+    died with the server (an outage, a restart) is replaced instead of failing a request.
     `timeout_s`: how long `pool.connection()` waits for a connection before PoolTimeout.
     """
     kwargs: dict[str, Any] = {"row_factory": dict_row}
@@ -42,6 +51,8 @@ def create_pool(
         kwargs=kwargs,
         connection_class=psycopg.AsyncConnection[DictRow],
         configure=_as_app_role,
+        check=AsyncConnectionPool.check_connection,
+        reconnect_timeout=RECONNECT_GIVE_UP_S,
         open=False,
     )
 

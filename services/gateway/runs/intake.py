@@ -8,6 +8,9 @@ same checks, same quota, same winner cache, same events and audit trail, readabl
 any of the tenant's API tokens. Its `event_id` is the idempotency key (kept
 `INTAKE_KEY_TTL`), so a request published again, 50 times or after a crash, is one run;
 each message is answered on `specops.results.<tenant>.intake.accepted` with its run.
+That key is the tenant's own (idempotency keys are per tenant), and the stream's
+stream-wide Nats-Msg-Id dedup is as short as the server allows (specbus.broker), so no
+tenant can have another's request dropped by reusing its msg id or its event_id.
 
 A request it cannot accept (not an IntakeRequest, an unknown model or GPU, a tenant
 without a record, over the quota, an event_id reused with another request) is refused
