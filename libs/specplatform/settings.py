@@ -29,6 +29,7 @@ from specplatform.errors import RuntimeSetupError
 STATE_DIR_ENV = "SPECOPS_STATE_DIR"
 # The NATS user of the runtime and the CLI (specops.runtime.nats_auth); a service is its own.
 ADMIN_USER = "admin"
+ENGINE_USER = "engine"
 RUNTIME_ENV_FILE = "runtime.env"
 
 
@@ -113,10 +114,17 @@ class Settings(BaseSettings):
             )
         return self.nats_url
 
-    def nats_credentials(self) -> dict[str, str]:
-        """nats.connect / make_broker options for the configured credentials ({} without any)."""
+    def nats_credentials(self, user: str = ADMIN_USER) -> dict[str, str]:
+        """nats.connect / make_broker options for the configured credentials ({} without any).
+
+        From a seed dir, `user`'s seed when it holds one, else the admin's (a state dir made
+        before that user existed)."""
         seed_dir = self.nats_nkey_seed_dir
-        from_dir = nkey_seed_file(seed_dir, ADMIN_USER) if seed_dir is not None else None
+        from_dir = None
+        if seed_dir is not None:
+            from_dir = nkey_seed_file(seed_dir, user)
+            if not from_dir.is_file():
+                from_dir = nkey_seed_file(seed_dir, ADMIN_USER)
         for path, option in (
             (self.nats_creds_file, "user_credentials"),
             (self.nats_nkey_seed_file, "nkeys_seed"),

@@ -25,13 +25,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from specbus import publish
-from specbus.broker import ensure_stream
+from specbus.broker import inbox_prefix
 from specbus.envelope import Envelope, new_event
+from specbus.subjects import STREAM
 from speccatalog.workloads import WORKLOADS
 from specops_schemas.serve import DriftDetected, DriftRecovered
 from specops_services.engine.drift import DriftKey, DriftMonitor, DriftPolicy, Measured, Transition
 from specops_services.engine.logic import SpecCounts
 from specops_services.engine.metrics import PREFIX
+from specplatform.settings import ENGINE_USER
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +128,14 @@ class DriftReporter:
             return
         import nats
 
-        self._nc = await nats.connect(self.nats_url, name=f"engine-{self.server_id}", **self.credentials)
-        await ensure_stream(self._nc.jetstream())
+        self._nc = await nats.connect(
+            self.nats_url,
+            name=f"engine-{self.server_id}",
+            inbox_prefix=inbox_prefix(ENGINE_USER),
+            **self.credentials,
+        )
+        # Only read: the runtime creates SPEC, the engine's user may not.
+        await self._nc.jetstream().stream_info(STREAM)
         self._loop = asyncio.get_running_loop()
         log.info("drift events go to %s as spec.serve.%s.*", self.nats_url, self.server_id)
 

@@ -21,11 +21,12 @@ from typing import Any
 
 from nats.js.api import DeliverPolicy
 
-from specbus.broker import ensure_stream
+from specbus.broker import inbox_prefix
 from specbus.envelope import decode_event
 from specbus.subjects import STREAM, pattern
 from specops_schemas.security import PolicyChanged
 from specops_services.engine.security import SecurityPolicies
+from specplatform.settings import ENGINE_USER
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +58,10 @@ class PolicyFeed:
             self.nats_url,
             name=f"engine-{self.name}-policies",
             max_reconnect_attempts=-1,
+            inbox_prefix=inbox_prefix(ENGINE_USER),
             **self.credentials,
         )
         js = self._nc.jetstream()
-        await ensure_stream(js)
         # One message per tenant is delivered first (the last of its subject).
         info = await js.stream_info(STREAM, subjects_filter=POLICY_SUBJECT)
         self._backlog = len(info.state.subjects or {})
@@ -68,6 +69,7 @@ class PolicyFeed:
             self._caught_up.set()
         await js.subscribe(
             POLICY_SUBJECT,
+            stream=STREAM,  # named: its user may not look streams up by subject
             cb=self._on_message,
             ordered_consumer=True,
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,

@@ -27,7 +27,7 @@ from specops.commands import decoding
 from specops_schemas.catalog import Engine as EngineName
 from specops_schemas.catalog import RunStatus
 from specops_services.engine.protocol import DEFAULT_MAX_BODY_BYTES
-from specplatform.settings import load_settings
+from specplatform.settings import ENGINE_USER, load_settings
 from specplatform.tenant_signature import KEY_ENV, MIN_KEY_BYTES, SIGNATURE_HEADER, TENANT_HEADER
 
 if TYPE_CHECKING:
@@ -265,7 +265,7 @@ def run(args: argparse.Namespace, served: Served) -> int:
         drift=drift,
         server_id=args.server_id,
         nats_url=args.nats_url,
-        nats_credentials=load_settings().nats_credentials() if args.nats_url else {},
+        nats_credentials=load_settings().nats_credentials(ENGINE_USER) if args.nats_url else {},
         security=default_policy,
         policies=tuple(policies),
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,

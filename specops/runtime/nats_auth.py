@@ -27,11 +27,21 @@ from typing import Any
 import nkeys
 
 from specbus.broker import inbox_prefix
-from specbus.subjects import ID_PATTERN, dlq_subject, intake_subject, results_pattern, tenant_inbox_prefix
+from specbus.subjects import (
+    ID_PATTERN,
+    STREAM,
+    dlq_subject,
+    intake_subject,
+    pattern,
+    results_pattern,
+    tenant_inbox_prefix,
+)
 from specplatform.errors import RuntimeSetupError
-from specplatform.settings import ADMIN_USER, nkey_seed_file
+from specplatform.settings import ADMIN_USER, ENGINE_USER, nkey_seed_file
 
 ADMIN = ADMIN_USER
+ENGINE = ENGINE_USER
+"""The engine server's user (`specops serve engine`): the internet-facing pod gets no admin."""
 TENANT_PREFIX = "tenant-"
 _TENANT = re.compile(ID_PATTERN)
 
@@ -96,6 +106,26 @@ def tenant_permissions(tenant: str) -> Permissions:
     return Permissions(
         publish=(intake_subject(tenant),),
         subscribe=(results_pattern(tenant), f"{tenant_inbox_prefix(tenant)}.>"),
+    )
+
+
+def engine_permissions() -> Permissions:
+    """The engine server: read SPEC's info, follow the security policies through an ordered
+    (ephemeral, filtered) consumer, publish its drift events; nothing else."""
+    return Permissions(
+        publish=(
+            "$JS.API.INFO",
+            f"$JS.API.STREAM.INFO.{STREAM}",
+            # nats-py's ordered consumer: created (and re-created on a gap) unnamed, so its
+            # filter is in the request body where no permission can pin it; deleted on reset;
+            # flow control is answered on $JS.FC.
+            f"$JS.API.CONSUMER.CREATE.{STREAM}",
+            f"$JS.API.CONSUMER.DELETE.{STREAM}.*",
+            f"$JS.FC.{STREAM}.>",
+            pattern("serve", "drift_detected"),
+            pattern("serve", "drift_recovered"),
+        ),
+        subscribe=(f"{inbox_prefix(ENGINE)}.>",),
     )
 
 
@@ -181,7 +211,7 @@ def tenant_user(tenant: str) -> str:
 
 def all_users(keys: Keys, services: Iterable[ServiceUser]) -> dict[str, Permissions]:
     """Public key -> permissions of admin, every service and every tenant with a key."""
-    users = {keys.ensure(ADMIN): ADMIN_PERMISSIONS}
+    users = {keys.ensure(ADMIN): ADMIN_PERMISSIONS, keys.ensure(ENGINE): engine_permissions()}
     for service in services:
         users[keys.ensure(service.name)] = service_permissions(service)
     for tenant in keys.tenants():

@@ -193,7 +193,7 @@ def test_compose_nats_takes_only_the_users_nats_auth_writes(tmp_path: Path) -> N
     )
     assert checked.returncode == 0 and "is valid" in checked.stdout + checked.stderr, checked.stderr
     text = (etc / "auth/nats/auth.conf").read_text()
-    assert text.count('"nkey"') == 1 + len(SERVICES)
+    assert text.count('"nkey"') == 2 + len(SERVICES)  # admin, engine, services
 
 
 def _compose_schema() -> dict[str, Any]:

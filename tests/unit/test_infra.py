@@ -398,7 +398,7 @@ def test_every_pod_mounts_a_seed_the_generated_secret_holds(
         assert volume["secret"]["secretName"] == "specops-nats"
         (item,) = volume["secret"]["items"]
         assert item["key"] in secret, item
-        expected = "admin" if name in ("engine", "specops-init") else name
+        expected = "admin" if name == "specops-init" else name
         assert item == {"key": f"{expected}.nk", "path": f"{expected}.nk"}, name
 
 

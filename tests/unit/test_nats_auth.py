@@ -77,7 +77,7 @@ def test_keys_are_private_stable_and_only_public_keys_reach_the_config(tmp_path:
         render_config(host="127.0.0.1", port=4222, monitor_port=8222, store_dir=tmp_path, users=users)
     )
     listed = config["authorization"]["users"]
-    assert len(listed) == len(users) == 1 + len(service_names()) + 1
+    assert len(listed) == len(users) == 2 + len(service_names()) + 1  # admin, engine, services, tenant
     text = json.dumps(config)
     for seed in keys.dir.glob("*.nk"):
         assert seed.read_text().strip() not in text
