@@ -44,19 +44,23 @@ an unreachable gateway as SpecopsConnectionError.
 from __future__ import annotations
 
 import builtins
+import itertools
 import json
 import os
-import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 from urllib.parse import quote
 
 import httpx
+import stamina
+from httpx_sse import EventSource, ServerSentEvent, SSEError, connect_sse
 from pydantic import ValidationError
 
 from specbus.envelope import Envelope, EventPayload
@@ -109,6 +113,8 @@ KEY_IN_FLIGHT = "urn:specops:problem:idempotency-key-in-flight"
 # The event a stream ends with when it cannot go on; its data is a problem.
 SSE_ERROR = "error"
 
+T = TypeVar("T")
+
 
 # --- errors -----------------------------------------------------------------------------------
 
@@ -120,29 +126,36 @@ class SpecopsError(Exception):
 class SpecopsAPIError(SpecopsError):
     """The gateway answered with an error: its RFC 9457 problem, and the parts most callers need."""
 
-    def __init__(self, problem: Problem) -> None:
+    def __init__(self, problem: Problem, retry_after: float | None = None) -> None:
         self.problem = problem
         self.status = problem.status
         self.title = problem.title
         self.detail = problem.detail
+        self.retry_after = retry_after
+        """Seconds the gateway asked to wait before trying again (its `Retry-After`), if it said."""
         super().__init__(
             f"{problem.title} ({problem.status})" + (f": {problem.detail}" if problem.detail else "")
         )
 
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request may succeed later: the gateway is overloaded or unavailable
+        (429/502/503/504), or our own earlier attempt of this Idempotency-Key is still being
+        processed (its 409; the answer comes on retry)."""
+        return self.status in RETRY_STATUSES or (self.status == 409 and self.problem.type == KEY_IN_FLIGHT)
+
     @classmethod
     def from_response(cls, response: httpx.Response) -> SpecopsAPIError:
+        retry_after = _retry_after(response)
         try:
-            return cls(Problem.model_validate(response.json()))
+            return cls(Problem.model_validate(response.json()), retry_after)
         except (ValueError, ValidationError):
             # Not a problem document (a proxy's HTML page, say): keep what there is.
             text = " ".join(response.text.split())[:200]
-            return cls(
-                Problem(
-                    title=response.reason_phrase or "HTTP error",
-                    status=response.status_code,
-                    detail=text or None,
-                )
+            problem = Problem(
+                title=response.reason_phrase or "HTTP error", status=response.status_code, detail=text or None
             )
+            return cls(problem, retry_after)
 
 
 class SpecopsConnectionError(SpecopsError):
@@ -168,12 +181,12 @@ def _describe_transport_error(exc: BaseException) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Retry:
-    """When a failed call is tried again.
+    """When a failed call is tried again (stamina does the waiting).
 
-    A failure is retried `attempts` times in all, about backoff_s * 2**n apart (with jitter).
-    An answer that says when to come back (a 503 or 429 with `Retry-After`, as the gateway
-    sends while its database is unreachable) is retried when it asks, for as long as the
-    call has taken at most `max_wait_s` in all.
+    A failure is retried `attempts` times in all, about backoff_s * 2**n apart (plus up to
+    backoff_s of jitter, at most max_backoff_s). An answer that says when to come back (a 503
+    or 429 with `Retry-After`, as the gateway sends while its database is unreachable) is
+    retried when it asks, for as long as the call has taken at most `max_wait_s` in all.
     """
 
     attempts: int = 4
@@ -181,14 +194,42 @@ class Retry:
     max_backoff_s: float = 4.0
     max_wait_s: float = 60.0
 
-    def next_wait(self, failures: int, elapsed_s: float, retry_after: float | None = None) -> float | None:
-        """Seconds to wait after the `failures`-th consecutive failure (1-based), `elapsed_s`
-        after the first try; None: give up."""
-        base = min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
+    def call(self, attempt: Callable[[], T]) -> T:
+        """`attempt()`, tried again on the failures this policy retries; the last one is raised."""
+        retrying = stamina.retry(
+            on=_RetryBudget(self),
+            attempts=None,
+            timeout=self.max_wait_s,
+            wait_initial=self.backoff_s,
+            wait_max=self.max_backoff_s,
+            wait_jitter=self.backoff_s,
+        )
+        return retrying(attempt)()
+
+
+class _RetryBudget:
+    """stamina's backoff hook for one call: whether (and when) to try it again after `exc`."""
+
+    def __init__(self, policy: Retry) -> None:
+        self.policy = policy
+        self.failures = 0
+        self.started = time.monotonic()
+
+    def __call__(self, exc: Exception) -> bool | float:
+        if isinstance(exc, SpecopsAPIError):
+            if not exc.retryable:
+                return False
+            retry_after = exc.retry_after
+        elif isinstance(exc, httpx.TransportError | _StreamCut):
+            retry_after = None
+        else:
+            return False
+        self.failures += 1
         if retry_after is None:
-            return base * random.uniform(0.5, 1.0) if failures < self.attempts else None
-        wait = max(base, retry_after)
-        return wait if elapsed_s + wait <= self.max_wait_s else None
+            return self.failures < self.policy.attempts  # True: stamina's jittered backoff
+        backoff = min(self.policy.max_backoff_s, self.policy.backoff_s * 2 ** (self.failures - 1))
+        wait = max(retry_after, backoff)
+        return wait if time.monotonic() - self.started + wait <= self.policy.max_wait_s else False
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -206,56 +247,8 @@ def _retryable(method: str, headers: Mapping[str, str] | None) -> bool:
     )
 
 
-def _should_retry(response: httpx.Response) -> bool:
-    if response.status_code in RETRY_STATUSES:
-        return True
-    if response.status_code == 409:
-        # Our own earlier attempt of this key is still being processed: its answer comes on retry.
-        try:
-            return bool(response.json().get("type") == KEY_IN_FLIGHT)
-        except ValueError:
-            return False
-    return False
-
-
-# --- server-sent events ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SseMessage:
-    """One dispatched server-sent event (WHATWG HTML §9.2); `id` is the last event ID seen."""
-
-    id: str | None
-    event: str
-    data: str
-
-
-def parse_sse(lines: Iterable[str]) -> Iterator[SseMessage]:
-    """Decode a text/event-stream, given line by line without line terminators.
-
-    Comments (`: keepalive`) are dropped; `data:` lines of one event are joined with
-    newlines; an event is dispatched at the blank line that ends it, so a connection
-    cut mid-event yields nothing of that event.
-    """
-    event, last_id = "", None
-    data: list[str] = []
-    for line in lines:
-        if not line:
-            if data:
-                yield SseMessage(last_id, event or "message", "\n".join(data))
-            event, data = "", []
-            continue
-        if line.startswith(":"):
-            continue
-        name, sep, value = line.partition(":")
-        if sep and value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            data.append(value)
-        elif name == "event":
-            event = value
-        elif name == "id" and "\0" not in value:
-            last_id = value
+class _StreamCut(SpecopsError):
+    """An event stream ended cleanly before its first event while its resource has not ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,8 +280,8 @@ class RunEvent:
         return self.type in TERMINAL_EVENT_TYPES or self.type in TUNE_TERMINAL_EVENT_TYPES
 
     @classmethod
-    def from_sse(cls, message: SseMessage) -> RunEvent:
-        if message.id is None:
+    def from_sse(cls, message: ServerSentEvent) -> RunEvent:
+        if not message.id:
             raise SpecopsError(f"the gateway sent a {message.event} event without an id")
         try:
             data = json.loads(message.data)
@@ -406,29 +399,19 @@ class SpeculativeClient:
         """
         if retryable is None:
             retryable = _retryable(method, headers)
-        started = time.monotonic()
-        failures = 0
-        while True:
-            try:
-                response = self.http.request(
-                    method, path, json=json_body, content=content, params=params, headers=headers
-                )
-            except httpx.TransportError as exc:
-                failures += 1
-                wait = self.retry.next_wait(failures, time.monotonic() - started) if retryable else None
-                if wait is None:
-                    raise SpecopsConnectionError(self.base_url, exc) from exc
-                time.sleep(wait)
-                continue
-            if response.is_success:
-                return response
-            failures += 1
-            wait = None
-            if retryable and _should_retry(response):
-                wait = self.retry.next_wait(failures, time.monotonic() - started, _retry_after(response))
-            if wait is None:
+
+        def attempt() -> httpx.Response:
+            response = self.http.request(
+                method, path, json=json_body, content=content, params=params, headers=headers
+            )
+            if not response.is_success:
                 raise SpecopsAPIError.from_response(response)
-            time.sleep(wait)
+            return response
+
+        try:
+            return self.retry.call(attempt) if retryable else attempt()
+        except httpx.TransportError as exc:
+            raise SpecopsConnectionError(self.base_url, exc) from exc
 
 
 class Runs:
@@ -595,53 +578,67 @@ def _follow(
 ) -> Iterator[RunEvent]:
     """The events of `path`/events until a terminal one, resumed across dropped connections.
 
-    `ended()` says whether the run or session has ended: a clean, empty stream then means
-    there is nothing left to send.
+    Each connection is retried (`client.retry`) until it brings a first event; a connection
+    cut after some events is resumed after the last one with a fresh retry budget. `ended()`
+    says whether the run or session has ended: a clean, empty stream then means there is
+    nothing left to send.
     """
     last = None if last_event_id is None else str(last_event_id)
-    timeout = httpx.Timeout(client.http.timeout.connect or 5.0, read=STREAM_READ_TIMEOUT_S)
-    failures = 0
-    failing_since = time.monotonic()
     while True:
-        headers = {"Accept": "text/event-stream"}
-        if last is not None:
-            headers["Last-Event-ID"] = last
-        cause: BaseException | None = None
-        retry_after = None
-        delivered = False
-        try:
-            with client.http.stream("GET", f"{path}/events", headers=headers, timeout=timeout) as response:
-                if not response.is_success:
-                    response.read()
-                    if not _should_retry(response):
-                        raise SpecopsAPIError.from_response(response)
-                    cause, retry_after = SpecopsAPIError.from_response(response), _retry_after(response)
-                else:
-                    for message in parse_sse(response.iter_lines()):
-                        if message.event == SSE_ERROR:
-                            raise _stream_error(message)
-                        event = RunEvent.from_sse(message)
-                        last, failures, delivered = event.id, 0, True
-                        yield event
-                        if event.terminal:
-                            return
-        except httpx.TransportError as exc:
-            cause = exc
-        # A clean, empty end: resumed after the terminal event (nothing is left to send),
-        # or cut by something between us and the gateway; the resource's status tells which.
-        if cause is None and not delivered and ended():
-            return
-        if delivered:
-            failing_since = time.monotonic()
-        failures += 1
-        wait = client.retry.next_wait(failures, time.monotonic() - failing_since, retry_after)
-        if wait is None:
-            if isinstance(cause, SpecopsAPIError):
-                raise cause
-            if cause is not None:
-                raise SpecopsConnectionError(client.base_url, cause) from cause
-            raise SpecopsError(f"the event stream of {path} keeps ending before its run or session does")
-        time.sleep(wait)
+        with ExitStack() as connection:
+            try:
+                events = client.retry.call(partial(_connect, client, connection, path, last, ended))
+            except httpx.TransportError as exc:
+                raise SpecopsConnectionError(client.base_url, exc) from exc
+            if events is None:
+                return
+            try:
+                for event in events:
+                    last = event.id
+                    yield event
+                    if event.terminal:
+                        return
+            except httpx.TransportError:
+                pass  # cut after some events: resumed after `last`
+
+
+def _connect(
+    client: SpeculativeClient, connection: ExitStack, path: str, last: str | None, ended: Callable[[], bool]
+) -> Iterator[RunEvent] | None:
+    """One connection to `path`/events (after event `last`), held open by `connection`: its
+    events from the first one, or None when it has none and the resource has ended."""
+    headers = {} if last is None else {"Last-Event-ID": last}
+    timeout = httpx.Timeout(client.http.timeout.connect or 5.0, read=STREAM_READ_TIMEOUT_S)
+    with ExitStack() as attempt:
+        source = attempt.enter_context(
+            connect_sse(client.http, "GET", f"{path}/events", headers=headers, timeout=timeout)
+        )
+        if not source.response.is_success:
+            source.response.read()
+            raise SpecopsAPIError.from_response(source.response)
+        events = _events(source, path)
+        first = next(events, None)
+        if first is None:
+            # A clean, empty end: resumed after the terminal event (nothing is left to send),
+            # or cut by something between us and the gateway; the resource's status tells which.
+            if ended():
+                return None
+            raise _StreamCut(f"the event stream of {path} keeps ending before its run or session does")
+        connection.enter_context(attempt.pop_all())
+        return itertools.chain([first], events)
+
+
+def _events(source: EventSource, path: str) -> Iterator[RunEvent]:
+    try:
+        for message in source.iter_sse():
+            if not message.data:
+                continue  # no data, no event (WHATWG HTML §9.2.6): a keepalive's blank line
+            if message.event == SSE_ERROR:
+                raise _stream_error(message.data)
+            yield RunEvent.from_sse(message)
+    except SSEError:
+        media = source.response.headers.get("content-type", "nothing")
+        raise SpecopsError(f"{path}/events answered {media}, not an event stream") from None
 
 
 # Media types of an upload, by the corpus file's suffix (anything else is sent as text).
@@ -769,12 +766,12 @@ class Heads:
         )
 
 
-def _stream_error(message: SseMessage) -> SpecopsAPIError:
+def _stream_error(data: str) -> SpecopsAPIError:
     """The problem an event stream ended with (its token was revoked, say)."""
     try:
-        return SpecopsAPIError(Problem.model_validate_json(message.data))
+        return SpecopsAPIError(Problem.model_validate_json(data))
     except ValidationError:
-        text = " ".join(message.data.split())[:200]
+        text = " ".join(data.split())[:200]
         return SpecopsAPIError(Problem(title="Event stream error", status=500, detail=text or None))
 
 

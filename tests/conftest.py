@@ -13,9 +13,10 @@ import torch  # noqa: E402
 
 from speccore.models import LoadedModel, engine_checkpoint, load_model  # noqa: E402
 
-# Real servers for the service and integration tests, the bus helpers' `js`, and the spans a
-# test's process traced (tests/fixtures/).
+# Real servers for the service and integration tests, the bus helpers' `js`, the spans a
+# test's process traced, and no logging handler left on a stream pytest closes (tests/fixtures/).
 pytest_plugins = [
+    "fixtures.logging_guard",
     "fixtures.nats",
     "fixtures.postgres",
     "fixtures.bus",

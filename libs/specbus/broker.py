@@ -190,10 +190,13 @@ def make_broker(servers: str | Sequence[str], *, service: str, **options: Any) -
     (`max_reconnect_attempts=-1`) and backs off (`reconnect_delay`); the first connect
     retries the same way, so a service may start before NATS does. Replies (PubAcks,
     pulled messages) come back on `inbox_prefix(service)`, the only inboxes its NATS user
-    may read.
+    may read. Its log records go to the `specbus.nats` logger, which the process's entry
+    point configures: FastStream's default would add a handler bound to whatever
+    sys.stdout is at connect time (a closed capture stream, under pytest).
     """
     settings: dict[str, Any] = {
         "name": service,
+        "logger": logging.getLogger("specbus.nats"),
         "inbox_prefix": inbox_prefix(service),
         "allow_reconnect": True,
         "max_reconnect_attempts": -1,

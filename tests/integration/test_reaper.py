@@ -11,8 +11,8 @@ import sys
 import httpx
 import pytest
 from fixtures.runtime import TINY, Runtime, started
+from httpx_sse import EventSource
 
-from specops.client import parse_sse
 from specops.runtime.supervisor import SERVICES
 from specops_schemas.api import API_PREFIX
 from specops_schemas.catalog import Role
@@ -54,7 +54,7 @@ def test_a_run_no_benchmark_runner_takes_is_failed_by_the_reaper(monkeypatch: py
         letters = _specops(runtime, "dlq", "ls")
         gateway_log = runtime.log("gateway")
 
-    events = [m.event for m in parse_sse(stream.text.splitlines())]
+    events = [m.event for m in EventSource(stream).iter_sse() if m.data]
     assert events[-1] == "run.failed" and events.count("run.failed") == 1
     assert "bench.requested" in events and "bench.completed" not in events
     assert run["status"] == "failed"

@@ -33,8 +33,8 @@ from specops.client import (
     RunTimeoutError,
     SpecopsAPIError,
     SpecopsConnectionError,
+    SpecopsError,
     SpeculativeClient,
-    parse_sse,
     save_token,
 )
 from specops.commands import run as run_cli
@@ -575,27 +575,66 @@ def test_defaults_come_from_the_environment_then_the_state_dir(
         assert (client.base_url, client.token) == ("https://specops.example", "spk_env")
 
 
-def test_sse_parser_follows_the_event_stream_format() -> None:
-    lines = [
-        ": keepalive",
-        "id: 7",
-        "event: run.predicted",
-        "data: {",
-        'data:  "a": 1}',
-        "retry: 100",
-        "",
-        "",
-        "data: no id or type",
-        "",
-        "id: 9",
-        "event: run.completed",
-        "data: cut off",
+def test_stream_reads_the_event_stream_format() -> None:
+    body = "\n".join(
+        [
+            ": keepalive",
+            "",
+            "id: 7",
+            "event: run.predicted",
+            "data: {",
+            'data:  "a": 1}',
+            "retry: 100",
+            "",
+            "",
+            ": keepalive",
+            "",
+            "id: 8",
+            "event: run.completed",
+            "data: {}",
+            "",
+            "id: 9",
+            "event: run.queued",
+            "data: never sent: the stream ended at run.completed",
+            "",
+        ]
+    )
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body.encode())
+
+    with SpeculativeClient("http://gw", "t", transport=httpx.MockTransport(handler), retry=FAST) as client:
+        events = list(client.runs.stream("r-1"))
+    assert [(e.id, e.type, e.data) for e in events] == [
+        ("7", "run.predicted", {"a": 1}),
+        ("8", "run.completed", {}),
     ]
-    messages = list(parse_sse(lines))
-    assert [(m.id, m.event, m.data) for m in messages] == [
-        ("7", "run.predicted", '{\n "a": 1}'),
-        ("7", "message", "no id or type"),
-    ]
+
+
+def test_a_stream_that_is_not_an_event_stream_is_an_error() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/html"}, content=b"<html>login</html>")
+
+    with (
+        SpeculativeClient("http://gw", "t", transport=httpx.MockTransport(handler), retry=FAST) as client,
+        pytest.raises(SpecopsError, match="answered text/html, not an event stream"),
+    ):
+        list(client.runs.stream("r-1"))
+
+
+def test_a_stream_refused_for_good_is_the_gateways_problem() -> None:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(404, json={"title": "Not Found", "status": 404, "detail": "no run r-1"})
+
+    with (
+        SpeculativeClient("http://gw", "t", transport=httpx.MockTransport(handler), retry=FAST) as client,
+        pytest.raises(SpecopsAPIError, match="no run r-1"),
+    ):
+        list(client.runs.stream("r-1"))
+    assert len(calls) == 1
 
 
 # --- specops run ------------------------------------------------------------------------------------

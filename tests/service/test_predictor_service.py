@@ -20,6 +20,7 @@ from typing import Any
 
 from fixtures import bus
 from fixtures.gateway import RUNS, run_body, running_gateway
+from httpx_sse import EventSource
 from nats.js import JetStreamContext
 from psycopg.types.json import Jsonb
 
@@ -28,7 +29,6 @@ from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope, new_event
 from specbus.publish import MSG_ID, envelope_headers, publish_raw
 from specbus.subjects import STREAM, dlq_subject
-from specops.client import parse_sse
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.candidates import BASELINE_ID, Measurement
 from specops_schemas.catalog import ErrorStage, GateMethod
@@ -400,7 +400,7 @@ async def test_a_parked_bench_fails_its_run_once_and_the_gateway_shows_it(
         failed = await gw.wait_status(run_id, "failed")
         # The stream of a failed run ends at its run.failed (ASGITransport returns then).
         stream = await gw.client.get(f"{RUNS}/{run_id}/events", headers=gw.auth())
-        sse = list(parse_sse(stream.text.splitlines()))
+        sse = [m for m in EventSource(stream).iter_sse() if m.data]
 
         dlq = dlq_subject(runner)
         parked = await js.get_last_msg(STREAM, dlq)

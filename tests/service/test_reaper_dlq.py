@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fixtures import bus
 from fixtures.gateway import RUNS, running_gateway
+from httpx_sse import EventSource
 from nats.js import JetStreamContext
 from prometheus_client import REGISTRY
 
@@ -19,7 +20,6 @@ from specbus import RetryPolicy, SpecBroker
 from specbus.dlq import watch_depth
 from specbus.publish import MSG_ID, publish_raw
 from specops.cli import main
-from specops.client import parse_sse
 from specops_services.predictor.app import subscribe
 from specops_services.predictor.plan import HostInfo
 from specops_services.predictor.steps import Planner
@@ -44,7 +44,7 @@ async def test_a_queued_run_no_predictor_takes_is_failed_and_its_stream_ends(
         await asyncio.sleep(1.0)  # more sweeps: none fails the run again
         assert await bus.count(js, f"spec.run.{run_id}.failed") == 1
 
-    sse = [m.event for m in parse_sse(stream.text.splitlines())]
+    sse = [m.event for m in EventSource(stream).iter_sse() if m.data]
     assert sse == ["run.queued", "run.failed"]
     assert run["status"] == "failed"
     assert run["error"]["error_stage"] == "prediction"
