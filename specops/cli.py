@@ -22,6 +22,7 @@ from specops.commands.decoding import (
     proposer_config,
     tree_knobs,
 )
+from specops.extras import advice, missing_extra
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,6 +144,12 @@ def main(argv: list[str] | None = None) -> int:
         return handler(args)
     except (SpecError, FamilyError) as err:
         print(f"specops: error: {err}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as err:
+        extra = missing_extra(err)
+        if extra is None:
+            raise
+        print(f"specops: error: {advice(args.command, extra)} ({err})", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("specops: interrupted", file=sys.stderr)

@@ -19,21 +19,33 @@
   cancel was lost.
 """
 
-from specbus import inbox, outbox, tenancy
-from specbus.broker import SpecBroker, ensure_stream, jetstream, make_broker, stream_config
-from specbus.consumer import (
-    RawMessage,
-    RetryPolicy,
-    Unprocessable,
-    consumer_name,
-    dead_letter_subscriber,
-    raw_subscriber,
-    subscriber,
-)
-from specbus.dlq import park
-from specbus.inbox import process_once, process_once_logged, process_once_queued
-from specbus.outbox import OutboxRelay
-from specbus.publish import envelope_headers, publish
+from typing import NoReturn
+
+# The SDK and the CLI import `specbus.envelope` in the core install, which has no bus or
+# database clients (FastStream, psycopg: the services extra). There the bus's names fail
+# where they are used, with the missing module, instead of at the envelope's import.
+try:
+    from specbus import inbox, outbox, tenancy
+    from specbus.broker import SpecBroker, ensure_stream, jetstream, make_broker, stream_config
+    from specbus.consumer import (
+        RawMessage,
+        RetryPolicy,
+        Unprocessable,
+        consumer_name,
+        dead_letter_subscriber,
+        raw_subscriber,
+        subscriber,
+    )
+    from specbus.dlq import park
+    from specbus.inbox import process_once, process_once_logged, process_once_queued
+    from specbus.outbox import OutboxRelay
+    from specbus.publish import envelope_headers, publish
+except ModuleNotFoundError as missing:
+    _missing = missing
+
+    def __getattr__(name: str) -> NoReturn:
+        raise ModuleNotFoundError(str(_missing), name=_missing.name) from _missing
+
 
 __all__ = [
     "OutboxRelay",

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from specbus import RetryPolicy
 from specplatform.service_spec import UNUSED, ServiceCode, ServiceSpec
 
 
 def load() -> ServiceCode:
+    from specbus import RetryPolicy
     from specops_services.benchmark_runner import app, logic
 
     return ServiceCode(

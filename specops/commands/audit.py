@@ -26,13 +26,14 @@ import os
 import re
 import sys
 from datetime import UTC, datetime, timedelta
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING, Any
 
 from specbus.subjects import PREFIX
 from speccore.errors import SpecError
 from specplatform.settings import load_settings
+
+if TYPE_CHECKING:
+    import psycopg
 
 EXIT_BROKEN = 1
 
@@ -154,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    import psycopg
+
     from specops_services.audit import db
     from specops_services.audit.against_stream import verify_against_stream
     from specops_services.audit.replay import ReplayError, connect
@@ -197,6 +200,8 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 async def _connect_db(dsn: str) -> psycopg.AsyncConnection[Any]:
+    import psycopg
+
     try:
         return await psycopg.AsyncConnection.connect(dsn, autocommit=True, connect_timeout=5)
     except psycopg.OperationalError as exc:
@@ -233,6 +238,8 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _rebuild(args: argparse.Namespace) -> int:
+    import psycopg
+
     from specops.runtime.rebuild import RebuildError, RebuildReport, rebuild
     from specops_services.audit.replay import ReplayError, ReplayStart, connect
     from specplatform.db import MigrationError
@@ -268,6 +275,8 @@ def _rebuild(args: argparse.Namespace) -> int:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    import psycopg
+
     from specops.runtime.rebuild import diff
 
     live = load_settings().require_database_url()

@@ -18,10 +18,12 @@ import asyncio
 import base64
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from specops.runtime.dlq import DlqError, ParkedLetter
 from specplatform.settings import load_settings
+
+if TYPE_CHECKING:
+    from specops.runtime.dlq import ParkedLetter
 
 T = TypeVar("T")
 ERROR_CHARS = 60
@@ -76,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _connected(work: Callable[[Any], Awaitable[T]]) -> T:
     """`work(nc)` on a fail-fast NATS connection as the runtime's admin."""
+    from specops.runtime.dlq import DlqError
     from specops_services.audit.replay import ReplayError, connect
 
     settings = load_settings()
@@ -119,7 +122,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _redrive(args: argparse.Namespace) -> int:
-    from specops.runtime.dlq import letters, redrive
+    from specops.runtime.dlq import DlqError, letters, redrive
 
     if args.all:
 

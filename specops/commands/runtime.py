@@ -11,8 +11,10 @@ import argparse
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
-from specops.runtime.supervisor import RuntimeStatus
+if TYPE_CHECKING:
+    from specops.runtime.supervisor import RuntimeStatus
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

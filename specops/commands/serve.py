@@ -22,6 +22,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from specops.commands import serve_engine
+from specops.extras import missing_extra
 from specops_services import service_names, service_specs
 from specplatform.errors import RuntimeSetupError
 
@@ -75,6 +76,8 @@ def service_entry(service: str) -> Callable[[Settings | None], None]:
     try:
         return service_specs()[service].load().serve
     except ModuleNotFoundError as exc:
+        if missing_extra(exc) is not None:
+            raise  # specops.cli names the extra to install
         raise RuntimeSetupError(f"service {service} is not installed: {exc}") from None
 
 
