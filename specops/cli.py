@@ -284,14 +284,15 @@ def _table(result: dict) -> str:
                 str(r.get("identical_to_baseline", "-")),
             )
         )
-    rows.extend((name, "failed:", why, "", "", "") for name, why in result.get("failures", {}).items())
     header = ("method", "tok/s", "speedup", "accept", "MAL", "identical")
+    lines = [table(header, rows, right={"tok/s", "speedup", "accept", "MAL"})]
+    lines.extend(f"{name} failed: {why}" for name, why in result.get("failures", {}).items())
     limit = result["plain_decoding_limit"]
-    return (
-        table(header, rows, right={"tok/s", "speedup", "accept", "MAL"})
-        + f"\nplain-decoding limit: {limit['tokens_per_s']:.1f} tok/s "
+    lines.append(
+        f"plain-decoding limit: {limit['tokens_per_s']:.1f} tok/s "
         f"({limit['read_bandwidth_gb_s']:.1f} GB/s read bandwidth)"
     )
+    return "\n".join(lines)
 
 
 def _completion(args: argparse.Namespace) -> int:

@@ -92,8 +92,11 @@ def speccore_method(name: str) -> str:
 
 def speccore_variant(method: str) -> str:
     """A bench method (`family[:knob=value...]`) with its family under our name; SpecError
-    saying why for one speccore cannot run."""
+    saying why for a family speccore cannot run. Other names (bench's own `hf*` baselines, a
+    typo) are left to the bench, which knows them."""
     name, colon, knobs = method.partition(":")
+    if name not in METHOD_ALIASES and name not in families.families():
+        return method
     try:
         return speccore_method(name) + colon + knobs
     except argparse.ArgumentTypeError as exc:

@@ -2,8 +2,8 @@
 
 Wiring: `add_parsers(sub)` on the top-level subparsers; the parser sets `handler`.
 Progress goes to stderr, one line per event; the winner and candidates tables (or, with
-`--json`, the final RunStatusResponse as one JSON line, then the ApplyResponse with
-`--apply`) go to stdout.
+`--json`, the final RunStatusResponse as one JSON line, then with `--apply` what `specops
+apply --json` prints: the ApplyResponse's fields and `launch`) go to stdout.
 
 Exit codes: 0 the run completed (with or without a winner; a tenant that opted out of
 speculation gets no winner, and the reason); 1 the run failed; 2 it could

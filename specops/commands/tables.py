@@ -21,7 +21,7 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], *, right: Collec
 
     grid = Table(box=None, show_edge=False, pad_edge=False, padding=(0, 1, 0, 0), header_style=None)
     for name in header:
-        grid.add_column(name, justify="right" if name in right else "left", no_wrap=True, overflow="ignore")
+        grid.add_column(name, justify="right" if name in right else "left", no_wrap=True)
     for row in rows:
         grid.add_row(*row)
     out = io.StringIO()
