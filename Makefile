@@ -89,17 +89,17 @@ RESULTS := bench/results/smollm2-135m-instruct
 HELDOUT := artifacts/heads/smollm2-135m-instruct/data/heldout.jsonl
 FAST_METHODS := none,hf,ngram,hf_prompt_lookup,rest,lookahead
 bench: setup
-	$(BENCH) --workload code --methods $(FAST_METHODS) --n-prompts 20 --reps 2 --json $(RESULTS)-code-greedy-cpu2.json
-	$(BENCH) --workload chat --methods $(FAST_METHODS) --n-prompts 10 --reps 2 --json $(RESULTS)-chat-greedy-cpu2.json
+	$(BENCH) --workload code --methods $(FAST_METHODS) --n-prompts 20 --reps 2 --out $(RESULTS)-code-greedy-cpu2.json
+	$(BENCH) --workload chat --methods $(FAST_METHODS) --n-prompts 10 --reps 2 --out $(RESULTS)-chat-greedy-cpu2.json
 	for wl in code chat; do \
 		$(BENCH) --workload $$wl --methods none,draft_model,hf_assisted --draft self:12 \
-			--n-prompts 3 --reps 1 --json $(RESULTS)-$$wl-drafts-greedy-cpu2.json || exit 1; \
+			--n-prompts 3 --reps 1 --out $(RESULTS)-$$wl-drafts-greedy-cpu2.json || exit 1; \
 	done
 	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,medusa,eagle \
 		--head builtin:medusa --head builtin:eagle --n-prompts 10 --reps 2 \
-		--json $(RESULTS)-heads-heldout-greedy-cpu2.json
+		--out $(RESULTS)-heads-heldout-greedy-cpu2.json
 	OMP_WAIT_POLICY=PASSIVE $(BENCH) --workload chat --methods none,hf --n-prompts 5 --reps 2 \
-		--json $(RESULTS)-chat-passive-greedy-cpu2.json
+		--out $(RESULTS)-chat-passive-greedy-cpu2.json
 	$(PY) bench/report.py $(RESULTS)-*-cpu2.json
 
 # Suffix decoding and heads trained at scale (docs/results/suffix.md, docs/results/heads.md): suffix against
@@ -112,31 +112,31 @@ bench: setup
 speedups: export OMP_WAIT_POLICY := PASSIVE
 speedups: setup
 	$(BENCH) --workload agentic --methods none,ngram,suffix --n-prompts 24 --reps 1 \
-		--json $(RESULTS)-agentic24-suffix-greedy-cpu2.json
-	$(PY) bench/agentic_kinds.py --per-kind 6 --reps 1 --json $(RESULTS)-agentic-kinds-greedy-cpu2.json
+		--out $(RESULTS)-agentic24-suffix-greedy-cpu2.json
+	$(PY) bench/agentic_kinds.py --per-kind 6 --reps 1 --out $(RESULTS)-agentic-kinds-greedy-cpu2.json
 	$(BENCH) --workload agentic --n-prompts 48 --reps 2 \
 		--methods none,ngram,suffix,suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2 \
-		--json $(RESULTS)-agentic48-suffix-greedy-cpu2.json
+		--out $(RESULTS)-agentic48-suffix-greedy-cpu2.json
 	$(BENCH) --workload agentic --n-prompts 48 --reps 2 --prefix-cache \
 		--methods none,ngram,suffix,suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2 \
-		--json $(RESULTS)-agentic48-prefix-cache-greedy-cpu2.json
-	$(PY) bench/verify_cost.py --json bench/results/verify-cost-smollm2-cpu2.json
+		--out $(RESULTS)-agentic48-prefix-cache-greedy-cpu2.json
+	$(PY) bench/verify_cost.py --out bench/results/verify-cost-smollm2-cpu2.json
 	for wl in code chat; do \
 		$(BENCH) --workload $$wl --methods none,ngram,suffix --n-prompts 6 --reps 1 \
-			--json $(RESULTS)-$$wl-suffix-greedy-cpu2.json || exit 1; \
+			--out $(RESULTS)-$$wl-suffix-greedy-cpu2.json || exit 1; \
 	done
 	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head builtin:eagle \
 		--k 5 --tree-topk 2 --tree-tokens 8 --n-prompts 8 --reps 2 \
-		--json $(RESULTS)-trained-eagle-heldout-greedy-cpu2.json
+		--out $(RESULTS)-trained-eagle-heldout-greedy-cpu2.json
 	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head builtin:eagle \
 		--k 5 --tree-topk 2 --tree-tokens 8 --tree-min-prob 0.1 --n-prompts 8 --reps 2 \
-		--json $(RESULTS)-trained-eagle-dynamic-heldout-greedy-cpu2.json
+		--out $(RESULTS)-trained-eagle-dynamic-heldout-greedy-cpu2.json
 	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head builtin:eagle \
 		--k 5 --tree-topk 2 --tree-tokens 8 --tree-min-prob 0.075 --n-prompts 8 --reps 3 \
-		--json $(RESULTS)-trained-eagle-dynamic0075-heldout-greedy-cpu2.json
+		--out $(RESULTS)-trained-eagle-dynamic0075-heldout-greedy-cpu2.json
 	$(BENCH) --workload chat --prompts $(HELDOUT) --methods none,eagle --head builtin:eagle \
 		--k 5 --tree-topk 2 --tree-tokens 8 --tree-min-prob 0.05 --n-prompts 8 --reps 2 \
-		--json $(RESULTS)-trained-eagle-dynamic005-heldout-greedy-cpu2.json
+		--out $(RESULTS)-trained-eagle-dynamic005-heldout-greedy-cpu2.json
 	$(PY) bench/report.py $(RESULTS)-*-suffix-greedy-cpu2.json $(RESULTS)-trained-eagle-*heldout-greedy-cpu2.json
 
 # gemma-3-270m (a base model: its chat prompts go in as plain text): none, n-gram, suffix and
@@ -155,15 +155,15 @@ gemma-head: setup
 		--epochs 30 --budget-minutes 12 --device cpu --threads 2 --out $(GEMMA)/medusa
 gemma-bench: setup
 	$(GEMMA_BENCH) --workload chat --prompts $(GEMMA)/distill-128/heldout.jsonl --n-prompts 4 \
-		--json bench/results/gemma-3-270m-chat-greedy-cpu2.json
-	$(GEMMA_BENCH) --workload code --n-prompts 4 --json bench/results/gemma-3-270m-code-greedy-cpu2.json
+		--out bench/results/gemma-3-270m-chat-greedy-cpu2.json
+	$(GEMMA_BENCH) --workload code --n-prompts 4 --out bench/results/gemma-3-270m-code-greedy-cpu2.json
 	OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/specops bench --model gemma-3-270m --workload agentic \
 		--methods none,ngram,suffix --n-prompts 24 --max-new-tokens 128 --threads 2 --reps 1 \
-		--json bench/results/gemma-3-270m-agentic24-suffix-greedy-cpu2.json
+		--out bench/results/gemma-3-270m-agentic24-suffix-greedy-cpu2.json
 	OMP_WAIT_POLICY=PASSIVE $(VENV)/bin/specops bench --model gemma-3-270m --workload agentic \
 		--methods none,ngram,suffix,suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2 \
 		--prefix-cache --n-prompts 24 --max-new-tokens 128 --threads 2 --reps 1 \
-		--json bench/results/gemma-3-270m-agentic24-prefix-cache-greedy-cpu2.json
+		--out bench/results/gemma-3-270m-agentic24-prefix-cache-greedy-cpu2.json
 
 # The predictor's calibration set (docs/results/predictor.md): the catalog's key
 # options of every family that runs here x 7 workloads, 8 prompts, 64 new tokens, 1 rep,

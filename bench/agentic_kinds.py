@@ -7,7 +7,7 @@ cross-request draft source pays: on retries, whose outputs repeat earlier output
 prompt shows, or on sessions and edit loops, whose outputs repeat their own prompt.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/agentic_kinds.py --per-kind 6 --reps 1 \\
-        --json bench/results/smollm2-135m-instruct-agentic-kinds-greedy-cpu2.json
+        --out bench/results/smollm2-135m-instruct-agentic-kinds-greedy-cpu2.json
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="where to write the results (JSON)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model(args.model)
@@ -50,10 +50,10 @@ def main() -> int:
         )
         print(f"{kind}: {len(chosen)} prompts", file=sys.stderr)
         results[kind] = run_bench(target, spec, chosen, log=lambda msg: print(msg, file=sys.stderr))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"per_kind": args.per_kind, "kinds": results}, indent=2))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"per_kind": args.per_kind, "kinds": results}, indent=2))
     print(table(results))
-    print(f"wrote {args.json}", file=sys.stderr)
+    print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 

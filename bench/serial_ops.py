@@ -9,8 +9,8 @@ turns ``serial`` on only where idle threads sleep (``OMP_WAIT_POLICY=PASSIVE``);
 is forced on and off whatever the policy.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/serial_ops.py \\
-        --json bench/results/serial-ops-passive-smollm2-cpu2.json
-    .venv/bin/python bench/serial_ops.py --json bench/results/serial-ops-spin-smollm2-cpu2.json
+        --out bench/results/serial-ops-passive-smollm2-cpu2.json
+    .venv/bin/python bench/serial_ops.py --out bench/results/serial-ops-spin-smollm2-cpu2.json
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="where to write the results (JSON)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cpu_kernels.IDLE_THREADS_SLEEP = True  # serial_small_ops runs whenever SERIAL_MAX_ROWS allows
@@ -100,8 +100,8 @@ def main() -> int:
         "serial_max_rows": VARIANTS["serial"],
         "methods": results,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     for method, r in results.items():
         print(
             f"{method}: serial {r['serial_s_median']} s, all threads {r['all_threads_s_median']} s, "

@@ -12,7 +12,7 @@ warm-up round and an untimed prefill. A tree block is two branches from the pend
 takes.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/verify_cost.py \\
-        --json bench/results/verify-cost-smollm2-cpu2.json
+        --out bench/results/verify-cost-smollm2-cpu2.json
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def main() -> int:
     parser.add_argument("--context", type=int, default=500)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True, help="where to write the results (JSON)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target = load_model(args.model)
@@ -80,12 +80,12 @@ def main() -> int:
         "prefill_ms": round(1000 * prefill_s, 1),
         "blocks": rows,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     for row in rows:
         q, shape, ms, ratio = row["block_tokens"], row["shape"], row["ms_median"], row["vs_one_token"]
         print(f"{q:3d} {shape:5s} {ms:7.2f} ms  {ratio:.2f}x")
-    print(f"prefill of {args.context} tokens: {result['prefill_ms']} ms; wrote {args.json}", file=sys.stderr)
+    print(f"prefill of {args.context} tokens: {result['prefill_ms']} ms; wrote {args.out}", file=sys.stderr)
     return 0
 
 

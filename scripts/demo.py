@@ -8,7 +8,7 @@
 3. A T1 run for smollm2-135m-instruct / chat / cpu / speccore through the SDK, its events
    streamed as they happen, then the winner and candidates tables.
 4. The same request again: answered from the winner cache, `cache_hit=true`, with its latency.
-5. The winner's flags for speccore and for vLLM (`POST runs/{id}/apply`).
+5. The winner's flags and launch commands for speccore and for vLLM (`specops apply --run ID`).
 
 `--fingerprint` picks another workload (default chat). The services keep running
 afterwards (`specops status`; `specops down` stops them), unless `--down` is given.
@@ -26,7 +26,8 @@ import time
 import httpx
 
 from specops.client import Run, SpecopsAPIError, SpeculativeClient, save_token
-from specops.commands.run import apply_line, describe_event, run_tables
+from specops.commands.apply import apply_text, apply_view
+from specops.commands.run import describe_event, run_tables
 from specops_schemas.catalog import Fingerprint
 
 TARGET = {"model_ref": "smollm2-135m-instruct", "gpu": "cpu", "engine": "speccore"}
@@ -97,7 +98,7 @@ def apply_flags(client: SpeculativeClient, run: Run) -> None:
         return
     for engine in ("speccore", "vllm"):
         try:
-            print(apply_line(client.runs.apply(run.id, engine=engine)))
+            print(apply_text(apply_view(client.runs.apply(run.id, engine=engine), TARGET["model_ref"])))
         except SpecopsAPIError as exc:
             print(f"{engine}: {exc.detail or exc}")
 

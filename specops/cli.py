@@ -15,11 +15,12 @@ from speccore.errors import SpecError
 from specops.commands.decoding import (
     draft_args,
     load_target,
-    methods,
     methods_help,
     model_args,
     positive,
     proposer_config,
+    speccore_method,
+    speccore_variant,
     tree_knobs,
 )
 from specops.extras import advice, missing_extra
@@ -40,11 +41,12 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="specops", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     gen = sub.add_parser("generate", help="generate text with a speculative method")
     model_args(gen)
-    gen.add_argument("--method", default="none", choices=methods(), help=methods_help())
+    gen.add_argument("--method", default="none", type=speccore_method, metavar="METHOD", help=methods_help())
     draft_args(gen)
     _sampling_args(gen)
     src = gen.add_mutually_exclusive_group(required=True)
@@ -72,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="none,ngram",
         help="comma-separated; none is always included. A method may set its family's knobs, "
         "e.g. suffix:use_tree_spec=1:suffix_decoding_max_spec_factor=2, so that one run measures "
-        "several settings of a family",
+        "several settings of a family. vLLM's names are accepted too (eagle3 = eagle)",
     )
     draft_args(bench)
     _sampling_args(bench)
@@ -85,22 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="every speccore method reuses the KV of earlier prompts' shared prefixes, as vLLM's "
         "and SGLang's prefix caches do (each rep starts empty)",
     )
-    bench.add_argument("--json", type=Path, help="where to write the results (default bench/results/...)")
+    bench.add_argument("--out", type=Path, help="where to write the results (default bench/results/...)")
+    bench.add_argument("--json", action="store_true", help="also print the results as one JSON object")
 
-    ds = sub.add_parser("datastore", help="REST datastores")
-    ds_sub = ds.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    build = ds_sub.add_parser("build", help="index a corpus (text, JSONL or a directory) for the rest family")
-    build.add_argument("--model", required=True, help="model whose tokenizer the datastore uses")
-    build.add_argument("--corpus", required=True, type=Path)
-    build.add_argument("--pattern", default="*", help="file glob when the corpus is a directory")
-    build.add_argument(
-        "--exclude", action="append", default=[], help="skip paths with this part (repeatable)"
-    )
-    build.add_argument("--out", required=True, type=Path)
+    completion = sub.add_parser("completion", help="print the shell completion script")
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
 
     # The services' commands live in specops/commands/, one module per area; each
     # parser sets `handler`.
     from specops.commands import (
+        apply,
         audit,
         datastores,
         db,
@@ -126,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
         dlq,
         serve,
         run,
+        apply,
         tune,
         heads,
         deploy,
@@ -229,7 +226,7 @@ def _bench(args: argparse.Namespace) -> int:
     from specprompts.corpora import builtin_datastore
     from specprompts.sets import file_prompts, load_prompts
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [speccore_variant(m.strip()) for m in args.methods.split(",") if m.strip()]
     spec = BenchSpec(
         workload=args.workload,
         methods=methods,
@@ -260,11 +257,13 @@ def _bench(args: argparse.Namespace) -> int:
         if built is not None:
             spec.datastore = str(built)
     result = run_bench(target, spec, prompts, log=lambda msg: print(msg, file=sys.stderr))
-    out = args.json or default_output(spec, args.model)
+    out = args.out or default_output(spec, args.model)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(_table(result), file=sys.stderr)
     print(f"wrote {out}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result))
     return 0
 
 
@@ -276,15 +275,25 @@ def _reads_datastore(method: str) -> bool:
 
 
 def _table(result: dict) -> str:
-    lines = [f"{'method':18} {'tok/s':>8} {'speedup':>8} {'accept':>7} {'MAL':>5} identical"]
+    from specops.commands.tables import table
+
     nan = float("nan")
+    rows = []
     for name, r in result["methods"].items():
         accept, mal = r.get("acceptance_rate", nan), r.get("mean_acceptance_length", nan)
-        lines.append(
-            f"{name:18} {r['tokens_per_s_median']:8.2f} {r['speedup_vs_none']:7.2f}x "
-            f"{accept:7.2f} {mal:5.2f} {r.get('identical_to_baseline', '-')}"
+        rows.append(
+            (
+                name,
+                f"{r['tokens_per_s_median']:.2f}",
+                f"{r['speedup_vs_none']:.2f}x",
+                f"{accept:.2f}",
+                f"{mal:.2f}",
+                str(r.get("identical_to_baseline", "-")),
+            )
         )
-    lines.extend(f"{name:18} failed: {why}" for name, why in result.get("failures", {}).items())
+    header = ("method", "tok/s", "speedup", "accept", "MAL", "identical")
+    lines = [table(header, rows, right={"tok/s", "speedup", "accept", "MAL"})]
+    lines.extend(f"{name} failed: {why}" for name, why in result.get("failures", {}).items())
     limit = result["plain_decoding_limit"]
     lines.append(
         f"plain-decoding limit: {limit['tokens_per_s']:.1f} tok/s "
@@ -293,18 +302,27 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _datastore(args: argparse.Namespace) -> int:
-    from speccore.datastore import build_datastore
+def _completion(args: argparse.Namespace) -> int:
+    import shtab
 
-    target = load_target(argparse.Namespace(model=args.model, device="cpu", dtype="auto", threads=None))
-    store = build_datastore(
-        target.tokenizer, args.corpus, args.out, pattern=args.pattern, exclude=tuple(args.exclude)
-    )
-    print(json.dumps({"out": str(args.out), **store.meta}))
+    print(shtab.complete(build_parser(), shell=args.shell))
     return 0
 
 
-_COMMANDS = {"generate": _generate, "bench": _bench, "datastore": _datastore}
+def version() -> str:
+    """The installed distribution's version; speccore's in a source checkout without one."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("specops")
+    except PackageNotFoundError:
+        from speccore import __version__
+
+        return __version__
+
+
+_COMMANDS = {"generate": _generate, "bench": _bench, "completion": _completion}
 
 
 if __name__ == "__main__":

@@ -1,10 +1,14 @@
-"""`specops datastores upload FILE --name N [--fingerprints code,rag]` and `specops datastores ls`:
-a tenant's corpora for the rest family, through the gateway (the SDK's `client.datastores`).
+"""`specops datastores`: corpora for the rest family.
 
-Wiring: `add_parsers(sub)` on the top-level subparsers; the parser sets `handler`. (`specops
-datastore build` indexes a corpus locally, for `specops generate/bench --datastore`.)
+- `specops datastores build --model M --corpus PATH --out FILE` indexes a corpus on this
+  machine, for `specops generate/bench --datastore FILE` (no stack needed).
+- `specops datastores upload FILE --name N [--fingerprints code,rag]` and `specops datastores ls`:
+  a tenant's corpora, through the gateway (the SDK's `client.datastores`).
 
-Exit codes: 0 done; 2 the gateway refused or could not be reached (one line on stderr).
+Wiring: `add_parsers(sub)` on the top-level subparsers; each action sets `handler`.
+
+Exit codes: 0 done; 2 the corpus or model could not be read, or the gateway refused or could
+not be reached (one line on stderr).
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from specops.client import SpecopsError, SpeculativeClient
+from specops.commands.decoding import load_target
+from specops.commands.tables import table
 from specops_schemas.catalog import Fingerprint
 from specops_schemas.registry import DatastoreResponse
 
@@ -22,8 +29,21 @@ EXIT_ERROR = 2
 
 
 def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("datastores", help="upload and list the tenant's corpora for the rest family")
+    p = sub.add_parser(
+        "datastores", help="corpora for the rest family: build one here, or upload and list the tenant's"
+    )
     actions = p.add_subparsers(dest="action", required=True, parser_class=type(p))
+    build = actions.add_parser(
+        "build", help="index a corpus (text, JSONL or a directory) on this machine, for --datastore"
+    )
+    build.add_argument("--model", required=True, help="model whose tokenizer the datastore uses")
+    build.add_argument("--corpus", required=True, type=Path)
+    build.add_argument("--pattern", default="*", help="file glob when the corpus is a directory")
+    build.add_argument(
+        "--exclude", action="append", default=[], help="skip paths with this part (repeatable)"
+    )
+    build.add_argument("--out", required=True, type=Path, help="the datastore file to write")
+    build.set_defaults(handler=run_build)
     upload = actions.add_parser(
         "upload",
         help="upload a corpus (.jsonl/.ndjson: one record a line; anything else: one text document)",
@@ -37,12 +57,24 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     upload.set_defaults(handler=run_upload)
     ls = actions.add_parser("ls", help="the tenant's datastores, newest first")
     ls.set_defaults(handler=run_ls)
-    for action in (upload, ls):
+    for action in (upload, ls):  # build needs no gateway
         action.add_argument(
             "--url", help="gateway URL (default: SPECOPS_URL, else the one `specops up` serves)"
         )
         action.add_argument("--token", help="API token (default: SPECOPS_TOKEN, else the state dir's token)")
         action.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run_build(args: argparse.Namespace) -> int:
+    """Index the corpus with the model's tokenizer; print the datastore's metadata as one JSON line."""
+    from speccore.datastore import build_datastore
+
+    target = load_target(argparse.Namespace(model=args.model, device="cpu", dtype="auto", threads=None))
+    store = build_datastore(
+        target.tokenizer, args.corpus, args.out, pattern=args.pattern, exclude=tuple(args.exclude)
+    )
+    print(json.dumps({"out": str(args.out), **store.meta}))
+    return 0
 
 
 def run_upload(args: argparse.Namespace) -> int:
@@ -75,14 +107,12 @@ def run_ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([s.model_dump(mode="json") for s in stores]))
         return 0
-    print(f"{'id':28} {'name':24} {'docs':>7} {'bytes':>12}  fingerprints  created")
-    for store in stores:
-        print(_row(store))
+    header = ("id", "name", "docs", "bytes", "fingerprints", "created")
+    print(table(header, [_row(store) for store in stores], right={"docs", "bytes"}))
     return 0
 
 
-def _row(store: DatastoreResponse) -> str:
+def _row(store: DatastoreResponse) -> tuple[str, ...]:
     workloads = ",".join(f.value for f in store.fingerprints) or "any"
     created = store.created_at.strftime("%Y-%m-%d %H:%M")
-    counts = f"{store.documents:>7} {store.size_bytes:>12}"
-    return f"{store.id:28} {store.name[:24]:24} {counts}  {workloads:12}  {created}"
+    return (store.id, store.name, str(store.documents), str(store.size_bytes), workloads, created)

@@ -10,6 +10,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from speccatalog import families
+from speccatalog.families.base import FamilyError
 from speccore.errors import SpecError
 
 if TYPE_CHECKING:
@@ -51,9 +52,68 @@ def methods() -> list[str]:
     return ["none", *families.runnable()]
 
 
+# vLLM's `method` names (its SpeculativeConfig) that are not a family's name: the family, and
+# the options that name selects within it. `draft_model`, `ngram`, `medusa`, `suffix`, `eagle`
+# and `mtp` are names of both.
+METHOD_ALIASES: dict[str, tuple[str, dict[str, int]]] = {"eagle3": ("eagle", {"eagle_version": 3})}
+
+
+def resolve_method(name: str) -> tuple[str, dict[str, int]]:
+    """The family a --method names (vLLM's names accepted) and the options the name implies;
+    FamilyError listing the names for an unknown one."""
+    family, options = METHOD_ALIASES.get(name, (name, {}))
+    if family != "none" and family not in families.families():
+        known = ", ".join(["none", *families.families(), *METHOD_ALIASES])
+        raise FamilyError(f"unknown method '{name}'; known: {known}")
+    return family, dict(options)
+
+
+def speccore_method(name: str) -> str:
+    """A --method speccore decodes with: a runnable family, by our name or vLLM's; an argparse
+    error saying why for one speccore cannot run (e.g. mtp, which vLLM and SGLang do)."""
+    try:
+        family, _ = resolve_method(name)
+    except FamilyError:
+        raise argparse.ArgumentTypeError(
+            f"invalid choice: {name!r} (choose from {', '.join([*methods(), *METHOD_ALIASES])})"
+        ) from None
+    if family in methods():
+        return family
+    spec = families.family(family)
+    engines = [engine for engine in ("vllm", "sglang") if engine in spec.engines]
+    where = (
+        f"; {' and '.join(engines)} run it: `specops apply --method {name} --engine {engines[0]} "
+        "--model M` prints the flags"
+        if engines
+        else ""
+    )
+    raise argparse.ArgumentTypeError(f"speccore does not run {name} yet: {spec.summary}{where}")
+
+
+def speccore_variant(method: str) -> str:
+    """A bench method (`family[:knob=value...]`) with its family under our name; SpecError
+    saying why for a family speccore cannot run. Other names (bench's own `hf*` baselines, a
+    typo) are left to the bench, which knows them."""
+    name, colon, knobs = method.partition(":")
+    if name not in METHOD_ALIASES and name not in families.families():
+        return method
+    try:
+        return speccore_method(name) + colon + knobs
+    except argparse.ArgumentTypeError as exc:
+        raise SpecError(str(exc)) from None
+
+
 def methods_help() -> str:
     runnable = [families.family(name) for name in families.runnable()]
-    return "; ".join(["none: plain decoding", *(f"{spec.name}: {spec.summary}" for spec in runnable)])
+    aliases = ", ".join(f"{alias} = {family}" for alias, (family, _) in METHOD_ALIASES.items())
+    return "; ".join(
+        [
+            "none: plain decoding",
+            *(f"{spec.name}: {spec.summary}" for spec in runnable),
+            f"vLLM's names are accepted too ({aliases}); mtp and the other families speccore does "
+            "not run are refused, naming the engines that do (`specops apply` prints their flags)",
+        ]
+    )
 
 
 def model_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -68,7 +128,7 @@ def draft_args(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--draft", help="draft model for draft_model/hf_assisted, or self:N (target's first N layers)"
     )
-    p.add_argument("--datastore", help="REST datastore built with `specops datastore build`")
+    p.add_argument("--datastore", help="REST datastore built with `specops datastores build`")
     p.add_argument(
         "--head",
         action="append",

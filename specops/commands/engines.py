@@ -11,6 +11,7 @@ import json
 import subprocess
 
 from speccore.errors import SpecError
+from specops.commands.tables import table
 from specplatform import engines
 
 
@@ -58,10 +59,15 @@ def run_list(args: argparse.Namespace) -> int:
         print(json.dumps({"engine_dir": str(engines.engine_root()), "engines": rows}))
         return 0
     print(f"engine environments: {engines.engine_root()}")
-    for row in rows:
-        mark = "yes" if row["runnable"] else "no "
-        fix = f"  ->  {row['install']}" if "install" in row else ""
-        print(f"  {row['engine']:<9} {mark}  {row['reason']}{fix}")
+    lines = [
+        (
+            str(row["engine"]),
+            "yes" if row["runnable"] else "no",
+            f"{row['reason']}" + (f"  ->  {row['install']}" if "install" in row else ""),
+        )
+        for row in rows
+    ]
+    print(table(("engine", "runs", "why"), lines))
     return 0
 
 

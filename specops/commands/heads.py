@@ -207,8 +207,10 @@ def run_list(args: argparse.Namespace) -> int:
 
             print(HeadList(heads=heads).model_dump_json())
             return 0
-        for h in heads:
-            print(f"{h.id}  {h.state:<10}  {h.family:<6}  {h.target}  {h.name or ''}".rstrip())
+        from specops.commands.tables import table
+
+        rows = [(h.id, str(h.state), str(h.family), h.target, h.name or "") for h in heads]
+        print(table(("id", "state", "family", "target", "name"), rows))
         return 0
 
     return _registry("list", args, work)

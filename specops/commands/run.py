@@ -2,8 +2,8 @@
 
 Wiring: `add_parsers(sub)` on the top-level subparsers; the parser sets `handler`.
 Progress goes to stderr, one line per event; the winner and candidates tables (or, with
-`--json`, the final RunStatusResponse as one JSON line, then the ApplyResponse with
-`--apply`) go to stdout.
+`--json`, the final RunStatusResponse as one JSON line, then with `--apply` what `specops
+apply --json` prints: the ApplyResponse's fields and `launch`) go to stdout.
 
 Exit codes: 0 the run completed (with or without a winner; a tenant that opted out of
 speculation gets no winner, and the reason); 1 the run failed; 2 it could
@@ -13,12 +13,14 @@ not be submitted or followed (no gateway, bad token, invalid request: one line o
 from __future__ import annotations
 
 import argparse
-import shlex
+import json
 import time
 from typing import Any
 
 from specops.client import Run, RunEvent, SpeculativeClient
 from specops.commands import client_command
+from specops.commands.apply import apply_text, apply_view
+from specops.commands.tables import table
 from specops_schemas.api import ApplyResponse
 from specops_schemas.candidates import BASELINE_ID, Candidate, CandidateResult, GateOutcome
 from specops_schemas.catalog import Engine, Fingerprint, GateMethod, Mode, RunStatus
@@ -63,7 +65,11 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="print only the final run as JSON (and, with --apply, the flags as a second JSON line)",
     )
-    p.add_argument("--apply", action="store_true", help="also print the winner's engine flags")
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="also print the winner's engine flags and launch command, as `specops apply --run` does",
+    )
     p.set_defaults(handler=run)
 
 
@@ -89,14 +95,15 @@ def _follow(client: SpeculativeClient, args: argparse.Namespace) -> int:
         say(f"[{time.monotonic() - start:6.1f}s] {describe_event(event)}")
     final = client.runs.get(created.id)
     applied = _apply(client, final, say) if args.apply else None
+    view = apply_view(applied, args.model) if applied is not None else None
     if args.json:
         print(final.model_dump_json())
-        if applied is not None:
-            print(applied.model_dump_json())
+        if view is not None:
+            print(json.dumps(view))
     else:
         print(run_tables(final))
-        if applied is not None:
-            print(apply_line(applied))
+        if view is not None:
+            print(apply_text(view))
     return EXIT_FAILED if final.status == RunStatus.FAILED else 0
 
 
@@ -219,14 +226,10 @@ def _k_text(c: Candidate) -> str:
 
 def _candidates_table(run: Run) -> list[str]:
     winner = run.winner.candidate.candidate_id if run.winner is not None else None
-    header = (
-        f"  {'candidate':<22} {'family':<11} {'k':>3} {'draft':<16} {'predicted':>9} {'measured':>8} "
-        f"{'accept':>6} {'MAL':>5}  gate"
-    )
-    rows = [header]
+    header = ("", "candidate", "family", "k", "draft", "predicted", "measured", "accept", "MAL", "gate")
+    rows = []
     for r in run.candidates:
         c, m = r.candidate, r.measurement
-        mark = "*" if c.candidate_id == winner else " "
         measured = f"{m.speedup:.2f}x" if m is not None else "-"
         accept = f"{m.acceptance_rate:.2f}" if m is not None else "-"
         mal = f"{m.mean_acceptance_length:.2f}" if m is not None else "-"
@@ -234,16 +237,18 @@ def _candidates_table(run: Run) -> list[str]:
         if r.error_stage is not None and not (r.gate is not None and r.gate.passed is False):
             gate = f"{gate}; {r.error_stage}: {r.error_message or ''}".strip("-; ")
         rows.append(
-            f"{mark} {c.candidate_id:<22} {c.family:<11} {c.k:>3} {_short(c.draft or '-', 16):<16} "
-            f"{r.prediction.speedup:>8.2f}x {measured:>8} {accept:>6} {mal:>5}  {gate}"
+            (
+                "*" if c.candidate_id == winner else "",
+                c.candidate_id,
+                str(c.family),
+                str(c.k),
+                c.draft or "-",
+                f"{r.prediction.speedup:.2f}x",
+                measured,
+                accept,
+                mal,
+                gate,
+            )
         )
-    return rows
-
-
-def _short(text: str, width: int) -> str:
-    return text if len(text) <= width else "..." + text[-(width - 3) :]
-
-
-def apply_line(applied: ApplyResponse) -> str:
-    """`apply (vllm, ngram-k4): --speculative-config '{...}'`, ready to paste into a launch command."""
-    return f"apply ({applied.config.engine}, {applied.candidate_id}): {shlex.join(applied.cli_args)}"
+    right = {"k", "predicted", "measured", "accept", "MAL"}
+    return table(header, rows, right=right).splitlines()

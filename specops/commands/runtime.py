@@ -13,6 +13,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from specops.commands.tables import table
+
 if TYPE_CHECKING:
     from specops.runtime.supervisor import RuntimeStatus
 
@@ -92,23 +94,26 @@ def _print(result: RuntimeStatus, *, as_json: bool) -> None:
         print("nothing running (start with `specops up`)")
         return
     print(f"gateway    {result.gateway_url}")
+    rows: list[tuple[str, str, str]] = []
     for server in result.servers:
         state = "external" if server.alive is None else ("up" if server.alive else "DEAD")
         extra = f"  pid {server.pid}" if server.pid is not None else ""
         if server.monitor_url:
             extra += f"  monitor {server.monitor_url}"
-        print(f"{server.name:<22} {state:<8} {server.url}{extra}")
+        rows.append((server.name, state, f"{server.url}{extra}"))
     for proc in result.processes:
         name = f"{proc.service}[{proc.replica}]"
         state = "DEAD" if not proc.alive else ("UNHEALTHY" if proc.healthy is False else "up")
-        print(f"{name:<22} {state:<8} pid {proc.pid}  log {proc.log}")
+        rows.append((name, state, f"pid {proc.pid}  log {proc.log}"))
         if proc.alive and proc.health is not None:
-            print(f"{'':<22} {'':<8} health: {proc.health}")
+            rows.append(("", "", f"health: {proc.health}"))
         if proc.metrics_url is not None:
-            print(f"{'':<22} {'':<8} metrics {proc.metrics_url}")
+            rows.append(("", "", f"metrics {proc.metrics_url}"))
     if result.watcher is not None:
         watcher = result.watcher
-        print(f"{'watcher':<22} {'up' if watcher.alive else 'DEAD':<8} pid {watcher.pid}  log {watcher.log}")
+        state = "up" if watcher.alive else "DEAD"
+        rows.append(("watcher", state, f"pid {watcher.pid}  log {watcher.log}"))
+    print(table(("process", "state", "where"), rows))
     for restart in result.restarts:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(restart.at))
         outcome = f"new pid {restart.pid}" if restart.pid is not None else f"FAILED: {restart.error}"

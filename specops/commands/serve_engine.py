@@ -66,7 +66,12 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", help="auto, cpu or cuda (default auto)")
     g.add_argument("--dtype", help="auto, float32, bfloat16 or float16 (default auto)")
     g.add_argument("--threads", type=decoding.positive, help="CPU threads for PyTorch")
-    g.add_argument("--method", choices=decoding.methods(), help=f"default none; {decoding.methods_help()}")
+    g.add_argument(
+        "--method",
+        type=decoding.speccore_method,
+        metavar="METHOD",
+        help=f"default none; {decoding.methods_help()}",
+    )
     decoding.draft_args(g)
     g.add_argument(
         "--max-batch", type=decoding.positive, help=f"rows decoded together (default {DEFAULT_MAX_BATCH})"

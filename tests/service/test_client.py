@@ -37,6 +37,7 @@ from specops.client import (
     SpeculativeClient,
     save_token,
 )
+from specops.commands import apply as apply_cli
 from specops.commands import run as run_cli
 from specops_schemas.candidates import (
     BASELINE_ID,
@@ -747,3 +748,32 @@ def test_run_command_errors_are_one_line(stack: Stack, capsys: pytest.CaptureFix
     )
     assert unknown.handler(unknown) == 2
     assert "acme/llama-9000" in capsys.readouterr().err
+
+
+# --- specops apply --run ----------------------------------------------------------------------------
+
+
+def test_apply_command_prints_a_runs_winner_and_its_launch(
+    stack: Stack, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seed_winner_cache(stack.dsn)
+    with stack.client() as client:
+        run = client.runs.create(target=TARGET, workload="chat")
+    auth = ["--url", stack.url, "--token", stack.tokens["dev"]]
+    parser = argparse.ArgumentParser()
+    apply_cli.add_parsers(parser.add_subparsers(dest="command", required=True))
+
+    text = parser.parse_args(["apply", "--run", run.id, *auth])
+    assert text.handler(text) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "apply (speccore, ngram-k4): --method ngram --k 4"
+    assert out[-1] == "launch: specops serve engine --model smollm2-135m-instruct --method ngram --k 4"
+
+    as_json = parser.parse_args(["apply", "--run", run.id, "--engine", "vllm", "--json", *auth])
+    assert as_json.handler(as_json) == 0
+    applied = json.loads(capsys.readouterr().out)
+    assert applied["run_id"] == run.id and applied["candidate_id"] == "ngram-k4"
+    flags = json.loads(applied["cli_args"][1])
+    assert applied["cli_args"][0] == "--speculative-config"
+    assert flags["method"] == "ngram" and flags["num_speculative_tokens"] == 4
+    assert applied["launch"][:3] == ["vllm", "serve", "smollm2-135m-instruct"]

@@ -67,10 +67,11 @@ def test_bench_writes_results(smollm, tmp_path):
     dest = tmp_path / "bench.json"
     out = specops(
         "bench", "--model", MODEL, "--workload", "code", "--methods", f"ngram,hf,{STRICT_NGRAM}",
-        "--n-prompts", "2", "--reps", "1", "--max-new-tokens", "8", "--json", str(dest),
+        "--n-prompts", "2", "--reps", "1", "--max-new-tokens", "8", "--out", str(dest), "--json",
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads(dest.read_text())
+    assert json.loads(out.stdout) == result
     assert set(result["methods"]) == {"none", "ngram", "hf", STRICT_NGRAM}
     assert result["methods"]["none"]["speedup_vs_none"] == 1.0
     assert result["methods"]["ngram"]["identical_to_baseline"] is True
@@ -91,7 +92,7 @@ def test_bench_with_a_prefix_cache_reuses_the_agents_shared_prompts(smollm, tmp_
     dest = tmp_path / "bench.json"
     out = specops(
         "bench", "--model", MODEL, "--workload", "agentic", "--methods", "suffix", "--prefix-cache",
-        "--n-prompts", "4", "--reps", "1", "--max-new-tokens", "4", "--json", str(dest),
+        "--n-prompts", "4", "--reps", "1", "--max-new-tokens", "4", "--out", str(dest),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads(dest.read_text())
@@ -128,7 +129,7 @@ def test_bench_runs_a_head_on_prompts_from_a_file(smollm, heads, tmp_path):
     out = specops(
         "bench", "--model", MODEL, "--workload", "chat", "--prompts", str(prompts),
         "--methods", "medusa,eagle", "--head", str(heads["eagle"]), "--head", str(heads["medusa"]),
-        "--n-prompts", "2", "--reps", "1", "--max-new-tokens", "8", "--json", str(dest),
+        "--n-prompts", "2", "--reps", "1", "--max-new-tokens", "8", "--out", str(dest),
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads(dest.read_text())

@@ -120,11 +120,11 @@ def best_subtree(continuations: list[tuple[list[int], int]], max_nodes: int) -> 
 def make_rest(cfg: ProposerConfig, target: LoadedModel) -> RestProposer:
     if cfg.datastore is None:
         raise SpecError(
-            "the rest family needs --datastore PATH; build one with `specops datastore build ...`"
+            "the rest family needs --datastore PATH; build one with `specops datastores build ...`"
         )
     if not Path(cfg.datastore).is_file():
         raise SpecError(
-            f"datastore {cfg.datastore} does not exist; build one with `specops datastore build ...`"
+            f"datastore {cfg.datastore} does not exist; build one with `specops datastores build ...`"
         )
     store = Datastore.load(cfg.datastore)
     if store.vocab_hash != vocab_fingerprint(target.tokenizer):
