@@ -34,7 +34,7 @@ from speccore.models import LoadedModel
 from speccore.prefix_cache import Prefix, PrefixCache, Reuse
 from speccore.proposers.base import DraftTree, Proposer, ProposerConfig, StepContext, StepOutcome
 from speccore.runner import ModelRunner, pad_rows
-from speccore.sampling import SamplingParams
+from speccore.sampling import SamplingParams, ban_early_stops
 from speccore.state import Sequence
 from speccore.tree import ancestor_mask, block_parents, depths
 from speccore.verify import Block, Verdict, verify_block
@@ -58,6 +58,13 @@ class Request:
     sampling: SamplingParams = SamplingParams()
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # Tokens that end the output (not kept) besides EOS; ignore_eos: EOS does not end it.
+    # Both only decide where the output ends, never which tokens are drawn.
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    # vLLM's: the first min_tokens new tokens are drawn with every stopping token masked, and
+    # no stop string ends the output before them.
+    min_tokens: int = 0
     # The scope of the cross-request state it reads and feeds (None: none): the draft pool
     # (speccore.draft_pool) it drafts from and, once finished, feeds, and the prefix cache
     # (speccore.prefix_cache) its prompt reuses and joins; each where the engine has one.
@@ -321,7 +328,7 @@ class Engine:
         ctx = StepContext(sampling=run.sampling, generators=[s.generator for s in run.seqs], max_draft=cap)
         tree = self._propose(run.seqs, ctx)
         t1 = time.perf_counter()
-        step = self._verify(run.cache, block_of(run.seqs, tree), ctx, active)
+        step = self._verify(run.cache, block_of(run.seqs, tree), ctx, active, self._early_stops(run))
         run.cache.commit_paths(step.committed_paths())
         t2 = time.perf_counter()
 
@@ -347,11 +354,35 @@ class Engine:
     def _propose(self, seqs: list[Sequence], ctx: StepContext) -> DraftTree:
         return self.proposer.propose(seqs, ctx) if self.proposer is not None else DraftTree.empty(len(seqs))
 
-    def _verify(self, cache: StaticKVCache, block: Block, ctx: StepContext, active: list[bool]) -> Verified:
-        """The target scores the block (its KV written to the cache, not committed); the verifier rules."""
+    def _stops(self, request: Request) -> set[int]:
+        """The tokens that end a request's output (not kept)."""
+        eos = set() if request.ignore_eos else self.target.eos_token_ids
+        return eos | set(request.stop_token_ids)
+
+    def _early_stops(self, run: Batch) -> dict[int, tuple[int, list[int]]]:
+        """Per row still owed min_tokens: (tokens still owed, its stopping tokens)."""
+        owed = {}
+        for row, (seq, request) in enumerate(zip(run.seqs, run.requests, strict=True)):
+            room = request.min_tokens - len(seq.output_ids)
+            if room > 0 and not seq.finished:
+                owed[row] = (room, sorted(self._stops(request)))
+        return owed
+
+    def _verify(
+        self,
+        cache: StaticKVCache,
+        block: Block,
+        ctx: StepContext,
+        active: list[bool],
+        early_stops: dict[int, tuple[int, list[int]]] | None = None,
+    ) -> Verified:
+        """The target scores the block (its KV written to the cache, not committed); the verifier
+        rules, on logits with each row's ``early_stops`` banned where min_tokens is still owed."""
         drafted = block.tokens.shape[1] > 1
         hidden, features = self._forward(cache, block.tokens, block.parents if drafted else None)
         logits = self.runner.logits(hidden).cpu()  # [batch, q, vocab]
+        for row, (room, banned) in (early_stops or {}).items():
+            ban_early_stops(logits[row], block.parents[row].tolist(), room, banned)
         verdict = verify_block(
             block,
             logits,
@@ -368,10 +399,11 @@ class Engine:
         if run.on_logits is not None:
             run.on_logits(row, step.logits[row, step.verdict.accepted_nodes[row]])
         seq = run.seqs[row]
-        kept = append_until_done(seq, new, self.target.eos_token_ids)
-        stops = run.requests[row].stop
+        request = run.requests[row]
+        kept = append_until_done(seq, new, self._stops(request))
+        stops = request.stop
         if stops and kept:
-            kept = cut_at_stop(seq, stops, len(kept), self.target.tokenizer)
+            kept = cut_at_stop(seq, stops, len(kept), self.target.tokenizer, request.min_tokens)
         if run.on_tokens is not None and kept:
             run.on_tokens(row, kept)
         if seq.finished and self.draft_pools is not None and seq.draft_scope is not None:
@@ -474,13 +506,23 @@ def append_until_done(seq: Sequence, new: list[int], eos_ids: set[int]) -> list[
 
 
 def cut_at_stop(
-    seq: Sequence, stops: tuple[str, ...], n_new: int, tokenizer: PreTrainedTokenizerBase
+    seq: Sequence,
+    stops: tuple[str, ...],
+    n_new: int,
+    tokenizer: PreTrainedTokenizerBase,
+    min_tokens: int = 0,
 ) -> list[int]:
-    """Stop before the token that completes a stop string; return the new tokens still kept."""
+    """Stop before the token that completes a stop string; return the new tokens still kept.
+    A stop string completed within the first ``min_tokens`` tokens does not count (vLLM's)."""
     start = len(seq.output_ids) - n_new
-    for end in range(start + 1, len(seq.output_ids) + 1):
+    first = max(start, min_tokens) + 1
+    before = tokenizer.decode(seq.output_ids[: first - 1], skip_special_tokens=True)
+    for end in range(first, len(seq.output_ids) + 1):
         text = tokenizer.decode(seq.output_ids[:end], skip_special_tokens=True)
-        if any(s in text for s in stops):
+        # Only a stop string ending in this token's text: one met before min_tokens stays.
+        done = any(s in text[max(len(before) - len(s) + 1, 0) :] for s in stops)
+        before = text
+        if done:
             del seq.output_ids[end - 1 :]
             seq.finished, seq.finish_reason = True, "stop"
             return seq.output_ids[start:]

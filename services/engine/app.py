@@ -130,7 +130,9 @@ def create_app(server: EngineServer) -> FastAPI:
         stream = server.open(prepared, arrival)
         header = responses.Header.new("cmpl", int(time.time()), server.model_name)
         if body.stream:
-            events = responses.completion_events(header, stream, prepared.prompt_tokens, body.include_usage)
+            events = responses.completion_events(
+                header, stream, prepared.prompt_tokens, body.include_usage, body.continuous_usage
+            )
             return StreamingResponse(events, media_type="text/event-stream")
         return _json(
             await _unless_disconnected(request, responses.completion(header, stream, prepared.prompt_tokens))
@@ -143,7 +145,9 @@ def create_app(server: EngineServer) -> FastAPI:
         stream = server.open(prepared, arrival)
         header = responses.Header.new("chatcmpl", int(time.time()), server.model_name)
         if body.stream:
-            events = responses.chat_events(header, stream, prepared.prompt_tokens, body.include_usage)
+            events = responses.chat_events(
+                header, stream, prepared.prompt_tokens, body.include_usage, body.continuous_usage
+            )
             return StreamingResponse(events, media_type="text/event-stream")
         return _json(
             await _unless_disconnected(request, responses.chat(header, stream, prepared.prompt_tokens))

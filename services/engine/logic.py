@@ -88,6 +88,9 @@ def choice_requests(
     sampling: SamplingParams,
     seed: int | None,
     stop: tuple[str, ...],
+    stop_token_ids: tuple[int, ...] = (),
+    ignore_eos: bool = False,
+    min_tokens: int = 0,
     draft_scope: str | None = None,
 ) -> list[Request]:
     """One speccore request per choice; with a seed, choice i samples with seed + i (as vLLM's n).
@@ -99,6 +102,9 @@ def choice_requests(
             sampling=sampling,
             seed=seed + i if seed is not None else None,
             stop=stop,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=ignore_eos,
+            min_tokens=min_tokens,
             draft_scope=draft_scope,
         )
         for i in range(n)

@@ -1,16 +1,18 @@
 """The OpenAI-compatible wire: request and response bodies of `/v1/completions`,
 `/v1/chat/completions` and `/v1/models`, as the OpenAI API and vLLM define them.
 
-Fields the server does not implement (log probabilities, echo, penalties, tools, ...) are
-refused with a 400 when set to anything but their neutral value, rather than ignored;
-unknown fields are ignored, as vLLM does, so that newer clients keep working.
+Fields the server does not implement (log probabilities, echo, penalties, tools, guided
+decoding, vLLM's token and detokenizing options, ...) are refused with a 400 naming the field
+(`param`) when set to anything but their neutral value, rather than ignored; fields neither
+OpenAI nor vLLM define are ignored, as vLLM does, so that newer clients keep working.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 # The longest request body the server reads (`--max-body-bytes`), 4 MiB: a whole 128k-token
 # context fits, as JSON token ids (at most 7 bytes per id) or as text (about 4 characters per
@@ -32,6 +34,39 @@ _UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "tool_choice": (None, "none"),
     "functions": (None, []),
     "response_format": (None, {"type": "text"}),
+    # vLLM's extensions that change the output or what the response carries.
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "allowed_token_ids": (None, []),
+    "bad_words": (None, []),
+    "prompt_logprobs": (None,),
+    "logits_processors": (None, []),
+    "return_tokens_as_token_ids": (None, False),
+    "return_token_ids": (None, False),
+    "prompt_embeds": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "structured_outputs": (None,),
+    "vllm_xargs": (None, {}),
+}
+
+# Per endpoint, where the neutral value differs (vLLM's defaults).
+_UNSUPPORTED_COMPLETION: dict[str, tuple[object, ...]] = {"add_special_tokens": (None, True)}
+_UNSUPPORTED_CHAT: dict[str, tuple[object, ...]] = {
+    "add_special_tokens": (None, False),
+    "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
+    "chat_template": (None,),
+    "chat_template_kwargs": (None, {}),
+    "documents": (None, []),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
 }
 
 
@@ -40,20 +75,32 @@ def _neutral(value: object, neutral: tuple[object, ...]) -> bool:
     return any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in neutral)
 
 
+def refusal(name: str, message: str, value: object) -> ValidationError:
+    """A validation error located at the field ``name``, so that the 400 names it as `param`."""
+    error = PydanticCustomError("unsupported", message)
+    return ValidationError.from_exception_data(
+        "request", [InitErrorDetails(type=error, loc=(name,), input=value)]
+    )
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
+    _unsupported: ClassVar[dict[str, tuple[object, ...]]] = {}
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> Self:
         extra = self.model_extra or {}
-        for name, neutral in _UNSUPPORTED.items():
+        for name, neutral in {**_UNSUPPORTED, **self._unsupported}.items():
             if not _neutral(extra.get(name), neutral):
-                raise ValueError(f"'{name}' is not supported by this server")
+                raise refusal(name, f"'{name}' is not supported by this server", extra.get(name))
         return self
 
 
 class StreamOptions(BaseModel):
     include_usage: bool = Field(False, description="Send a last chunk with the usage and no choices.")
+    continuous_usage_stats: bool = Field(
+        False, description="vLLM extension, with include_usage: every chunk carries the usage so far."
+    )
 
 
 class _Sampling(_Body):
@@ -63,6 +110,19 @@ class _Sampling(_Body):
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 decodes greedily.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus mass kept; 1 disables top-p.")
     top_k: int = Field(0, ge=-1, description="vLLM extension: keep the k most likely; 0 or -1 disables it.")
+    min_p: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="vLLM extension: drop tokens less likely than min_p times the likeliest.",
+    )
+    ignore_eos: bool = Field(False, description="vLLM extension: EOS does not end the output.")
+    min_tokens: int = Field(
+        0, ge=0, description="vLLM extension: no EOS, stop token or stop string ends the first min_tokens."
+    )
+    stop_token_ids: list[int] | None = Field(
+        None, description="vLLM extension: tokens that end the output (finish_reason stop), not in its text."
+    )
     seed: int | None = Field(None, description="Seed of the sampler; choice i samples with seed + i.")
     stop: str | list[str] | None = Field(
         None, description="Up to 4 stop strings; the text ends before the token that completes one."
@@ -93,9 +153,20 @@ class _Sampling(_Body):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
+    @property
+    def continuous_usage(self) -> bool:
+        """Every chunk carries the usage so far (vLLM: only together with include_usage)."""
+        return (
+            self.include_usage
+            and self.stream_options is not None
+            and self.stream_options.continuous_usage_stats
+        )
+
 
 class CompletionRequest(_Sampling):
     """Body of `POST /v1/completions`."""
+
+    _unsupported = _UNSUPPORTED_COMPLETION
 
     prompt: str | list[str] | list[int] | list[list[int]] = Field(
         description="A prompt, a list of prompts, or token ids (one list, or a list of lists)."
@@ -120,6 +191,8 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     """Body of `POST /v1/chat/completions`."""
+
+    _unsupported = _UNSUPPORTED_CHAT
 
     messages: list[ChatMessage] = Field(min_length=1, description="The conversation so far.")
     max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI for max_completion_tokens.")

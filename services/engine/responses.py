@@ -4,7 +4,8 @@ Streams are `data: {json}` events ending with `data: [DONE]`, as OpenAI and vLLM
 a chat stream opens each choice with the assistant role, then sends content deltas and a
 last chunk with the finish reason; a completion stream sends text chunks, its last with the
 finish reason. With `stream_options.include_usage` a final chunk carries the usage and no
-choices. A choice that cannot finish ends the stream with an `error` event.
+choices; with `continuous_usage_stats` too, every chunk carries the usage so far (vLLM's).
+A choice that cannot finish ends the stream with an `error` event.
 """
 
 from __future__ import annotations
@@ -80,9 +81,11 @@ async def chat(h: Header, stream: ChoiceStream, prompt_tokens: int) -> ChatCompl
 
 
 async def completion_events(
-    h: Header, stream: ChoiceStream, prompt_tokens: int, include_usage: bool
+    h: Header, stream: ChoiceStream, prompt_tokens: int, include_usage: bool, continuous: bool = False
 ) -> AsyncIterator[str]:
     def chunk(choices: list[CompletionChoice], used: Usage | None = None) -> str:
+        if continuous and used is None:
+            used = usage(prompt_tokens, stream)
         return _event(
             CompletionResponse(id=h.id, created=h.created, model=h.model, choices=choices, usage=used)
         )
@@ -100,9 +103,11 @@ async def completion_events(
 
 
 async def chat_events(
-    h: Header, stream: ChoiceStream, prompt_tokens: int, include_usage: bool
+    h: Header, stream: ChoiceStream, prompt_tokens: int, include_usage: bool, continuous: bool = False
 ) -> AsyncIterator[str]:
     def chunk(choices: list[ChatChunkChoice], used: Usage | None = None) -> str:
+        if continuous and used is None:
+            used = usage(prompt_tokens, stream)
         return _event(
             ChatCompletionChunk(id=h.id, created=h.created, model=h.model, choices=choices, usage=used)
         )

@@ -211,20 +211,31 @@ class EngineServer:
         if not prompts:
             raise InvalidRequest(400, "the prompt is empty", "prompt")
         try:
-            sampling = SamplingParams.of(body)
+            sampling = SamplingParams.of(body, min_p=body.min_p)
         except SpecError as exc:
             raise InvalidRequest(400, str(exc)) from None
+        vocab = int(self.target.model.config.get_text_config().vocab_size)
+        if any(not 0 <= t < vocab for t in body.stop_token_ids or ()):
+            raise InvalidRequest(400, f"stop_token_ids must be token ids below {vocab}", "stop_token_ids")
         requests: list[Request] = []
         context = self.target.max_context
         scope = self.security.draft_scope(key.tenant) if self.scoped else None
         for ids in prompts:
+            limit = logic.token_limit(max_tokens, len(ids), context)
+            if body.min_tokens > limit:
+                raise InvalidRequest(
+                    400, f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({limit})", "min_tokens"
+                )
             choices = logic.choice_requests(
                 ids,
                 n=body.n,
-                max_tokens=logic.token_limit(max_tokens, len(ids), context),
+                max_tokens=limit,
                 sampling=sampling,
                 seed=body.seed,
                 stop=body.stop_strings,
+                stop_token_ids=tuple(body.stop_token_ids or ()),
+                ignore_eos=body.ignore_eos,
+                min_tokens=body.min_tokens,
                 draft_scope=scope,
             )
             try:

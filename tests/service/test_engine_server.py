@@ -272,3 +272,77 @@ def test_sigterm_lets_the_requests_under_way_finish(
         chunks.extend(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_vllm_stopping_fields_decide_where_the_output_ends(
+    client: openai.OpenAI, smollm: LoadedModel
+) -> None:
+    def chat(**extra: object) -> openai.types.chat.ChatCompletion:
+        messages = [{"role": "user", "content": CHAT[1]}]
+        return client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=64,
+            temperature=0,
+            extra_body=extra,  # type: ignore[arg-type]
+        )
+
+    short = chat()
+    assert short.choices[0].finish_reason == "stop" and short.usage is not None
+    ends_at = short.usage.completion_tokens
+    longer = chat(min_tokens=ends_at + 6)
+    assert longer.usage is not None and longer.usage.completion_tokens >= ends_at + 6
+    assert (longer.choices[0].message.content or "").startswith(short.choices[0].message.content or "")
+    endless = chat(ignore_eos=True)
+    assert endless.choices[0].finish_reason == "length"
+    assert endless.usage is not None and endless.usage.completion_tokens == 64
+
+    full = client.completions.create(model=MODEL, prompt=TEXTS[3], max_tokens=MAX_TOKENS, temperature=0)
+    comma = smollm.tokenizer.encode(",", add_special_tokens=False)
+    assert len(comma) == 1 and "," in full.choices[0].text
+    cut = client.completions.create(
+        model=MODEL,
+        prompt=TEXTS[3],
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        extra_body={"stop_token_ids": comma},
+    )
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == full.choices[0].text.split(",")[0]
+
+
+def test_min_p_keeps_greedy_text(client: openai.OpenAI) -> None:
+    def text(**extra: object) -> str:
+        reply = client.completions.create(
+            model=MODEL, prompt=TEXTS[0], max_tokens=MAX_TOKENS, temperature=0, extra_body=extra
+        )
+        return reply.choices[0].text
+
+    assert text(min_p=0.3) == text()
+
+
+def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(client: openai.OpenAI) -> None:
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt=TEXTS[1],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+        )
+    )
+    usages = [c.usage for c in chunks]
+    assert len(chunks) > 2 and all(u is not None for u in usages)
+    done = [u.completion_tokens for u in usages if u is not None]
+    assert done == sorted(done) and done[0] > 0 and done[-1] == MAX_TOKENS
+    assert all(u.total_tokens == u.prompt_tokens + u.completion_tokens for u in usages if u is not None)
+
+
+def test_fields_the_server_does_not_implement_are_refused_by_name(client: openai.OpenAI) -> None:
+    for field, value in (("bad_words", ["Paris"]), ("include_stop_str_in_output", True), ("min_tokens", 99)):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(
+                model=MODEL, prompt=TEXTS[1], max_tokens=8, temperature=0, extra_body={field: value}
+            )
+        assert refused.value.param == field and field in refused.value.message

@@ -265,17 +265,26 @@ def test_gemma_greedy_identity(gemma, method, tmp_path):
     assert _greedy(Engine(gemma, method, cfg), prompts, batch=3) == reference
 
 
-def _fit_pvalue(smollm, prompt: list[int], samples: list[tuple[int, int]]) -> float:
+def _fit_pvalue(
+    smollm,
+    prompt: list[int],
+    samples: list[tuple[int, int]],
+    sampling: SamplingParams = SAMPLED,
+    banned: tuple[int, ...] = (),
+) -> float:
     """Smallest of two goodness-of-fit p-values, each tested at ALPHA / 2 (Bonferroni):
     the first token against the target's distribution, and the second token, given
-    the most frequent first token, against the target's distribution after it."""
+    the most frequent first token, against the target's distribution after it; ``banned``
+    tokens masked at both (min_tokens of 2 or more)."""
     runner = ModelRunner(smollm.model)
     firsts = [a for a, _ in samples]
     mode = max(set(firsts), key=firsts.count)
     seconds = [b for a, b in samples if a == mode]
     p_values = []
     for context, draws in ((prompt, firsts), (prompt + [mode], seconds)):
-        probs = probs_from_logits(_last_hidden_logits(runner, context), SAMPLED)[0]
+        logits = _last_hidden_logits(runner, context).clone()
+        logits[..., list(banned)] = float("-inf")
+        probs = probs_from_logits(logits, sampling)[0]
         support = torch.nonzero(probs).flatten().tolist()
         p_values.append(chi_square_pvalue(draws, {t: float(probs[t]) for t in support}))
     return min(p_values)
@@ -286,10 +295,12 @@ def _last_hidden_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
     return runner.logits(runner.forward(cache, torch.tensor([ids]))[:, -1])
 
 
-def _pair_samples(engine: Engine, prompt: list[int]) -> list[tuple[int, int]]:
+def _pair_samples(
+    engine: Engine, prompt: list[int], sampling: SamplingParams = SAMPLED, **request: object
+) -> list[tuple[int, int]]:
     pairs = []
     for start in range(0, SAMPLES, 100):
-        reqs = [Request(prompt, 3, SAMPLED, seed=start + i) for i in range(100)]
+        reqs = [Request(prompt, 3, sampling, seed=start + i, **request) for i in range(100)]  # type: ignore[arg-type]
         pairs += [tuple(g.token_ids[:2]) for g in engine.generate(reqs) if len(g.token_ids) >= 2]
     return pairs
 
@@ -316,6 +327,22 @@ def test_sampled_output_follows_target_distribution(smollm, sampling_prompt, dat
         engine = Engine(smollm, method, _configs(datastore).get(method))
     samples = _pair_samples(engine, sampling_prompt)
     assert _fit_pvalue(smollm, sampling_prompt, samples) > ALPHA / 2
+
+
+def test_sampled_output_with_min_p_and_min_tokens_follows_the_masked_target(
+    smollm, sampling_prompt, datastore
+):
+    """vLLM's min_p and min_tokens under ngram drafts: the output follows the target filtered by
+    min_p with the stopping tokens masked. The first token's likeliest choice is made a stop token,
+    so the drafts that propose it must all be rejected while min_tokens is owed."""
+    sampling = SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05)
+    runner = ModelRunner(smollm.model)
+    likeliest = int(_last_hidden_logits(runner, sampling_prompt)[0].argmax())
+    banned = (likeliest, *sorted(smollm.eos_token_ids))
+    engine = Engine(smollm, "ngram", _configs(datastore)["ngram"])
+    samples = _pair_samples(engine, sampling_prompt, sampling, min_tokens=2, stop_token_ids=(likeliest,))
+    assert all(likeliest not in pair for pair in samples)
+    assert _fit_pvalue(smollm, sampling_prompt, samples, sampling, banned) > ALPHA / 2
 
 
 @pytest.mark.parametrize("method", ["ngram", pytest.param("draft_model", marks=pytest.mark.long)])

@@ -9,7 +9,7 @@ import torch
 from transformers.generation.logits_process import TopPLogitsWarper
 
 from speccore.errors import SpecError
-from speccore.sampling import SamplingParams, probs_from_logits, sample
+from speccore.sampling import SamplingParams, ban_early_stops, probs_from_logits, sample
 
 
 def _logits(probs: list[float]) -> torch.Tensor:
@@ -133,3 +133,18 @@ def test_sample_follows_the_generator_seed() -> None:
     assert draws_b[0] == draws_a[0]
     assert len(set(draws_b)) > 1  # the generator advances
     assert sample(torch.tensor([0.0, 0.0, 1.0]), None) == 2
+
+
+def test_min_p_drops_tokens_less_likely_than_min_p_times_the_likeliest() -> None:
+    logits = torch.tensor([0.0, 1.0, 2.0, 3.0]).log()  # probabilities 0, 1/6, 2/6, 3/6
+    probs = probs_from_logits(logits, SamplingParams(temperature=1.0, min_p=0.5))
+    torch.testing.assert_close(probs, torch.tensor([0.0, 0.0, 0.4, 0.6]))
+    assert probs_from_logits(logits, SamplingParams(min_p=0.9)).argmax() == 3  # greedy: unchanged
+
+
+def test_early_stops_are_banned_only_where_min_tokens_is_still_owed() -> None:
+    logits = torch.zeros(4, 5)
+    ban_early_stops(logits, [-1, 0, 1, 0], room=2, banned=[3, 4])  # depths 0, 1, 2, 1
+    masked = torch.isinf(logits).any(-1).tolist()
+    assert masked == [True, True, False, True]
+    assert torch.isinf(logits[0, 3:]).all() and not torch.isinf(logits[0, :3]).any()
