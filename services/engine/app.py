@@ -1,10 +1,15 @@
 """The engine server's HTTP app: OpenAI's `/v1/models`, `/v1/completions` and
-`/v1/chat/completions`, `/health` and Prometheus `/metrics`.
+`/v1/chat/completions`, vLLM's `/tokenize`, `/detokenize` and `/version`, `/health` and
+Prometheus `/metrics`.
 
-Errors are OpenAI's JSON (`{"error": {"message", "type", "param", "code"}}`), which the
-`openai` client raises as BadRequestError (400), NotFoundError (404), ...; a body that fails
-validation is a 400, as OpenAI answers it, not FastAPI's 422; a body over
-``ServerOptions.max_body_bytes`` is a 413, refused before it is read (specplatform.body_limit).
+Every error is OpenAI's JSON (`{"error": {"message", "type", "param", "code"}}`), which the
+`openai` client raises as BadRequestError (400), NotFoundError (404), ...: a body that fails
+validation is a 400, as OpenAI answers it, not FastAPI's 422; a body FastAPI cannot parse
+(malformed, or nested past the JSON decoder's recursion limit, which FastAPI raised as a bare
+HTTPException) a 400; an unknown URL a 404 and a wrong method a 405; a JSON body without a JSON
+`Content-Type` a 415 that names the header (specplatform.json_body); a body over
+``ServerOptions.max_body_bytes`` a 413, refused before it is read (specplatform.body_limit);
+anything unexpected a 500 (logged), never FastAPI's `{"detail": ...}`.
 
 A request speaks for the tenant it names only if tenant_auth takes its claim (a trusted
 proxy's signature): otherwise a 401 or 403, before its body is validated or tokenized.
@@ -17,6 +22,7 @@ then stops the worker, which fails whatever is left, and joins its thread.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -28,14 +34,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 from starlette.types import Scope
 
 from speccore.engine import Engine
-from specops_services.engine import responses
+from specops_services.engine import responses, tokenizing
 from specops_services.engine.drift import TENANT_HEADER, WORKLOAD_HEADER, DriftKey, key_of
 from specops_services.engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
+    ErrorBody,
+    ErrorResponse,
     ModelCard,
     ModelList,
     error_response,
@@ -48,7 +57,16 @@ from specops_services.engine.serving import (
     ServerOptions,
 )
 from specops_services.engine.tenant_auth import Claim, TenantRefused
+from specops_services.engine.tokenizing import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
+    VersionResponse,
+)
 from specplatform.body_limit import BodyLimit
+from specplatform.json_body import NotJson, require_json
 from specplatform.tenant_signature import SIGNATURE_HEADER
 
 log = logging.getLogger(__name__)
@@ -80,7 +98,7 @@ def create_app(server: EngineServer) -> FastAPI:
             if server.policy_feed is not None:
                 await server.policy_feed.stop()
 
-    app = FastAPI(title="specops engine", lifespan=lifespan)
+    app = FastAPI(title="specops engine", lifespan=lifespan, dependencies=[Depends(require_json)])
     app.state.server = server
     app.add_middleware(BodyLimit, max_bytes=server.options.max_body_bytes, refusal=_too_large)
 
@@ -94,6 +112,19 @@ def create_app(server: EngineServer) -> FastAPI:
         where = [str(part) for part in first["loc"] if part != "body"]
         message = f"{'.'.join(where)}: {first['msg']}" if where else str(first["msg"])
         return JSONResponse(error_response(400, message, param=where[-1] if where else None), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(exc.status_code, _http_message(request, exc), headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette re-raises it after this answer, and uvicorn logs it with its traceback.
+        return _error(500, f"internal server error ({type(exc).__name__})")
+
+    @app.exception_handler(NotJson)
+    async def _not_json(request: Request, exc: NotJson) -> JSONResponse:
+        return _error(415, str(exc))
 
     @app.exception_handler(TenantRefused)
     async def _refused(request: Request, exc: TenantRefused) -> JSONResponse:
@@ -122,6 +153,28 @@ def create_app(server: EngineServer) -> FastAPI:
             max_model_len=server.target.max_context,
         )
         return ModelList(data=[card])
+
+    @app.get("/version")
+    async def version() -> VersionResponse:
+        return VersionResponse(version=importlib.metadata.version("specops"))
+
+    @app.post("/tokenize")
+    async def tokenize(
+        body: TokenizeCompletionRequest | TokenizeChatRequest, key: TenantKey
+    ) -> TokenizeResponse:
+        if body.model is not None:
+            server.check_model(body.model)
+        return await asyncio.get_running_loop().run_in_executor(
+            server.tokenizing, tokenizing.tokenize, server.target, body
+        )
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest, key: TenantKey) -> DetokenizeResponse:
+        if body.model is not None:
+            server.check_model(body.model)
+        return await asyncio.get_running_loop().run_in_executor(
+            server.tokenizing, tokenizing.detokenize, server.target, body
+        )
 
     @app.post("/v1/completions", response_model=None)
     async def completions(body: CompletionRequest, request: Request, key: TenantKey) -> Response:
@@ -192,6 +245,24 @@ async def _off_loop(
 def _too_large(scope: Scope, max_bytes: int) -> Response:
     message = f"the request body is over {max_bytes} bytes, this server's limit (--max-body-bytes)"
     return JSONResponse(error_response(413, message), status_code=413)
+
+
+def _http_message(request: Request, exc: HTTPException) -> str:
+    if exc.status_code == 404:
+        return f"Invalid URL ({request.method} {request.url.path})"  # OpenAI's words
+    if exc.status_code == 405:
+        return f"{request.method} is not allowed on {request.url.path}"
+    if exc.status_code == 400:
+        # FastAPI's answer to a body its JSON decoder gave up on (nested past its recursion limit).
+        return f"the request body could not be parsed as JSON ({exc.detail})"
+    return str(exc.detail)
+
+
+def _error(status: int, message: str, *, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """An OpenAI error of a status the routes never raise themselves (no parameter, no code)."""
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    body = ErrorResponse(error=ErrorBody(message=message, type=kind, param=None, code=None))
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 def _json(body: BaseModel | None) -> Response:

@@ -63,7 +63,9 @@ REQUEST_BUCKETS = (
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, positions: int = 0) -> None:
+        """``positions``: the configured draft depth k, whose per-position acceptance series
+        exist from the start (0..k-1, at 0), so that a dashboard sees them before a request."""
         self.registry = CollectorRegistry()
         self.model_name = model_name
         r, label = self.registry, ["model_name"]
@@ -125,6 +127,8 @@ class EngineMetrics:
             g.labels(model_name)
         for reason in ("stop", "length", "abort"):
             self.request_success.labels(model_name, reason)
+        for pos in range(positions):
+            self.accepted_per_pos.labels(model_name, str(pos))
 
     def admitted(self, prompt_tokens: int, queued_s: float) -> None:
         self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)

@@ -105,7 +105,8 @@ class EngineServer:
         self.batcher = ContinuousBatcher(engines, max_rows=options.max_batch)
         self.target = self.batcher.engine.target
         self.method = self.batcher.engine.method
-        self.metrics = EngineMetrics(options.served_model_name)
+        depth = max((e.config.k for m, e in engines.items() if m != PLAIN), default=0)
+        self.metrics = EngineMetrics(options.served_model_name, positions=depth)
         self.drift: DriftReporter | None = None
         control = None
         if options.drift is not None:

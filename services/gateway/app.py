@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 from psycopg_pool import AsyncConnectionPool
@@ -48,6 +48,7 @@ from specplatform.db import (
     role_transaction,
     wait_for_database,
 )
+from specplatform.json_body import require_json
 from specplatform.ops import process_ops
 from specplatform.settings import Settings
 
@@ -70,6 +71,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         description="T1 speculative-decoding runs, T2 tune sessions and the T3 head registry. "
         "Errors are `application/problem+json`.",
         lifespan=_lifespan,
+        dependencies=[Depends(require_json)],
     )
     app.state.settings = settings
     app.state.listener = None

@@ -52,6 +52,18 @@ def client(server: str) -> Iterator[openai.OpenAI]:
         yield c
 
 
+def test_metrics_show_every_draft_position_before_the_first_request(server: str) -> None:
+    # First in the module: the server has served nothing yet.
+    k = default_k("ngram")
+    samples = _metrics(server)
+    per_pos = [
+        _counter(samples, "spec_decode_num_accepted_tokens_per_pos", position=str(p)) for p in range(k)
+    ]
+    assert per_pos == [0.0] * k
+    keys = [key for key in samples if key.startswith("specops:spec_decode_num_accepted_tokens_per_pos_total")]
+    assert len(keys) == k
+
+
 def _greedy(target: LoadedModel, method: str, prompts: list[list[int]], **kw: object) -> list[Generation]:
     config = ProposerConfig(k=default_k(method)) if method != "none" else None
     requests = [Request(ids, MAX_TOKENS, **kw) for ids in prompts]  # type: ignore[arg-type]
@@ -196,6 +208,62 @@ def test_bad_requests_are_openai_errors(client: openai.OpenAI) -> None:
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=-1
         )
     assert "temperature" in cold.value.message
+
+
+def _openai_error(response: httpx.Response, status: int) -> str:
+    """The message of an OpenAI-shaped error of ``status``."""
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return str(body["error"]["message"])
+
+
+def test_every_error_is_openai_shaped(server: str) -> None:
+    url = f"{server}/v1/completions"
+    nested = "[" * 10_000 + "]" * 10_000
+    message = _openai_error(
+        httpx.post(url, content=nested, headers={"Content-Type": "application/json"}), 400
+    )
+    assert "JSON" in message
+    bad = httpx.post(url, content=b'{"model": ', headers={"Content-Type": "application/json"})
+    assert "JSON" in _openai_error(bad, 400)
+    assert "/v1/nothing" in _openai_error(httpx.get(f"{server}/v1/nothing"), 404)
+    assert "GET" in _openai_error(httpx.get(url), 405)
+
+
+def test_a_json_body_without_its_content_type_is_a_415_that_names_the_header(server: str) -> None:
+    body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    form = httpx.post(
+        f"{server}/v1/completions",
+        content=body,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},  # what curl -d sends
+    )
+    assert "-H 'Content-Type: application/json'" in _openai_error(form, 415)
+    bare = httpx.post(f"{server}/tokenize", content=body.encode())
+    assert "Content-Type" in _openai_error(bare, 415)
+    assert httpx.post(
+        f"{server}/v1/completions", content=body, headers={"Content-Type": "application/json"}
+    ).is_success
+
+
+def test_tokenize_and_detokenize_round_trip_and_count_as_usage(server: str, client: openai.OpenAI) -> None:
+    text = "Café 東京 🦊 " + TEXTS[0]
+    tokens = httpx.post(f"{server}/tokenize", json={"model": MODEL, "prompt": text}).json()
+    assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 8192
+    back = httpx.post(f"{server}/detokenize", json={"model": MODEL, "tokens": tokens["tokens"]}).json()
+    assert back == {"prompt": text}
+    usage = client.completions.create(model=MODEL, prompt=text, max_tokens=1, temperature=0).usage
+    assert usage is not None and usage.prompt_tokens == tokens["count"]
+    messages = [{"role": "user", "content": CHAT[0]}]
+    chat = httpx.post(f"{server}/tokenize", json={"model": MODEL, "messages": messages}).json()
+    answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1, temperature=0)  # type: ignore[arg-type]
+    assert answer.usage is not None and answer.usage.prompt_tokens == chat["count"]
+    bare = httpx.post(f"{server}/tokenize", json={"messages": messages, "add_generation_prompt": False})
+    assert bare.json()["count"] < chat["count"]
+    assert "gpt-4o" in _openai_error(
+        httpx.post(f"{server}/detokenize", json={"model": "gpt-4o", "tokens": [1]}), 404
+    )
+    assert "version" in httpx.get(f"{server}/version").json()
 
 
 def test_n_choices_with_a_seed_repeat(client: openai.OpenAI) -> None:

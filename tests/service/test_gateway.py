@@ -653,7 +653,8 @@ async def test_other_bad_requests(gw: Gateway) -> None:
     assert_problem(await gw.client.get(f"{RUNS}/bad%20id%00", headers=gw.auth()), 404)
     assert_problem(await gw.client.get(f"{API_PREFIX}/nowhere", headers=gw.auth()), 404)
     assert_problem(await gw.client.delete(RUNS, headers=gw.auth()), 405)
-    assert_problem(await gw.client.post(f"{RUNS}/x/apply", content=b"[1]", headers=gw.auth()), 422)
+    as_json = gw.auth(**{"Content-Type": "application/json"})
+    assert_problem(await gw.client.post(f"{RUNS}/x/apply", content=b"[1]", headers=as_json), 422)
 
 
 async def test_probes_and_openapi(gw: Gateway) -> None:

@@ -168,3 +168,28 @@ async def test_budgets_durations_and_counts_are_bounded(
             assert answer.status_code == 422, (path, content, answer.text)
             assert answer.headers["content-type"] == "application/problem+json"
             assert any(e["pointer"].endswith(pointer) for e in answer.json()["errors"]), answer.json()
+
+
+# --- issue 42: a JSON body must say so -------------------------------------------------------------
+
+
+async def test_a_json_body_without_its_content_type_is_a_415_that_names_the_header(
+    db: str, nats_url: str, js: JetStreamContext, tmp_path: Path
+) -> None:
+    body = json.dumps(run_body())
+    async with running_gateway(db, nats_url, artifact_dir=tmp_path) as gw:
+        for headers in (
+            gw.auth("dev", **{"Content-Type": "application/x-www-form-urlencoded"}),  # what curl -d sends
+            gw.auth("dev"),  # none at all
+        ):
+            refused = await gw.client.post(RUNS, content=body, headers=headers)
+            assert refused.status_code == 415, refused.text
+            assert refused.headers["content-type"] == "application/problem+json"
+            assert "-H 'Content-Type: application/json'" in refused.json()["detail"]
+        assert (
+            await gw.client.post(
+                RUNS, content=body, headers=gw.auth("dev", **{"Content-Type": "application/json"})
+            )
+        ).status_code == 202
+        # A route that reads its body itself (an upload) takes what it takes.
+        assert (await _upload(gw, "a corpus")).is_success

@@ -1,4 +1,4 @@
-"""The engine server's pure parts: incremental text, spec-decode counts from either kind of
+"""The engine server's pure parts: spec-decode counts from either kind of
 batcher update, the OpenAI body checks, and which runs `--from-run` serves."""
 
 from __future__ import annotations
@@ -15,25 +15,8 @@ from specops.commands.serve_engine import served_winner
 from specops_schemas.api import RunCreateRequest, RunStatusResponse
 from specops_schemas.candidates import Candidate, CandidateResult, Measurement, Prediction
 from specops_schemas.security import OPT_OUT_REASON
-from specops_services.engine.detokenize import IncrementalText
 from specops_services.engine.logic import SpecCounts, update_counts
 from specops_services.engine.protocol import ChatCompletionRequest, CompletionRequest
-
-
-class _Bytes:
-    """A byte-level tokenizer: token i is byte i, as BPE tokens may split a character."""
-
-    def decode(self, token_ids: list[int], *, skip_special_tokens: bool) -> str:
-        return bytes(token_ids).decode("utf-8", errors="replace")
-
-
-def test_incremental_text_never_splits_a_character() -> None:
-    text = IncrementalText(_Bytes())
-    snow = list("☃".encode())  # three bytes
-    assert text.feed(list(b"a ")) == "a "
-    assert text.feed(snow[:1]) == "" and text.feed(snow[1:2]) == ""
-    assert text.feed(snow[2:]) == "☃"
-    assert text.feed(list(b"!"), final=True) == "!"
 
 
 def _steps() -> tuple[list[tuple[int, int]], GenerationMetrics]:

@@ -19,6 +19,7 @@ from specops_schemas.api import (
     Problem,
 )
 from specops_services.gateway.http import params
+from specplatform.json_body import NotJson
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,17 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(body, dict(exc.headers or {}))
 
 
+async def _not_json(request: Request, exc: Exception) -> JSONResponse:
+    body = Problem(
+        type="urn:specops:problem:unsupported-media-type",
+        title="Unsupported Media Type",
+        status=415,
+        detail=str(exc),
+        instance=request.url.path,
+    )
+    return problem_response(body)
+
+
 async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     # The cause goes to the log, never to the client.
     log.exception("unhandled error on %s %s", request.method, request.url.path)
@@ -131,11 +143,13 @@ def first_line(exc: BaseException) -> str:
 
 
 def install(app: FastAPI, *, retry_after_s: int) -> None:
-    """Render every error as a problem; a database that cannot be reached (psycopg's
-    OperationalError, the pool's timeout among them) as a 503 with `Retry-After: retry_after_s`."""
+    """Render every error as a problem (a JSON body without a JSON `Content-Type`: a 415); a
+    database that cannot be reached (psycopg's OperationalError, the pool's timeout among them)
+    as a 503 with `Retry-After: retry_after_s`."""
     app.add_exception_handler(ProblemError, _problem_error)
     app.add_exception_handler(psycopg.OperationalError, _unavailable(retry_after_s))
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(NotJson, _not_json)  # specplatform.json_body.require_json
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
