@@ -351,9 +351,9 @@ def test_stream_resumes_after_last_event_id(stack: Stack) -> None:
 def test_cache_hit_is_completed_on_the_post(stack: Stack) -> None:
     seed_winner_cache(stack.dsn)
     with stack.client() as client:
-        start = time.monotonic()
+        # The POST's own answer is the completed run: nothing to wait for (no timing threshold
+        # here; a loaded host made one flaky).
         run = client.runs.create(target=TARGET, workload="chat")
-        assert time.monotonic() - start < 1.0
         assert run.status == "completed" and run.cache_hit is True and run.winner == WINNER
         assert [e.type for e in client.runs.stream(run.id)] == ["run.queued", "run.completed"]
 
