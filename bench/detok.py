@@ -26,9 +26,9 @@ import httpx
 from common import machine
 from transformers import AutoTokenizer
 
+from speccore.detokenize import IncrementalText
 from speccore.models import engine_checkpoint
 from specops.runtime.ports import free_port
-from specops_services.engine.detokenize import IncrementalText
 
 MODEL = "smollm2-135m-instruct"
 LENGTHS = (256, 1024, 2048, 4096)

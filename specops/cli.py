@@ -160,6 +160,7 @@ def _sampling(args: argparse.Namespace):
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from speccore.detokenize import IncrementalText
     from speccore.engine import Engine, Request
 
     text = args.prompt if args.prompt is not None else _read_prompt(args.prompt_file)
@@ -172,11 +173,13 @@ def _generate(args: argparse.Namespace) -> int:
     request = Request(
         target.encode_prompt(text, args.chat), args.max_new_tokens, sampling, args.seed, tuple(args.stop)
     )
-    stream = None
-    if not args.json:
-        decoder = _StreamDecoder(target.tokenizer)
-        stream = decoder.feed
-    gen = engine.generate([request], on_tokens=stream)[0]
+    decoder = IncrementalText(target.tokenizer)
+
+    def show(row: int, new: list[int]) -> None:
+        sys.stdout.write(decoder.feed(new))
+        sys.stdout.flush()
+
+    gen = engine.generate([request], on_tokens=None if args.json else show)[0]
     if args.json:
         out = {
             "text": gen.text,
@@ -187,6 +190,7 @@ def _generate(args: argparse.Namespace) -> int:
         }
         print(json.dumps(out))
     else:
+        sys.stdout.write(decoder.feed([], final=True))
         m = gen.metrics
         print(
             f"\n[{args.method}] {m.new_tokens} tokens, {m.tokens_per_s:.1f} tok/s, acceptance "
@@ -194,24 +198,6 @@ def _generate(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-class _StreamDecoder:
-    """Prints text as tokens arrive, holding back incomplete UTF-8 pieces."""
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.printed = 0
-
-    def feed(self, row: int, new: list[int]) -> None:
-        self.ids.extend(new)
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):
-            return
-        sys.stdout.write(text[self.printed :])
-        sys.stdout.flush()
-        self.printed = len(text)
 
 
 def _read_prompt(path: Path) -> str:

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from speccore.batching import ContinuousBatcher
+from speccore.detokenize import Decoder, IncrementalText
 from speccore.draft_pool import DraftPools
 from speccore.engine import Engine, Request
 from speccore.errors import SpecError
@@ -36,7 +37,6 @@ from speccore.proposers import NONE as PLAIN
 from speccore.sampling import SamplingParams
 from specops_schemas.security import PolicySettings, SecurityPolicy
 from specops_services.engine import logic
-from specops_services.engine.detokenize import Decoder, IncrementalText
 from specops_services.engine.drift import DEFAULT_KEY, DriftKey, DriftMonitor, DriftPolicy
 from specops_services.engine.drift_events import DriftControl, DriftMetrics, DriftReporter
 from specops_services.engine.metrics import EngineMetrics

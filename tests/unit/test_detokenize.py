@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from speccore.detokenize import IncrementalText
 from speccore.models import engine_checkpoint
-from specops_services.engine.detokenize import IncrementalText
 
 # Emoji (4 bytes, with a skin-tone modifier), CJK, Hangul, accents, code, and special tokens.
 TEXT = (

@@ -1,4 +1,5 @@
-"""Text of a growing token sequence, delivered as it grows without splitting characters.
+"""Text of a growing token sequence, delivered as it grows without splitting characters
+(`specops generate` prints it, the engine server streams it).
 
 A token can end in the middle of a multi-byte UTF-8 character (byte-level BPE), so a piece
 of text is held back until the tokens that complete its character arrive. The `tokenizers`
