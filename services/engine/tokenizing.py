@@ -4,7 +4,8 @@ endpoints use it, so that a client can count a prompt's tokens before sending it
 `/tokenize` takes a `prompt` (tokenized as `/v1/completions` tokenizes it, special tokens
 added unless `add_special_tokens` is false) or `messages` (rendered through the chat
 template as `/v1/chat/completions` renders them; `add_generation_prompt` as vLLM has it) and
-answers `{count, max_model_len, tokens}`; `/detokenize` takes `tokens` and answers `{prompt}`.
+answers `{count, max_model_len, tokens}` (and `token_strs` with `return_token_strs`);
+`/detokenize` takes `tokens` and answers `{prompt}`.
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ class _Body(BaseModel):
     model: str | None = Field(None, description="Served model name; any when absent.")
 
 
-class TokenizeCompletionRequest(_Body):
+class _Tokenize(_Body):
+    return_token_strs: bool = Field(False, description="Also answer each token's string (`token_strs`).")
+
+
+class TokenizeCompletionRequest(_Tokenize):
     prompt: str = Field(description="Text, tokenized as `/v1/completions` tokenizes a prompt.")
     add_special_tokens: bool = Field(True, description="Add the tokenizer's special tokens (bos).")
 
 
-class TokenizeChatRequest(_Body):
+class TokenizeChatRequest(_Tokenize):
     messages: list[ChatMessage] = Field(
         min_length=1, description="A conversation, through the chat template."
     )
@@ -40,6 +45,7 @@ class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None = None
 
 
 class DetokenizeRequest(_Body):
@@ -69,7 +75,8 @@ def tokenize(target: LoadedModel, body: TokenizeCompletionRequest | TokenizeChat
     else:
         _check_chars(len(body.prompt), context, "prompt")
         ids = list(tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids)
-    return TokenizeResponse(count=len(ids), max_model_len=context, tokens=ids)
+    strs = list(tokenizer.convert_ids_to_tokens(ids)) if body.return_token_strs else None
+    return TokenizeResponse(count=len(ids), max_model_len=context, tokens=ids, token_strs=strs)
 
 
 def detokenize(target: LoadedModel, body: DetokenizeRequest) -> DetokenizeResponse:

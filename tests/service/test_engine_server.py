@@ -252,6 +252,9 @@ def test_tokenize_and_detokenize_round_trip_and_count_as_usage(server: str, clie
     assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 8192
     back = httpx.post(f"{server}/detokenize", json={"model": MODEL, "tokens": tokens["tokens"]}).json()
     assert back == {"prompt": text}
+    assert tokens["token_strs"] is None
+    strs = httpx.post(f"{server}/tokenize", json={"prompt": "Hello world", "return_token_strs": True}).json()
+    assert strs["token_strs"] == ["Hello", "Ġworld"]  # the tokenizer's own pieces (byte-level BPE)
     usage = client.completions.create(model=MODEL, prompt=text, max_tokens=1, temperature=0).usage
     assert usage is not None and usage.prompt_tokens == tokens["count"]
     messages = [{"role": "user", "content": CHAT[0]}]
