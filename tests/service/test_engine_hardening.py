@@ -172,7 +172,9 @@ def test_health_answers_while_a_long_legal_body_is_tokenized(engine: EngineProce
         busy.clear()
         health_s = health.result()
     _assert_openai_error(response, 400)  # longer than the context, once tokenized
-    assert len(health_s) >= 2 and max(health_s) < 1.0, (took, health_s)
+    # Health kept answering: no wait spanned much of the tokenizing (on the event loop one wait
+    # spanned nearly all of it). A ratio, not a wall-clock bound: a loaded host once took 1.8 s.
+    assert len(health_s) >= 2 and max(health_s) < took / 2, (took, health_s)
 
 
 def _post(engine: EngineProcess, body: bytes, headers: dict[str, str]) -> httpx.Response:
