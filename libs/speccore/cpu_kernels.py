@@ -65,6 +65,7 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from speccore import native_kernels
 from speccore.kv_cache import KV_BLOCK
 
 ATTENTION_NAME = "speccore_row_invariant"
@@ -107,7 +108,10 @@ def serial_small_ops(rows: int) -> Iterator[None]:
 
 
 def available(dtype: torch.dtype) -> bool:
-    """Whether this PyTorch build runs packed oneDNN matmuls for ``dtype``."""
+    """Whether packed matmuls run for ``dtype``: speccore's native kernel (float32 and
+    bfloat16 on any x86 host it builds on), else oneDNN's."""
+    if dtype in (torch.float32, torch.bfloat16) and native_kernels.load() is not None:
+        return True
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return False
     if dtype == torch.float32:
@@ -115,21 +119,33 @@ def available(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def packed_matmul(rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """[n, in] rows times a packed weight -> [n, out], padded to MIN_LINEAR_ROWS rows inside."""
-    n = rows.shape[0]
-    if n < MIN_LINEAR_ROWS:
-        rows = torch.cat([rows, rows.new_zeros(MIN_LINEAR_ROWS - n, rows.shape[1])])
+def packed_matmul(
+    rows: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """[n, in] rows times a weight packed by ``pack`` -> [n, out_features]."""
     threads = _threads.matmul
     if threads:
         torch.set_num_threads(threads)
-    out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+    if packed.dim() == 4:  # native_kernels' layout
+        out = native_kernels.load().linear(rows, packed, out_features, bias)  # type: ignore[union-attr]
+    else:
+        n = rows.shape[0]
+        if n < MIN_LINEAR_ROWS:
+            rows = torch.cat([rows, rows.new_zeros(MIN_LINEAR_ROWS - n, rows.shape[1])])
+        out = torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
+        out = out[:n] if out.shape[0] != n else out
     if threads:
         torch.set_num_threads(1)
-    return out[:n] if out.shape[0] != n else out
+    return out
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor:
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` [out, in] in the layout of the kernel that runs it: native_kernels' where it
+    is built and takes the shape and dtype, else oneDNN's blocked layout for ROWS_HINT rows."""
+    native = native_kernels.load()
+    fits = weight.dtype in (torch.float32, torch.bfloat16) and weight.shape[1] % native_kernels.lanes() == 0
+    if native is not None and fits:
+        return native.pack(weight.detach())
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
 
 
@@ -140,11 +156,11 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
-        self.packed = _pack(linear.weight)
+        self.packed = pack(linear.weight)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = packed_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)
+        out = packed_matmul(x.reshape(-1, self.in_features), self.packed, self.bias, self.out_features)
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -155,15 +171,19 @@ class PackedGroup(nn.Module):
         super().__init__()
         self.in_features = linears[0].in_features
         self.sizes = [lin.out_features for lin in linears]
-        self.packed = _pack(torch.cat([lin.weight.detach() for lin in linears]))
+        self.packed = pack(torch.cat([lin.weight.detach() for lin in linears]))
         biases = [lin.bias for lin in linears]
         self.bias = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
         # The last input and its parts not yet handed out (see part()).
         self._memo: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
 
+    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        """[n, in] -> [n, sum of the members' outputs]: the members' columns side by side."""
+        return packed_matmul(rows, self.packed, self.bias, sum(self.sizes))
+
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         """[..., in] -> one [..., out_i] per member, in order."""
-        out = packed_matmul(x.reshape(-1, self.in_features), self.packed, self.bias)
+        out = self.matmul(x.reshape(-1, self.in_features))
         return [p.reshape(*x.shape[:-1], p.shape[-1]) for p in out.split(self.sizes, -1)]
 
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:

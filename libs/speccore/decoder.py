@@ -1,16 +1,20 @@
-"""A lean forward pass for Llama-family decoders on speccore's CPU kernels.
+"""A lean forward pass for Llama-family decoders on speccore's native CPU kernels.
 
-At batch 1 on a CPU, Hugging Face's module plumbing (module calls, keyword
-arguments, per-layer mask and cache dispatch) costs a good part of a decoding step:
-about 7 ms of 40 for smollm2-135m on 2 cores. This runs the same arithmetic, op for
-op, as one loop over the layers: RMSNorm, the fused q/k/v projection
-(``cpu_kernels.PackedGroup``), rotary embeddings from the model's own rotary module,
-the cache write, the row-invariant attention, the output projection, RMSNorm and the
-fused gate/up projection. Doing the same ops in the same order gives the same bits
-as the Hugging Face modules (a test compares them), so either path may serve a model.
+At batch 1 on a CPU, a decoding step of a small model is dominated by everything but its
+weights: Hugging Face's module plumbing (module calls, keyword arguments, per-layer mask
+and cache dispatch) and the few dozen torch ops a layer runs, a few microseconds each.
+This runs the same arithmetic as one loop over the layers, eight kernel calls a layer
+(``speccore.native_kernels``): RMSNorm; the fused q/k/v projection
+(``cpu_kernels.PackedGroup``); rotary embedding, the cache write and masked attention in
+one call; the output projection; the residual add fused with the next RMSNorm; the fused
+gate/up projection; the SiLU-gated product; the down projection. Every kernel computes each
+row on its own in one fixed order, so a block's rows get the bits of decoding its tokens one
+at a time. The results equal the Hugging Face modules' within float rounding (sums run in
+another order; a test compares them); a model runs one path or the other throughout.
 
-Layers that are not plain Llama-style layers (Gemma's extra norms and scaled
-embeddings, sliding windows, EAGLE-3's two-part input) keep the Hugging Face path.
+Layers that are not plain Llama-style layers (Gemma's extra norms and scaled embeddings,
+sliding windows, EAGLE-3's two-part input), and hosts where the native kernels do not
+build, keep the Hugging Face path.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMS
 from transformers.models.mistral.modeling_mistral import MistralDecoderLayer, MistralRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RMSNorm
 
-from speccore import cpu_kernels
+from speccore import cpu_kernels, native_kernels
 from speccore.kv_cache import StaticKVCache
 
 # Decoder layers whose forward is exactly: x + attn(norm(x)); x + down(silu(gate) * up)(norm(x)).
@@ -43,21 +47,6 @@ class _Layer:
     down_proj: cpu_kernels.PackedLinear
 
 
-def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
-    """The RMSNorm of the Hugging Face Llama family, op for op."""
-    dtype = x.dtype
-    x = x.to(torch.float32)
-    variance = x.pow(2).mean(-1, keepdim=True)
-    x = x * torch.rsqrt(variance + norm.variance_epsilon)
-    return norm.weight * x.to(dtype)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding as Hugging Face applies it: x * cos + rotate_half(x) * sin."""
-    half = x.shape[-1] // 2
-    return (x * cos) + (torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin)
-
-
 class LeanDecoder:
     """Runs a supported backbone over a block; see ``build``."""
 
@@ -69,14 +58,17 @@ class LeanDecoder:
         self.kv_heads = int(attn.config.num_key_value_heads)
         self.head_dim = int(attn.head_dim)
         self.scaling = float(attn.scaling)
+        self.native: Any = native_kernels.load()
 
     @classmethod
     def build(cls, model: nn.Module) -> LeanDecoder | None:
         """A lean decoder for ``model``'s backbone, or None where it does not apply: not
-        on the row-invariant CPU kernels, sliding-window attention, or a layer that is
-        not a plain Llama-family layer with fused projections."""
+        on the row-invariant CPU kernels, no native kernels on this host, sliding-window
+        attention, or a layer that is not a plain Llama-family layer with fused projections."""
         config: Any = getattr(model, "config", None)
         if config is None or config._attn_implementation != cpu_kernels.ATTENTION_NAME:
+            return None
+        if native_kernels.load() is None:
             return None
         if "sliding_attention" in (getattr(config, "layer_types", None) or []):
             return None
@@ -97,29 +89,38 @@ class LeanDecoder:
         tokens: torch.Tensor | None,  # [batch, q]
         embeds: torch.Tensor | None,  # [batch, q, hidden], instead of tokens
         positions: torch.Tensor,  # [batch, q]
-        bias: torch.Tensor,  # cpu_kernels.fold_mask's additive bias
+        mask: torch.Tensor,  # [batch, q, width] bool, True = attend
         taps: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Hidden states after the final norm [batch, q, hidden], and the outputs of the
         decoder layers in ``taps`` ([batch, q, hidden] each, in the order asked)."""
         x = self.backbone.embed_tokens(tokens) if embeds is None else embeds
         batch, q, hidden = x.shape
-        cos, sin = self.backbone.rotary_emb(x, positions)  # [batch, q, head_dim]
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        # [batch, q, head_dim] each
+        cos, sin = (part.contiguous() for part in self.backbone.rotary_emb(x, positions))
+        x = x.reshape(batch * q, hidden).clone()  # the residual stream, added to in place
+        mask = mask.contiguous()
+        lengths = cache.lengths.to(self.backbone.embed_tokens.weight.device)
+        native = self.native
+        normed = native.rms_norm(x, *self._norm(self.layers[0].attn_norm))
         tapped: dict[int, torch.Tensor] = {}
         for index, layer in enumerate(self.layers):
-            query, key, value = layer.qkv(_rms_norm(layer.attn_norm, x))
-            query = _rotate(query.view(batch, q, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            key = _rotate(key.view(batch, q, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            value = value.view(batch, q, self.kv_heads, self.head_dim).transpose(1, 2)
-            keys, values = cache.update(key, value, index)
-            attn, _ = cpu_kernels.row_invariant_attention(None, query, keys, values, bias, self.scaling)
-            x = x + layer.o_proj(attn.reshape(batch, q, self.heads * self.head_dim))
-            gate, up = layer.gate_up(_rms_norm(layer.mlp_norm, x))
-            x = x + layer.down_proj(nn.functional.silu(gate) * up)
+            keys, values = cache.buffers(index, self.kv_heads, self.head_dim)
+            qkv = layer.qkv.matmul(normed)
+            attn = native.attend(
+                qkv, cos, sin, keys, values, lengths, mask, self.heads, self.kv_heads, self.scaling
+            )
+            normed = native.add_rms_norm(x, layer.o_proj(attn), *self._norm(layer.mlp_norm))
+            down = layer.down_proj(native.silu_mul(layer.gate_up.matmul(normed)))
+            after = self.layers[index + 1].attn_norm if index + 1 < len(self.layers) else self.backbone.norm
+            normed = native.add_rms_norm(x, down, *self._norm(after))
             if index in taps:
-                tapped[index] = x
-        return _rms_norm(self.backbone.norm, x), [tapped[i] for i in taps]
+                tapped[index] = x.view(batch, q, hidden).clone()
+        return normed.view(batch, q, hidden), [tapped[i] for i in taps]
+
+    @staticmethod
+    def _norm(norm: Any) -> tuple[torch.Tensor, float]:
+        return norm.weight, float(norm.variance_epsilon)
 
 
 def _lean_layer(layer: nn.Module) -> _Layer | None:

@@ -1,4 +1,4 @@
-"""Writing files so that readers never see half of one."""
+"""Where derived files live, and writing them so that readers never see half of one."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+import platformdirs
+
+
+def cache_root() -> Path:
+    """Where specops keeps derived files; ``SPECOPS_CACHE_DIR`` overrides it."""
+    return Path(os.environ.get("SPECOPS_CACHE_DIR") or platformdirs.user_cache_dir("specops"))
 
 
 @contextlib.contextmanager

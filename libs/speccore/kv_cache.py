@@ -64,6 +64,18 @@ class StaticKVCache:
             self._write = (rows, slots)
         return self._width
 
+    def buffers(self, layer_idx: int, kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer_idx``'s whole key and value buffers [slots, kv_heads, capacity,
+        head_dim], allocated at its first pass (in layer order), for kernels that write the
+        block themselves at each row's committed length (speccore.decoder)."""
+        if self._write is None:
+            raise RuntimeError("begin_block() must precede a forward pass")
+        if layer_idx == len(self._keys):
+            shape = (self.slots, kv_heads, self.capacity, head_dim)
+            self._keys.append(torch.zeros(shape, device=self.device, dtype=self.dtype))
+            self._values.append(torch.zeros(shape, device=self.device, dtype=self.dtype))
+        return self._keys[layer_idx], self._values[layer_idx]
+
     # Called by every attention layer of the model, in layer order.
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: object, **kwargs: object

@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import platformdirs
 import torch
 from transformers import (
     AutoConfig,
@@ -37,6 +36,7 @@ from transformers.utils import logging as hf_logging
 
 from speccore import cpu_kernels
 from speccore.errors import SpecError
+from speccore.files import cache_root
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +50,6 @@ DTYPES: dict[str, torch.dtype] = {
 }
 _NO_LIMIT = 10**9  # tokenizers without a limit report model_max_length as ~1e30
 _DEFAULT_CONTEXT = 2048
-
-
-def cache_root() -> Path:
-    """Where specops keeps derived files; ``SPECOPS_CACHE_DIR`` overrides it."""
-    return Path(os.environ.get("SPECOPS_CACHE_DIR") or platformdirs.user_cache_dir("specops"))
 
 
 def _smollm2_gguf() -> Path:

@@ -105,17 +105,17 @@ class ModelRunner:
             block_cols = lengths[:, None] + torch.arange(q)  # [batch, q]
             mask = (torch.arange(width)[None, :] < lengths[:, None])[:, None, :].repeat(1, q, 1)
             mask.scatter_(2, block_cols[:, None, :].expand(batch, q, q), anc)  # [batch, q, width]
-            full = self._mask(mask)
             if self.lean is not None:
                 hidden, tapped = self.lean.forward(
                     cache,
                     tokens.to(self.device) if tokens is not None else None,
                     embeds.to(self.device) if embeds is not None else None,
                     positions.to(self.device),
-                    full,
+                    mask.to(self.device),
                     taps,
                 )
                 return hidden, torch.cat(tapped, dim=-1) if taps else None
+            full = self._mask(mask)
             attn: torch.Tensor | dict[str, torch.Tensor] = full
             if self.sliding_window is not None:
                 kv_pos = torch.arange(width).repeat(batch, 1).scatter_(1, block_cols, positions)

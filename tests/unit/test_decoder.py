@@ -1,5 +1,7 @@
-"""The lean decoder runs Llama-family layers op for op like their Hugging Face modules:
-the same bits, so speccore may serve a model through either path."""
+"""The lean decoder runs Llama-family layers on speccore's native kernels: the arithmetic of
+their Hugging Face modules, equal within float rounding (its sums run in another order), so
+the same model gives the same hidden states and tokens through either path. Its row
+invariance (a block's rows get the bits of one-token passes) is tested in test_cpu_kernels."""
 
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def _both_paths(model: torch.nn.Module) -> tuple[ModelRunner, ModelRunner]:
 
 
 @torch.inference_mode()
-def _assert_same_bits(model: torch.nn.Module, vocab: int, taps: tuple[int, ...]) -> None:
+def _assert_same_states(model: torch.nn.Module, vocab: int, taps: tuple[int, ...]) -> None:
     gen = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, vocab, (2, 40), generator=gen)
     chain = torch.randint(0, vocab, (2, 6), generator=gen)
@@ -54,10 +56,17 @@ def _assert_same_bits(model: torch.nn.Module, vocab: int, taps: tuple[int, ...])
         steps.append(runner.forward_tapped(cache, tree, parents, taps=taps))
         results.append(steps)
     for step, ((lean, lean_taps), (stock, stock_taps)) in enumerate(zip(*results, strict=True)):
-        assert torch.equal(lean, stock), f"step {step}: hidden states differ"
+        _assert_rounding_apart(lean, stock, f"step {step}: hidden states differ")
         assert (lean_taps is None) == (stock_taps is None)
         if lean_taps is not None and stock_taps is not None:
-            assert torch.equal(lean_taps, stock_taps), f"step {step}: tapped layers differ"
+            _assert_rounding_apart(lean_taps, stock_taps, f"step {step}: tapped layers differ")
+
+
+def _assert_rounding_apart(lean: torch.Tensor, stock: torch.Tensor, msg: str) -> None:
+    """Equal but for float32 rounding, at the scale of the tensor (a residual stream reaches
+    the tens of thousands in some channels, where one rounding step is about 0.002)."""
+    scale = float(stock.abs().max())
+    torch.testing.assert_close(lean, stock, rtol=1e-3, atol=1e-6 * scale, msg=msg)
 
 
 @pytest.mark.parametrize(
@@ -69,13 +78,13 @@ def _assert_same_bits(model: torch.nn.Module, vocab: int, taps: tuple[int, ...])
     ],
     ids=["llama", "qwen2", "mistral"],
 )
-def test_tiny_llama_family_models_get_the_hugging_face_bits(config: PretrainedConfig) -> None:
-    _assert_same_bits(_tiny(config), int(config.vocab_size), taps=(0, 1))
+def test_tiny_llama_family_models_get_the_hugging_face_states(config: PretrainedConfig) -> None:
+    _assert_same_states(_tiny(config), int(config.vocab_size), taps=(0, 1))
 
 
 @pytest.mark.slow
-def test_smollm2_gets_the_hugging_face_bits(smollm: LoadedModel) -> None:
-    _assert_same_bits(smollm.model, 49152, taps=(4, 15, 27))
+def test_smollm2_gets_the_hugging_face_states(smollm: LoadedModel) -> None:
+    _assert_same_states(smollm.model, 49152, taps=(4, 15, 27))
 
 
 @pytest.mark.slow

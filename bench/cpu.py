@@ -1,0 +1,263 @@
+"""Plain and speculative decoding on this CPU against the stacks users already have:
+`make bench-cpu`.
+
+One file per host class, ``bench/results/cpu-<host>.json`` (and ``docs/results/cpu.md``):
+
+- the host: CPU model, the instruction-set flags speccore's kernels dispatch on, threads,
+  the read bandwidth measured here and the plain-decoding limit it sets;
+- per workload (chat, code, agentic), greedy, smollm2-135m in float32, one interleaved run
+  (``speccore.bench``): HF ``generate``, HF prompt lookup, speccore none / ngram / suffix /
+  EAGLE (the shipped head), every ratio against speccore ``none`` in the same reps and every
+  output compared with ``none``'s, token for token;
+- vLLM's CPU build on the same prompts (none / ngram / suffix, a server each, as
+  ``bench/engines.py`` runs it), unless ``--no-vllm``;
+- bfloat16: speccore ``none`` and HF ``generate`` in bfloat16 on chat (outputs compared
+  with bfloat16 ``none``), beside float32 ``none`` of the same prompts;
+- the OpenMP wait policy: speccore ``none`` in processes started with the default policy
+  and with ``OMP_WAIT_POLICY=PASSIVE`` (how the services run), alternated.
+
+    .venv/bin/python bench/cpu.py            # about 40 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import machine
+from engines import vllm_side
+
+from speccore import native_kernels
+from speccore.bandwidth import decode_limit_tokens_per_s, measure_read_bandwidth
+from speccore.bench import BenchSpec, run_bench
+from speccore.models import load_model
+from specplatform import engines
+from specprompts.sets import load_prompts
+
+MODEL = "smollm2-135m-instruct"
+WORKLOADS = ("chat", "code", "agentic")
+# `specops bench` method names -> the names in the results.
+METHODS = {
+    "hf": "hf_generate",
+    "hf_prompt_lookup": "hf_prompt_lookup",
+    "none": "none",
+    "ngram": "ngram",
+    "suffix": "suffix",
+    "eagle": "eagle",
+}
+HEADS = ("builtin:eagle",)
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def host() -> dict[str, Any]:
+    flags = set(native_kernels.cpu_flags().split())
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    isa = {flag: flag in flags for flag in ISA_FLAGS}
+    return {"cpu": model, "isa": isa, "native_lanes": native_kernels.lanes()}
+
+
+def host_label(facts: dict[str, Any]) -> str:
+    """e.g. ``epyc-avx2``, ``xeon-amx``: the CPU family and the widest ISA the kernels use."""
+    words = [w.lower() for w in facts["cpu"].replace("(R)", "").replace("(TM)", "").split()]
+    family = next((w for w in words if w in ("epyc", "xeon", "ryzen", "core")), words[0] if words else "cpu")
+    isa = facts["isa"]
+    widest = "amx" if isa["amx_tile"] else "avx512" if isa["avx512f"] else "avx2" if isa["avx2"] else "base"
+    return f"{family}-{widest}"
+
+
+def speccore_rows(result: dict[str, Any]) -> dict[str, Any]:
+    rows = {}
+    for method, r in result["methods"].items():
+        rows[METHODS.get(method, method)] = {
+            "tokens_per_s": r["tokens_per_s_median"],
+            "vs_speccore_none": r["speedup_vs_none"],
+            "mean_acceptance_length": r.get("mean_acceptance_length"),
+            "identical_to_none": r.get("identical_to_baseline"),
+        }
+    return rows | ({"failures": result["failures"]} if result.get("failures") else {})
+
+
+def measure(dtype: str, workload: str, methods: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    target = load_model(MODEL, device="cpu", dtype=dtype)
+    spec = BenchSpec(
+        workload=workload,
+        methods=methods,
+        n_prompts=args.n_prompts,
+        max_new_tokens=args.max_new_tokens,
+        reps=args.reps,
+        heads=HEADS if "eagle" in methods else (),
+    )
+    prompts = load_prompts(workload, args.n_prompts, 0)
+    return run_bench(target, spec, prompts, log=lambda m: print(f"  {dtype} {workload} {m}", flush=True))
+
+
+def wait_policies(args: argparse.Namespace) -> dict[str, Any]:
+    """speccore none under each OpenMP wait policy (read when a process starts), alternated."""
+    runs: dict[str, list[float]] = {"default": [], "passive": []}
+    for _ in range(args.policy_rounds):
+        for policy in runs:
+            env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+            if policy == "passive":
+                env["OMP_WAIT_POLICY"] = "PASSIVE"
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "none.json"
+                command = [
+                    str(Path(sys.executable).with_name("specops")), "bench", "--model", MODEL,
+                    "--threads", str(args.threads), "--workload", "chat", "--methods", "none",
+                    "--n-prompts", str(args.n_prompts), "--reps", str(args.reps),
+                    "--max-new-tokens", str(args.max_new_tokens), "--out", str(out),
+                ]  # fmt: skip
+                subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+                tps = json.loads(out.read_text())["methods"]["none"]["tokens_per_s_median"]
+            print(f"  wait policy {policy}: none {tps:.1f} tok/s", flush=True)
+            runs[policy].append(tps)
+    default, passive = statistics.median(runs["default"]), statistics.median(runs["passive"])
+    return {"none_tokens_per_s": runs, "passive_vs_default": passive / default}
+
+
+def summary(out: dict[str, Any]) -> dict[str, Any]:
+    """The numbers the issue's acceptance names, from the rows above."""
+    rows = out["workloads"]
+    limit = out["plain_decoding_limit"]["tokens_per_s"]
+    none = {w: r["speccore"]["none"]["tokens_per_s"] for w, r in rows.items()}
+    ratio = {w: {m: row["vs_speccore_none"] for m, row in r["speccore"].items() if isinstance(row, dict)}
+             for w, r in rows.items()}  # fmt: skip
+    result: dict[str, Any] = {
+        "none_vs_hf_generate": {w: 1 / r["hf_generate"] for w, r in ratio.items()},
+        "none_fraction_of_limit": {w: tps / limit for w, tps in none.items()},
+        "ngram_vs_hf_prompt_lookup": {w: r["ngram"] / r["hf_prompt_lookup"] for w, r in ratio.items()},
+        "speccore_outputs_identical_to_none": all(
+            m.get("identical_to_none") is True
+            for r in rows.values()
+            for name, m in r["speccore"].items()
+            if isinstance(m, dict) and not name.startswith("hf")
+        ),
+        "hf_outputs_identical_to_speccore_none": {
+            w: {n: m.get("identical_to_none") for n, m in r["speccore"].items() if n.startswith("hf")}
+            for w, r in rows.items()
+        },
+    }
+    if "bfloat16" in out:
+        result["bf16_none_vs_fp32_none"] = out["bfloat16"]["none_vs_float32_none"]
+    if "wait_policy" in out:
+        result["passive_vs_default"] = out["wait_policy"]["passive_vs_default"]
+    return result
+
+
+def markdown(out: dict[str, Any], path: Path) -> str:
+    lines = [
+        f"# CPU decoding on {out['host']['cpu']} ({out['host_label']})",
+        "",
+        f"Measured {out['machine']['date']} with `{out['command']}`; the raw numbers are in `{path}`.",
+        f"{out['settings']['threads']} threads, smollm2-135m-instruct, greedy, "
+        f"{out['settings']['max_new_tokens']} new tokens, {out['settings']['n_prompts']} prompts, "
+        f"{out['settings']['reps']} interleaved reps. Read bandwidth "
+        f"{out['plain_decoding_limit']['read_bandwidth_gb_s']:.1f} GB/s: float32 plain decoding "
+        f"cannot pass {out['plain_decoding_limit']['tokens_per_s']:.1f} tok/s.",
+        "",
+        "| workload | engine | method | tok/s | vs speccore none | MAL | identical |",
+        "|---|---|---|---:|---:|---:|---|",
+    ]
+    for workload, both in out["workloads"].items():
+        for engine in ("speccore", "vllm"):
+            for method, r in both.get(engine, {}).items():
+                if not isinstance(r, dict) or "tokens_per_s" not in r:
+                    continue
+                ratio = r.get("vs_speccore_none", r.get("speedup"))
+                mal = r.get("mean_acceptance_length")
+                lines.append(
+                    f"| {workload} | {engine if 'hf' not in method else 'transformers'} | {method} | "
+                    f"{r['tokens_per_s']:.1f} | {ratio:.2f}x | {'' if mal is None else f'{mal:.2f}'} | "
+                    f"{r.get('identical_to_none', '')} |"
+                )
+    lines += ["", "vLLM's ratios are against vLLM's own `none`.", "", "## Summary", ""]
+    lines += [f"- {k}: {json.dumps(v)}" for k, v in out["summary"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="default: bench/results/cpu-<host>.json")
+    parser.add_argument("--docs", type=Path, default=Path("docs/results/cpu.md"))
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--n-prompts", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--policy-rounds", type=int, default=2)
+    parser.add_argument("--no-vllm", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    facts = host()
+    label = host_label(facts)
+    path = args.out or Path(f"bench/results/cpu-{label}.json")
+    vllm = engines.state("vllm")
+    if not args.no_vllm and not vllm.runnable:
+        parser.error(f"{vllm.reason}; run `{vllm.install_command}` first, or pass --no-vllm")
+    given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False))
+    bandwidth = measure_read_bandwidth()
+    target_bytes = load_model(MODEL, device="cpu", dtype="float32").weight_bytes
+    out: dict[str, Any] = {
+        "command": f"python bench/cpu.py {given}",
+        "machine": machine(),
+        "host": facts,
+        "host_label": label,
+        "model": MODEL,
+        "settings": vars(args) | {"out": str(path), "docs": str(args.docs), "greedy": True},
+        "plain_decoding_limit": {
+            "read_bandwidth_gb_s": bandwidth / 1e9,
+            "weight_bytes": target_bytes,
+            "tokens_per_s": decode_limit_tokens_per_s(target_bytes, bandwidth),
+        },
+        "workloads": {},
+    }
+
+    def save() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1) + "\n")
+
+    for workload in args.workloads.split(","):
+        started = time.monotonic()
+        rows: dict[str, Any] = {"speccore": speccore_rows(measure("float32", workload, list(METHODS), args))}
+        if not args.no_vllm:
+            rows["vllm"] = vllm_side(workload, args.n_prompts, args.max_new_tokens, args.reps, args.threads)
+        out["workloads"][workload] = rows | {"seconds": time.monotonic() - started}
+        save()
+    bf16 = speccore_rows(measure("bfloat16", "chat", ["none", "hf"], args))
+    fp32_none = out["workloads"].get("chat", {}).get("speccore", {}).get("none", {}).get("tokens_per_s")
+    out["bfloat16"] = {
+        "workload": "chat",
+        "rows": bf16,
+        "float32_none_tokens_per_s": fp32_none,
+        "none_vs_float32_none": bf16["none"]["tokens_per_s"] / fp32_none if fp32_none else None,
+        "note": "bfloat16 rows are one interleaved run; the float32 row is the chat run's (not interleaved)",
+    }
+    save()
+    out["wait_policy"] = wait_policies(args)
+    out["summary"] = summary(out)
+    save()
+    args.docs.parent.mkdir(parents=True, exist_ok=True)
+    args.docs.write_text(markdown(out, path))
+    print(json.dumps(out["summary"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+// Row-invariant matrix products: out[m, n] = dot(x[m], w[n]) (+ bias[n]) for weights packed
+// once at load time; each output summed as kernels.h's dot() sums, whatever the tiling.
+//
+// Packed layout: [ceil(N / NB)][K / VL][NB][VL], outputs padded with zero rows to a multiple
+// of NB. A tile of NB outputs reads one contiguous stream, so decoding (a row or a few:
+// memory-bound) reads the weights once per call at close to the host's read bandwidth.
+// bfloat16 weights are widened in registers: half the bytes read.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "kernels.h"
+
+namespace speccore {
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int MB = 4;  // rows per tile: 32 vector registers hold MB * NB sums and NB weights
+#else
+constexpr int MB = 3;  // 16 registers
+#endif
+constexpr int NB = 4;           // outputs per tile
+constexpr int64_t MCHUNK = 48;  // rows whose inputs stay in cache while the weights pass
+
+template <typename X, typename W, int R>
+void tile(const X* x, int64_t K, const W* w, const float* bias, X* out, int64_t N, int64_t n) {
+  vf acc[R][NB] = {};
+  const int64_t steps = K / VL;
+  for (int64_t k = 0; k < steps; ++k, w += NB * VL) {
+    vf wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = load(w + j * VL);
+    for (int i = 0; i < R; ++i) {
+      const vf xv = load(x + i * K + k * VL);
+      for (int j = 0; j < NB; ++j) acc[i][j] += xv * wv[j];
+    }
+  }
+  const int outs = static_cast<int>(std::min<int64_t>(NB, N - n));
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < outs; ++j) {
+      float s = lanes_sum(acc[i][j]);
+      if (bias != nullptr) s += bias[n + j];
+      out[i * N + n + j] = static_cast<X>(s);
+    }
+}
+
+template <typename X, typename W>
+void tiles(const X* x, int64_t M, int64_t K, const W* w, const float* bias, X* out, int64_t N, int64_t t0,
+           int64_t t1) {
+  for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
+    const int64_t m1 = std::min(M, m0 + MCHUNK);
+    for (int64_t t = t0; t < t1; ++t) {
+      const W* wt = w + t * NB * K;
+      int64_t m = m0;
+      for (; m + MB <= m1; m += MB) tile<X, W, MB>(x + m * K, K, wt, bias, out + m * N, N, t * NB);
+      for (; m < m1; ++m) tile<X, W, 1>(x + m * K, K, wt, bias, out + m * N, N, t * NB);
+    }
+  }
+}
+
+template <typename X, typename W>
+void run(const at::Tensor& x, const at::Tensor& w, const float* bias, at::Tensor& out, int64_t N) {
+  const int64_t M = x.size(0), K = x.size(1), n_tiles = (N + NB - 1) / NB;
+  const X* xp = x.data_ptr<X>();
+  const W* wp = w.data_ptr<W>();
+  X* op = out.data_ptr<X>();
+  at::parallel_for(0, n_tiles, 8, [&](int64_t t0, int64_t t1) { tiles<X, W>(xp, M, K, wp, bias, op, N, t0, t1); });
+}
+
+}  // namespace
+
+at::Tensor pack(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "pack: a [out, in] weight");
+  const int64_t N = weight.size(0), K = weight.size(1);
+  TORCH_CHECK(K % VL == 0, "pack: in_features must be a multiple of ", VL);
+  const int64_t padded = (N + NB - 1) / NB * NB;
+  auto w = weight.detach().contiguous();
+  if (padded != N) w = at::cat({w, w.new_zeros({padded - N, K})});
+  return w.reshape({padded / NB, NB, K / VL, VL}).transpose(1, 2).contiguous();
+}
+
+at::Tensor linear(const at::Tensor& rows, const at::Tensor& packed, int64_t out_features,
+                  const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(rows.dim() == 2 && packed.dim() == 4 && packed.is_contiguous(),
+              "linear: [rows, in] times a packed weight");
+  const int64_t K = packed.size(1) * VL;
+  TORCH_CHECK(rows.size(1) == K, "linear: rows have ", rows.size(1), " features, the weight ", K);
+  TORCH_CHECK(packed.size(0) * NB >= out_features, "linear: the packed weight has fewer outputs");
+  auto x = rows.contiguous();
+  auto out = at::empty({x.size(0), out_features}, x.options());
+  at::Tensor b;
+  const float* bp = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    b = bias->to(at::kFloat).contiguous();
+    bp = b.data_ptr<float>();
+  }
+  SPECCORE_FLOATING(x.scalar_type(), "linear", [&] {
+    using X = scalar_t;
+    SPECCORE_FLOATING(packed.scalar_type(), "linear", [&] { run<X, scalar_t>(x, packed, bp, out, out_features); });
+  });
+  return out;
+}
+
+}  // namespace speccore

@@ -1,0 +1,15 @@
+// Python bindings of speccore's native CPU kernels (see kernels.h).
+#include <torch/extension.h>
+
+#include "kernels.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("lanes") = speccore::VL;
+  m.def("pack", &speccore::pack, "a [out, in] weight in linear()'s packed layout");
+  m.def("linear", &speccore::linear, "rows [M, in] times a packed weight -> [M, out]");
+  m.def("rms_norm", &speccore::rms_norm, "RMSNorm of each row of [M, hidden]");
+  m.def("add_rms_norm", &speccore::add_rms_norm, "x += delta in place, then RMSNorm of x");
+  m.def("silu_mul", &speccore::silu_mul, "[M, 2I] gate|up -> silu(gate) * up [M, I]");
+  m.def("attend", &speccore::attend,
+        "rotary q/k, the block's keys and values written to the cache, masked attention");
+}
