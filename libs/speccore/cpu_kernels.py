@@ -11,20 +11,21 @@ output equals the target's own greedy output by construction, not by luck. (A
 tree node's keys sit at other cache columns than in the chain it stands for, so
 its attention sums in another order: equal within rounding, not bit for bit.)
 
-- linear layers use oneDNN with the weight packed once at load time for
-  ``ROWS_HINT`` rows. A block of fewer than ``MIN_LINEAR_ROWS`` rows is padded to
-  that many: oneDNN sends one or two rows down other paths (gemv-like kernels that
-  sum in another order) and, on the 2-core hosts measured, those are also slower
-  than a block of 4 (layers of smollm2-135m, fp32, one pass: 1 row 20.3 ms, 2 rows
-  23.0 ms, 4 rows 16.5 ms, 11 rows 21.6 ms). Packing makes a pass over 4-12 rows
-  cost about what one row costs, which is what makes verifying a draft nearly
-  free on CPU.
+- linear layers multiply by a weight packed once at load time. Where speccore's native
+  kernels build (``native_kernels``: every output summed in one fixed order, any row
+  count; float32 or bfloat16 weights streamed at close to the read bandwidth), they run
+  them. Elsewhere oneDNN runs them, packed for ``ROWS_HINT`` rows, a block of fewer than
+  ``MIN_LINEAR_ROWS`` rows padded to that many: oneDNN sends one or two rows down other
+  paths (gemv-like kernels that sum in another order). Either way a pass over a few rows
+  costs about what one row costs (the weights are read once), which is what makes
+  verifying a draft nearly free on CPU.
 - sibling projections that read the same input (``FUSED_GROUPS``: q/k/v, gate/up)
   are packed as one matmul (``PackedGroup``); each output column is the same dot
   product as before, so the fused result has the separate layers' bits (a test
   checks). Hugging Face's modules still call them one by one (``PackedPart``) and
   get slices of one computation.
-- attention runs as batched matmuls with the query heads of one key/value head
+- attention through the Hugging Face modules (the lean decoder, ``speccore.decoder``, runs
+  the native kernels' own) runs as batched matmuls with the query heads of one key/value head
   folded into rows, padded to at least ``MIN_QUERY_ROWS`` (matmuls of fewer rows
   take other code paths). The query-key products sum over the head dimension in
   fixed chunks of ``HEAD_DIM_CHUNK``, added in order: on CPUs with AVX-512/AMX a
@@ -143,8 +144,11 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` [out, in] in the layout of the kernel that runs it: native_kernels' where it
     is built and takes the shape and dtype, else oneDNN's blocked layout for ROWS_HINT rows."""
     native = native_kernels.load()
-    fits = weight.dtype in (torch.float32, torch.bfloat16) and weight.shape[1] % native_kernels.lanes() == 0
-    if native is not None and fits:
+    if (
+        native is not None
+        and weight.dtype in (torch.float32, torch.bfloat16)
+        and weight.shape[1] % native.lanes == 0
+    ):
         return native.pack(weight.detach())
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
 

@@ -6,10 +6,14 @@ test_kv_cache.py.)"""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from speccore import cpu_kernels
+from speccore import cpu_kernels, native_kernels
 from speccore.cpu_kernels import (
     MIN_LINEAR_ROWS,
     PackedGroup,
@@ -20,7 +24,7 @@ from speccore.cpu_kernels import (
     row_invariant_attention,
 )
 from speccore.kv_cache import KV_BLOCK
-from speccore.models import LoadedModel
+from speccore.models import LoadedModel, load_model
 from speccore.runner import ModelRunner
 
 pytestmark = pytest.mark.slow
@@ -161,3 +165,78 @@ def test_hugging_face_layers_read_fused_projections_one_member_at_a_time() -> No
     assert group._memo is None, "parts of an input outlive their last use"
     other = torch.randn(2, 64, generator=gen)
     assert torch.equal(attn.v_proj(other), plain["v_proj"](other))  # a new input is recomputed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.inference_mode()
+def test_native_matmul_rows_do_not_depend_on_the_row_count(dtype: torch.dtype) -> None:
+    """speccore's native matmul (built for this host): a row gets the same bits alone, in a
+    verify-sized block or in a prefill of 100 rows, in float32 and in bfloat16, and the
+    product is the matrix product (outputs not a multiple of the tile, with a bias)."""
+    native = native_kernels.load()
+    assert native is not None, "the native kernels should build on the test hosts (make setup)"
+    gen = torch.Generator().manual_seed(11)
+    weight = torch.randn(577, 576, generator=gen).to(dtype)
+    bias = torch.randn(577, generator=gen)
+    x = torch.randn(100, 576, generator=gen).to(dtype)
+    packed = native.pack(weight)
+    full = native.linear(x, packed, 577, bias)
+    for n in (1, 2, 3, 4, 5, 6, 7, 16, 17, 48, 99):
+        assert torch.equal(native.linear(x[:n], packed, 577, bias), full[:n]), f"{n} rows differ"
+    assert torch.equal(native.linear(x[57:58], packed, 577, bias)[0], full[57])
+    expected = x.float() @ weight.float().T + bias
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(full.float(), expected, rtol=tol, atol=tol * float(expected.abs().max()))
+
+
+@pytest.fixture(scope="module")
+def smollm_bf16() -> LoadedModel:
+    return load_model("smollm2-135m-instruct", device="cpu", dtype="bfloat16")
+
+
+@torch.inference_mode()
+def test_bfloat16_block_logits_equal_single_token_logits_bit_for_bit(smollm_bf16: LoadedModel) -> None:
+    """`--dtype bfloat16` on CPU: the same row invariance as float32, on any x86 host."""
+    runner = ModelRunner(smollm_bf16.model)
+    assert runner.lean is not None
+    gen = torch.Generator().manual_seed(9)
+    prefix = torch.randint(100, 30000, (PREFIX,), generator=gen)
+    block = torch.randint(100, 30000, (BLOCK,), generator=gen)
+    cache = runner.new_cache(1, 1024)
+    runner.forward(cache, prefix[None])
+    cache.commit(torch.tensor([PREFIX]))
+    together = runner.logits(runner.forward(cache, block[None]))[0]
+    assert torch.equal(together, _one_at_a_time(runner, prefix, block))
+
+
+def test_without_the_native_kernels_speccore_falls_back_to_onednn_and_stays_row_invariant() -> None:
+    """SPECOPS_NATIVE_KERNELS=0 (or a host without a C++ compiler): oneDNN's packed matmuls
+    and the Hugging Face path, a block's logits still equal to one-token passes."""
+    script = """
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+from speccore import cpu_kernels, native_kernels
+from speccore.runner import ModelRunner
+assert native_kernels.load() is None
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2)
+model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+assert cpu_kernels.install(model, torch.float32)
+runner = ModelRunner(model)
+assert runner.lean is None and model.model.layers[0].mlp.down_proj.packed.dim() == 2
+with torch.inference_mode():
+    tokens = torch.randint(0, 512, (1, 30))
+    cache = runner.new_cache(1, 128)
+    together = runner.logits(runner.forward(cache, tokens))[0]
+    cache = runner.new_cache(1, 128)
+    for j in range(30):
+        row = runner.logits(runner.forward(cache, tokens[:, j : j + 1]))[0, 0]
+        cache.commit(torch.tensor([1]))
+        assert torch.equal(row, together[j]), j
+print("ok")
+"""
+    env = {**os.environ, native_kernels.OFF_ENV: "0"}
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]

@@ -16,6 +16,7 @@ from heads import chain_outputs, fit_eagle_head, frequent_ids, save_random_head
 from stats import chi_square_pvalue
 
 import speccore.verify
+from speccore import cpu_kernels
 from speccore.datastore import build_datastore
 from speccore.draft_pool import DraftPools
 from speccore.engine import Engine, Request
@@ -351,3 +352,24 @@ def test_broken_acceptance_rule_is_detected(smollm, sampling_prompt, datastore, 
     engine = Engine(smollm, method, _configs(datastore)[method])
     samples = _pair_samples(engine, sampling_prompt)
     assert _fit_pvalue(smollm, sampling_prompt, samples) < ALPHA / 2
+
+
+@pytest.fixture(scope="module")
+def smollm_bf16():
+    return load_model("smollm2-135m-instruct", device="cpu", dtype="bfloat16")
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix", "eagle"])
+def test_bfloat16_greedy_output_is_identical_to_bfloat16_plain_decoding(smollm_bf16, method):
+    """`--dtype bfloat16` on CPU runs the row-invariant kernels in bfloat16: lossless is
+    defined against plain decoding in bfloat16, token for token."""
+    assert smollm_bf16.model.config._attn_implementation == cpu_kernels.ATTENTION_NAME
+    prompts = [smollm_bf16.encode_prompt(p.text, chat=True) for p in sharegpt_prompts(2, seed=3)] + [
+        smollm_bf16.encode_prompt(p.text, chat=False) for p in humaneval_prompts(2, seed=3)
+    ]
+    reference = _greedy(Engine(smollm_bf16, "none"), prompts, batch=len(prompts))
+    config = ProposerConfig(head="builtin:eagle") if method == "eagle" else ProposerConfig()
+    engine = Engine(smollm_bf16, method, config)
+    assert _greedy(engine, prompts, batch=len(prompts)) == reference
+    probe = engine.generate([Request(prompts[-1], GREEDY_NEW_TOKENS)])[0].metrics
+    assert probe.accepted_tokens > 0, "no draft was accepted: identity would prove nothing"

@@ -103,6 +103,63 @@ void rotate(const T* x, const T* cos, const T* sin, int64_t D, float* out) {
 }
 
 template <typename T>
+struct Row {
+  const float* query;  // rotated, [head_dim]
+  const bool* seen;    // [width]: True = attend
+  const T* keys;       // [capacity, head_dim] of the query's key/value head
+  const T* values;
+  T* out;  // [head_dim]
+};
+
+// One query row's masked softmax attention, the head dimension DV whole vectors: scores as
+// dot() sums them, the values summed column by column in order, in registers.
+template <typename T, int DV>
+void attend_row(const Row<T>& r, int64_t width, float scaling, float* scores) {
+  constexpr int64_t D = DV * VL;
+  vf query[DV];
+  for (int c = 0; c < DV; ++c) query[c] = load(r.query + c * VL);
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < width; ++j)
+    if (r.seen[j]) {
+      vf sum = {};
+      for (int c = 0; c < DV; ++c) sum += query[c] * load(r.keys + j * D + c * VL);
+      scores[j] = lanes_sum(sum) * scaling;
+      top = std::max(top, scores[j]);
+    }
+  vf acc[DV] = {};
+  float total = 0.0f;
+  for (int64_t j = 0; j < width; ++j)
+    if (r.seen[j]) {
+      const float e = std::exp(scores[j] - top);
+      total += e;
+      const vf weight = vf{} + e;
+      for (int c = 0; c < DV; ++c) acc[c] += weight * load(r.values + j * D + c * VL);
+    }
+  for (int c = 0; c < DV; ++c)
+    for (int l = 0; l < VL; ++l) r.out[c * VL + l] = static_cast<T>(acc[c][l] / total);
+}
+
+// The same for any head dimension (scores through dot(), its tail included).
+template <typename T>
+void attend_row_any(const Row<T>& r, int64_t D, int64_t width, float scaling, float* scores, float* acc) {
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < width; ++j)
+    if (r.seen[j]) {
+      scores[j] = dot(r.query, r.keys + j * D, D) * scaling;
+      top = std::max(top, scores[j]);
+    }
+  float total = 0.0f;
+  std::fill(acc, acc + D, 0.0f);
+  for (int64_t j = 0; j < width; ++j)
+    if (r.seen[j]) {
+      const float e = std::exp(scores[j] - top);
+      total += e;
+      for (int64_t d = 0; d < D; ++d) acc[d] += e * static_cast<float>(r.values[j * D + d]);
+    }
+  for (int64_t d = 0; d < D; ++d) r.out[d] = static_cast<T>(acc[d] / total);
+}
+
+template <typename T>
 void attend_typed(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
                   at::Tensor& values, const int64_t* lengths, const bool* mask, int64_t B, int64_t q,
                   int64_t width, int64_t H, int64_t KV, float scaling, at::Tensor& out) {
@@ -135,27 +192,15 @@ void attend_typed(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
     std::vector<float> scores(width), acc(D);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / (H * q), h = t / q % H, i = t % q, g = h / groups;
-      const float* query = queries.data() + ((b * q + i) * H + h) * D;
-      const bool* seen = mask + (b * q + i) * width;
-      const T* kb = kp + (b * KV + g) * cap * D;
-      const T* vb = vp + (b * KV + g) * cap * D;
-      float top = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < width; ++j)
-        if (seen[j]) {
-          scores[j] = dot(query, kb + j * D, D) * scaling;
-          top = std::max(top, scores[j]);
-        }
-      float total = 0.0f;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < width; ++j)
-        if (seen[j]) {
-          const float e = std::exp(scores[j] - top);
-          total += e;
-          const T* v = vb + j * D;
-          for (int64_t d = 0; d < D; ++d) acc[d] += e * static_cast<float>(v[d]);
-        }
-      T* o = op + (b * q + i) * H * D + h * D;
-      for (int64_t d = 0; d < D; ++d) o[d] = static_cast<T>(acc[d] / total);
+      const Row<T> row{queries.data() + ((b * q + i) * H + h) * D, mask + (b * q + i) * width,
+                       kp + (b * KV + g) * cap * D, vp + (b * KV + g) * cap * D, op + (b * q + i) * H * D + h * D};
+      if (D == 4 * VL) {
+        attend_row<T, 4>(row, width, scaling, scores.data());
+      } else if (D == 8 * VL) {
+        attend_row<T, 8>(row, width, scaling, scores.data());
+      } else {
+        attend_row_any(row, D, width, scaling, scores.data(), acc.data());
+      }
     }
   });
 }

@@ -8,6 +8,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <type_traits>
+#include <vector>
 
 #include "kernels.h"
 
@@ -22,8 +24,8 @@ constexpr int MB = 3;  // 16 registers
 constexpr int NB = 4;           // outputs per tile
 constexpr int64_t MCHUNK = 48;  // rows whose inputs stay in cache while the weights pass
 
-template <typename X, typename W, int R>
-void tile(const X* x, int64_t K, const W* w, const float* bias, X* out, int64_t N, int64_t n) {
+template <typename X, typename W, typename O, int R>
+void tile(const X* x, int64_t K, const W* w, const float* bias, O* out, int64_t N, int64_t n) {
   vf acc[R][NB] = {};
   const int64_t steps = K / VL;
   for (int64_t k = 0; k < steps; ++k, w += NB * VL) {
@@ -39,20 +41,44 @@ void tile(const X* x, int64_t K, const W* w, const float* bias, X* out, int64_t 
     for (int j = 0; j < outs; ++j) {
       float s = lanes_sum(acc[i][j]);
       if (bias != nullptr) s += bias[n + j];
-      out[i * N + n + j] = static_cast<X>(s);
+      out[i * N + n + j] = static_cast<O>(s);
     }
 }
 
+// Rows m0..m1 of output tiles t0..t1. With more rows than one tile takes (a prefill), bfloat16
+// rows and weights are widened to float32 once per chunk and tile instead of once per use:
+// widening is exact, so the bits are those of the one-row path.
 template <typename X, typename W>
 void tiles(const X* x, int64_t M, int64_t K, const W* w, const float* bias, X* out, int64_t N, int64_t t0,
            int64_t t1) {
+  constexpr bool wide_x = std::is_same_v<X, float>, wide_w = std::is_same_v<W, float>;
+  std::vector<float> x_buf, w_buf;
   for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
     const int64_t m1 = std::min(M, m0 + MCHUNK);
+    const bool widen = m1 - m0 > MB;
+    const float* xs = nullptr;
+    if (widen && !wide_x) {
+      x_buf.resize((m1 - m0) * K);
+      for (int64_t e = 0; e < (m1 - m0) * K; ++e) x_buf[e] = static_cast<float>(x[m0 * K + e]);
+      xs = x_buf.data() - m0 * K;  // indexed by absolute row below
+    }
     for (int64_t t = t0; t < t1; ++t) {
       const W* wt = w + t * NB * K;
+      const float* wf = nullptr;
+      if (widen && !wide_w) {
+        w_buf.resize(NB * K);
+        for (int64_t e = 0; e < NB * K; ++e) w_buf[e] = static_cast<float>(wt[e]);
+        wf = w_buf.data();
+      }
       int64_t m = m0;
-      for (; m + MB <= m1; m += MB) tile<X, W, MB>(x + m * K, K, wt, bias, out + m * N, N, t * NB);
-      for (; m < m1; ++m) tile<X, W, 1>(x + m * K, K, wt, bias, out + m * N, N, t * NB);
+      for (; m + MB <= m1; m += MB) {
+        X* o = out + m * N;
+        if (xs != nullptr && wf != nullptr) tile<float, float, X, MB>(xs + m * K, K, wf, bias, o, N, t * NB);
+        else if (xs != nullptr) tile<float, W, X, MB>(xs + m * K, K, wt, bias, o, N, t * NB);
+        else if (wf != nullptr) tile<X, float, X, MB>(x + m * K, K, wf, bias, o, N, t * NB);
+        else tile<X, W, X, MB>(x + m * K, K, wt, bias, o, N, t * NB);
+      }
+      for (; m < m1; ++m) tile<X, W, X, 1>(x + m * K, K, wt, bias, out + m * N, N, t * NB);
     }
   }
 }
