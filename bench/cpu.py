@@ -10,7 +10,8 @@ One file per host class, ``bench/results/cpu-<host>.json`` (and ``docs/results/c
   EAGLE (the shipped head), every ratio against speccore ``none`` in the same reps and every
   output compared with ``none``'s, token for token;
 - vLLM's CPU build on the same prompts (none / ngram / suffix, a server each, as
-  ``bench/engines.py`` runs it), unless ``--no-vllm``;
+  ``bench/engines.py`` runs it), unless ``--no-vllm`` (with ``--only``, the file's earlier
+  vLLM rows are kept, dated);
 - bfloat16: speccore ``none`` and HF ``generate`` in bfloat16 on chat (outputs compared
   with bfloat16 ``none``), beside float32 ``none`` of the same prompts;
 - the OpenMP wait policy: speccore ``none`` in processes started with the default policy
@@ -85,7 +86,10 @@ def host_label(facts: dict[str, Any]) -> str:
 def speccore_rows(result: dict[str, Any]) -> dict[str, Any]:
     rows = {}
     for method, r in result["methods"].items():
-        rows[METHODS.get(method, method)] = {
+        # speccore's: one verify step (forward, logits, verification), prefill excluded
+        steps = r.get("verify_steps")
+        step = {"verify_step_ms": 1e3 * r["verify_time_s"] / steps} if steps else {}
+        rows[METHODS.get(method, method)] = step | {
             "tokens_per_s": r["tokens_per_s_median"],
             "vs_speccore_none": r["speedup_vs_none"],
             "mean_acceptance_length": r.get("mean_acceptance_length"),
@@ -106,6 +110,20 @@ def measure(dtype: str, workload: str, methods: list[str], args: argparse.Namesp
     )
     prompts = load_prompts(workload, args.n_prompts, 0)
     return run_bench(target, spec, prompts, log=lambda m: print(f"  {dtype} {workload} {m}", flush=True))
+
+
+def bfloat16(args: argparse.Namespace) -> dict[str, Any]:
+    """bfloat16 none and HF generate in one interleaved run, float32 none in the next (one
+    process cannot interleave two dtypes of a target: each run holds its own copy)."""
+    bf16 = speccore_rows(measure("bfloat16", "chat", ["none", "hf"], args))
+    fp32 = speccore_rows(measure("float32", "chat", ["none"], args))["none"]
+    return {
+        "workload": "chat",
+        "rows": bf16,
+        "float32_none": fp32,
+        "none_vs_float32_none": bf16["none"]["tokens_per_s"] / fp32["tokens_per_s"],
+        "decode_vs_float32_decode": fp32["verify_step_ms"] / bf16["none"]["verify_step_ms"],
+    }
 
 
 def wait_policies(args: argparse.Namespace) -> dict[str, Any]:
@@ -142,6 +160,12 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "none_vs_hf_generate": {w: 1 / r["hf_generate"] for w, r in ratio.items()},
         "none_fraction_of_limit": {w: tps / limit for w, tps in none.items()},
+        # decoding alone: one token per verify step of none, prefill excluded
+        "none_decode_fraction_of_limit": {
+            w: 1e3 / r["speccore"]["none"]["verify_step_ms"] / limit
+            for w, r in rows.items()
+            if "verify_step_ms" in r["speccore"]["none"]
+        },
         "ngram_vs_hf_prompt_lookup": {w: r["ngram"] / r["hf_prompt_lookup"] for w, r in ratio.items()},
         "speccore_outputs_identical_to_none": all(
             m.get("identical_to_none") is True
@@ -156,23 +180,30 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
     }
     if "bfloat16" in out:
         result["bf16_none_vs_fp32_none"] = out["bfloat16"]["none_vs_float32_none"]
+        result["bf16_decode_vs_fp32_decode"] = out["bfloat16"].get("decode_vs_float32_decode")
     if "wait_policy" in out:
         result["passive_vs_default"] = out["wait_policy"]["passive_vs_default"]
     return result
 
 
 def markdown(out: dict[str, Any], path: Path) -> str:
+    date = out["machine"]["date"]
+    vllm_dates = sorted({str(w.get("vllm_measured", date)) for w in out["workloads"].values()})
     lines = [
         f"# CPU decoding on {out['host']['cpu']} ({out['host_label']})",
         "",
-        f"Measured {out['machine']['date']} with `{out['command']}`; the raw numbers are in `{path}`.",
+        f"**Measured:** {date}, on the shared 2-core CPU machines.  ",
+        f"**Reproduce:** `make bench-cpu` (`{out['command']}`)  ",
+        f"**Results:** `{path}` (in the repository).",
+        "",
         f"{out['settings']['threads']} threads, smollm2-135m-instruct, greedy, "
         f"{out['settings']['max_new_tokens']} new tokens, {out['settings']['n_prompts']} prompts, "
-        f"{out['settings']['reps']} interleaved reps. Read bandwidth "
+        f"{out['settings']['reps']} interleaved reps; tok/s include prefill. Read bandwidth "
         f"{out['plain_decoding_limit']['read_bandwidth_gb_s']:.1f} GB/s: float32 plain decoding "
-        f"cannot pass {out['plain_decoding_limit']['tokens_per_s']:.1f} tok/s.",
+        f"cannot pass {out['plain_decoding_limit']['tokens_per_s']:.1f} tok/s. How to read these "
+        "numbers (host drift, neighbours' load): [Results](index.md).",
         "",
-        "| workload | engine | method | tok/s | vs speccore none | MAL | identical |",
+        "| workload | engine | method | tok/s | vs none | MAL | identical to none |",
         "|---|---|---|---:|---:|---:|---|",
     ]
     for workload, both in out["workloads"].items():
@@ -181,13 +212,25 @@ def markdown(out: dict[str, Any], path: Path) -> str:
                 if not isinstance(r, dict) or "tokens_per_s" not in r:
                     continue
                 ratio = r.get("vs_speccore_none", r.get("speedup"))
-                mal = r.get("mean_acceptance_length")
+                mal = r.get("mean_acceptance_length") if method != "none" else None
                 lines.append(
                     f"| {workload} | {engine if 'hf' not in method else 'transformers'} | {method} | "
                     f"{r['tokens_per_s']:.1f} | {ratio:.2f}x | {'' if mal is None else f'{mal:.2f}'} | "
                     f"{r.get('identical_to_none', '')} |"
                 )
-    lines += ["", "vLLM's ratios are against vLLM's own `none`.", "", "## Summary", ""]
+    lines += [
+        "",
+        "`vs none` is against speccore's `none` in the same reps for the speccore and transformers",
+        "rows, against vLLM's own `none` for vLLM's. vLLM's suffix decoding keeps earlier requests'",
+        "outputs in a global cache: in the second rep it drafts from the first rep's identical",
+        "answers, so its suffix rows overstate what new traffic gets (speccore's suffix here",
+        "drafts from the request alone). MAL is tokens per verify step.",
+        "",
+        f"vLLM's rows were measured {', '.join(vllm_dates)}; the others {date}.",
+        "",
+        "## Summary",
+        "",
+    ]
     lines += [f"- {k}: {json.dumps(v)}" for k, v in out["summary"].items()]
     return "\n".join(lines) + "\n"
 
@@ -203,6 +246,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--policy-rounds", type=int, default=2)
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument(
+        "--only",
+        help="comma-separated parts to measure again (workloads, bfloat16, wait_policy); the "
+        "others are kept from the existing --out file",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     facts = host()
@@ -214,7 +262,9 @@ def main() -> int:
     given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False))
     bandwidth = measure_read_bandwidth()
     target_bytes = load_model(MODEL, device="cpu", dtype="float32").weight_bytes
-    out: dict[str, Any] = {
+    parts = set(args.only.split(",")) if args.only else {"workloads", "bfloat16", "wait_policy"}
+    kept: dict[str, Any] = json.loads(path.read_text()) if args.only and path.exists() else {}
+    out: dict[str, Any] = kept | {
         "command": f"python bench/cpu.py {given}",
         "machine": machine(),
         "host": facts,
@@ -226,31 +276,31 @@ def main() -> int:
             "weight_bytes": target_bytes,
             "tokens_per_s": decode_limit_tokens_per_s(target_bytes, bandwidth),
         },
-        "workloads": {},
+        "workloads": kept.get("workloads", {}),
     }
 
     def save() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1) + "\n")
 
-    for workload in args.workloads.split(","):
+    for workload in args.workloads.split(",") if "workloads" in parts else ():
         started = time.monotonic()
         rows: dict[str, Any] = {"speccore": speccore_rows(measure("float32", workload, list(METHODS), args))}
         if not args.no_vllm:
             rows["vllm"] = vllm_side(workload, args.n_prompts, args.max_new_tokens, args.reps, args.threads)
+            rows["vllm_measured"] = out["machine"]["date"]
+        elif "vllm" in kept.get("workloads", {}).get(workload, {}):
+            # vLLM's rows are its own ratios, untouched by speccore's changes: kept, with their date
+            before = kept["workloads"][workload]
+            rows["vllm"] = before["vllm"]
+            rows["vllm_measured"] = before.get("vllm_measured", kept["machine"]["date"])
         out["workloads"][workload] = rows | {"seconds": time.monotonic() - started}
         save()
-    bf16 = speccore_rows(measure("bfloat16", "chat", ["none", "hf"], args))
-    fp32_none = out["workloads"].get("chat", {}).get("speccore", {}).get("none", {}).get("tokens_per_s")
-    out["bfloat16"] = {
-        "workload": "chat",
-        "rows": bf16,
-        "float32_none_tokens_per_s": fp32_none,
-        "none_vs_float32_none": bf16["none"]["tokens_per_s"] / fp32_none if fp32_none else None,
-        "note": "bfloat16 rows are one interleaved run; the float32 row is the chat run's (not interleaved)",
-    }
-    save()
-    out["wait_policy"] = wait_policies(args)
+    if "bfloat16" in parts:
+        out["bfloat16"] = bfloat16(args)
+        save()
+    if "wait_policy" in parts:
+        out["wait_policy"] = wait_policies(args)
     out["summary"] = summary(out)
     save()
     args.docs.parent.mkdir(parents=True, exist_ok=True)

@@ -89,6 +89,11 @@ class _Threads(threading.local):
 _threads = _Threads()
 
 
+def matmul_threads() -> int:
+    """Inside serial_small_ops: the threads packed matmuls take; else 0 (leave them as set)."""
+    return _threads.matmul
+
+
 @contextlib.contextmanager
 def serial_small_ops(rows: int) -> Iterator[None]:
     """Run a forward pass of ``rows`` rows with PyTorch on one thread, except the packed
@@ -175,19 +180,16 @@ class PackedGroup(nn.Module):
         super().__init__()
         self.in_features = linears[0].in_features
         self.sizes = [lin.out_features for lin in linears]
+        self.out_features = sum(self.sizes)
         self.packed = pack(torch.cat([lin.weight.detach() for lin in linears]))
         biases = [lin.bias for lin in linears]
         self.bias = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
         # The last input and its parts not yet handed out (see part()).
         self._memo: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
 
-    def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        """[n, in] -> [n, sum of the members' outputs]: the members' columns side by side."""
-        return packed_matmul(rows, self.packed, self.bias, sum(self.sizes))
-
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         """[..., in] -> one [..., out_i] per member, in order."""
-        out = self.matmul(x.reshape(-1, self.in_features))
+        out = packed_matmul(x.reshape(-1, self.in_features), self.packed, self.bias, self.out_features)
         return [p.reshape(*x.shape[:-1], p.shape[-1]) for p in out.split(self.sizes, -1)]
 
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:

@@ -3,14 +3,15 @@
 At batch 1 on a CPU, a decoding step of a small model is dominated by everything but its
 weights: Hugging Face's module plumbing (module calls, keyword arguments, per-layer mask
 and cache dispatch) and the few dozen torch ops a layer runs, a few microseconds each.
-This runs the same arithmetic as one loop over the layers, eight kernel calls a layer
-(``speccore.native_kernels``): RMSNorm; the fused q/k/v projection
-(``cpu_kernels.PackedGroup``); rotary embedding, the cache write and masked attention in
-one call; the output projection; the residual add fused with the next RMSNorm; the fused
-gate/up projection; the SiLU-gated product; the down projection. Every kernel computes each
-row on its own in one fixed order, so a block's rows get the bits of decoding its tokens one
-at a time. The results equal the Hugging Face modules' within float rounding (sums run in
-another order; a test compares them); a model runs one path or the other throughout.
+This runs the same arithmetic as one native call a layer (``speccore.native_kernels``'
+``decoder_layer``: the fused q/k/v projection (``cpu_kernels.PackedGroup``); rotary
+embedding, the cache write and masked attention in one kernel; the output projection; the
+residual add fused with the next RMSNorm; the fused gate/up projection; the SiLU-gated
+product; the down projection; the residual add fused with the next layer's RMSNorm). Every
+kernel computes each row on its own in one fixed order, so a block's rows get the bits of
+decoding its tokens one at a time. The results equal the Hugging Face modules' within float
+rounding (sums run in another order; a test compares them); a model runs one path or the
+other throughout.
 
 Layers that are not plain Llama-style layers (Gemma's extra norms and scaled embeddings,
 sliding windows, EAGLE-3's two-part input), and hosts where the native kernels do not
@@ -59,6 +60,22 @@ class LeanDecoder:
         self.head_dim = int(attn.head_dim)
         self.scaling = float(attn.scaling)
         self.native: Any = native_kernels.load()
+        # Per layer, what its native call takes besides the block: the packed weights, their
+        # output sizes and biases, then the norm after attention and the one after the MLP
+        # (the next layer's input norm, or the final norm) with their epsilons.
+        self.calls: list[tuple[Any, ...]] = []
+        for index, layer in enumerate(layers):
+            after = layers[index + 1].attn_norm if index + 1 < len(layers) else backbone.norm
+            matmuls = (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj)
+            self.calls.append(
+                (
+                    [m.packed for m in matmuls],
+                    [m.out_features for m in matmuls],
+                    [m.bias for m in matmuls],
+                    *self._norm(layer.mlp_norm),
+                    *self._norm(after),
+                )
+            )
 
     @classmethod
     def build(cls, model: nn.Module) -> LeanDecoder | None:
@@ -103,17 +120,14 @@ class LeanDecoder:
         lengths = cache.lengths.to(self.backbone.embed_tokens.weight.device)
         native = self.native
         normed = native.rms_norm(x, *self._norm(self.layers[0].attn_norm))
+        threads = cpu_kernels.matmul_threads()
         tapped: dict[int, torch.Tensor] = {}
-        for index, layer in enumerate(self.layers):
+        for index, call in enumerate(self.calls):
             keys, values = cache.buffers(index, self.kv_heads, self.head_dim)
-            qkv = layer.qkv.matmul(normed)
-            attn = native.attend(
-                qkv, cos, sin, keys, values, lengths, mask, self.heads, self.kv_heads, self.scaling
-            )
-            normed = native.add_rms_norm(x, layer.o_proj(attn), *self._norm(layer.mlp_norm))
-            down = layer.down_proj(native.silu_mul(layer.gate_up.matmul(normed)))
-            after = self.layers[index + 1].attn_norm if index + 1 < len(self.layers) else self.backbone.norm
-            normed = native.add_rms_norm(x, down, *self._norm(after))
+            normed = native.decoder_layer(
+                x, normed, *call, cos, sin, keys, values, lengths, mask,
+                self.heads, self.kv_heads, self.scaling, threads,
+            )  # fmt: skip
             if index in taps:
                 tapped[index] = x.view(batch, q, hidden).clone()
         return normed.view(batch, q, hidden), [tapped[i] for i in taps]
@@ -139,6 +153,8 @@ def _lean_layer(layer: nn.Module) -> _Layer | None:
         return None
     if type(mlp.act_fn) not in (SiLUActivation, nn.SiLU):
         return None
+    if any(m.packed.dim() != 4 for m in (qkv, attn.o_proj, gate_up, mlp.down_proj)):
+        return None  # a weight the native kernels do not take (oneDNN's layout)
     return _Layer(norms[0], qkv, attn.o_proj, norms[1], gate_up, mlp.down_proj)
 
 

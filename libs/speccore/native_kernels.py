@@ -32,7 +32,9 @@ from speccore.files import cache_root
 log = logging.getLogger(__name__)
 
 NATIVE = Path(__file__).with_name("native")
-SOURCES = tuple(NATIVE / name for name in ("kernels.h", "matmul.cpp", "layer.cpp", "module.cpp"))
+SOURCES = tuple(
+    NATIVE / name for name in ("kernels.h", "matmul.cpp", "layer.cpp", "decoder.cpp", "module.cpp")
+)
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 OFF_ENV = "SPECOPS_NATIVE_KERNELS"
 
@@ -75,7 +77,7 @@ def load() -> ModuleType | None:
     directory = cache_root() / "kernels" / name
     directory.mkdir(parents=True, exist_ok=True)
     if not any(directory.glob(f"{name}*.so")):
-        log.warning("building speccore's CPU kernels for this host (once, about 30 s)")
+        log.warning("building speccore's CPU kernels for this host (once, under a minute)")
     try:
         module = cpp_extension.load(
             name,

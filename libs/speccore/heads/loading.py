@@ -63,7 +63,8 @@ def open_head(ref: str | None, method: str, target: LoadedModel) -> HeadConfig:
 
 def draft_dtype(target: LoadedModel) -> torch.dtype:
     """The dtype a head drafts in: bfloat16 where the target runs float32 on speccore's CPU
-    kernels and the CPU multiplies bfloat16 natively, else the target's.
+    kernels and they run bfloat16 (the native kernels on any x86 host, oneDNN's with AVX-512
+    BF16), else the target's.
 
     Drafting reads the head's weights and the output rows of its draft vocabulary several
     times a step, for a handful of rows: memory-bound matmuls that read half the bytes in

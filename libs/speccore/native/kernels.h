@@ -12,6 +12,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace speccore {
 
@@ -79,5 +80,12 @@ at::Tensor silu_mul(const at::Tensor& gate_up);
 at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
                   at::Tensor& values, const at::Tensor& lengths, const at::Tensor& mask, int64_t heads,
                   int64_t kv_heads, double scaling);
+at::Tensor decoder_layer(at::Tensor& x, const at::Tensor& normed, const std::vector<at::Tensor>& packed,
+                         const std::vector<int64_t>& out_features,
+                         const std::vector<c10::optional<at::Tensor>>& biases,
+                         const at::Tensor& mlp_norm, double mlp_eps, const at::Tensor& next_norm, double next_eps,
+                         const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys, at::Tensor& values,
+                         const at::Tensor& lengths, const at::Tensor& mask, int64_t heads, int64_t kv_heads,
+                         double scaling, int64_t matmul_threads);
 
 }  // namespace speccore

@@ -12,4 +12,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &speccore::silu_mul, "[M, 2I] gate|up -> silu(gate) * up [M, I]");
   m.def("attend", &speccore::attend,
         "rotary q/k, the block's keys and values written to the cache, masked attention");
+  m.def("decoder_layer", &speccore::decoder_layer,
+        "one Llama-family layer: x += attention and MLP in place; the next norm's input");
 }
