@@ -41,7 +41,7 @@ from engines import vllm_side
 from speccore import native_kernels
 from speccore.bandwidth import decode_limit_tokens_per_s, measure_read_bandwidth
 from speccore.bench import BenchSpec, run_bench
-from speccore.models import load_model
+from speccore.models import LoadedModel, load_model
 from specplatform import engines
 from specprompts.sets import load_prompts
 
@@ -62,14 +62,7 @@ ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 def host() -> dict[str, Any]:
     flags = set(native_kernels.cpu_flags().split())
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = native_kernels.cpu_info("model name") or platform.processor() or platform.machine()
     isa = {flag: flag in flags for flag in ISA_FLAGS}
     return {"cpu": model, "isa": isa, "native_lanes": native_kernels.lanes()}
 
@@ -98,8 +91,10 @@ def speccore_rows(result: dict[str, Any]) -> dict[str, Any]:
     return rows | ({"failures": result["failures"]} if result.get("failures") else {})
 
 
-def measure(dtype: str, workload: str, methods: list[str], args: argparse.Namespace) -> dict[str, Any]:
-    target = load_model(MODEL, device="cpu", dtype=dtype)
+def measure(
+    target: LoadedModel, workload: str, methods: list[str], args: argparse.Namespace
+) -> dict[str, Any]:
+    dtype = str(target.dtype).removeprefix("torch.")
     spec = BenchSpec(
         workload=workload,
         methods=methods,
@@ -112,11 +107,12 @@ def measure(dtype: str, workload: str, methods: list[str], args: argparse.Namesp
     return run_bench(target, spec, prompts, log=lambda m: print(f"  {dtype} {workload} {m}", flush=True))
 
 
-def bfloat16(args: argparse.Namespace) -> dict[str, Any]:
+def bfloat16(fp32_target: LoadedModel, args: argparse.Namespace) -> dict[str, Any]:
     """bfloat16 none and HF generate in one interleaved run, float32 none in the next (one
-    process cannot interleave two dtypes of a target: each run holds its own copy)."""
-    bf16 = speccore_rows(measure("bfloat16", "chat", ["none", "hf"], args))
-    fp32 = speccore_rows(measure("float32", "chat", ["none"], args))["none"]
+    run measures one target's dtype)."""
+    bf16_target = load_model(MODEL, device="cpu", dtype="bfloat16")
+    bf16 = speccore_rows(measure(bf16_target, "chat", ["none", "hf"], args))
+    fp32 = speccore_rows(measure(fp32_target, "chat", ["none"], args))["none"]
     return {
         "workload": "chat",
         "rows": bf16,
@@ -261,7 +257,8 @@ def main() -> int:
         parser.error(f"{vllm.reason}; run `{vllm.install_command}` first, or pass --no-vllm")
     given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False))
     bandwidth = measure_read_bandwidth()
-    target_bytes = load_model(MODEL, device="cpu", dtype="float32").weight_bytes
+    target = load_model(MODEL, device="cpu", dtype="float32")
+    target_bytes = target.weight_bytes
     parts = set(args.only.split(",")) if args.only else {"workloads", "bfloat16", "wait_policy"}
     kept: dict[str, Any] = json.loads(path.read_text()) if args.only and path.exists() else {}
     out: dict[str, Any] = kept | {
@@ -285,7 +282,7 @@ def main() -> int:
 
     for workload in args.workloads.split(",") if "workloads" in parts else ():
         started = time.monotonic()
-        rows: dict[str, Any] = {"speccore": speccore_rows(measure("float32", workload, list(METHODS), args))}
+        rows: dict[str, Any] = {"speccore": speccore_rows(measure(target, workload, list(METHODS), args))}
         if not args.no_vllm:
             rows["vllm"] = vllm_side(workload, args.n_prompts, args.max_new_tokens, args.reps, args.threads)
             rows["vllm_measured"] = out["machine"]["date"]
@@ -297,7 +294,7 @@ def main() -> int:
         out["workloads"][workload] = rows | {"seconds": time.monotonic() - started}
         save()
     if "bfloat16" in parts:
-        out["bfloat16"] = bfloat16(args)
+        out["bfloat16"] = bfloat16(target, args)
         save()
     if "wait_policy" in parts:
         out["wait_policy"] = wait_policies(args)

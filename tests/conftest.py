@@ -41,6 +41,11 @@ def smollm2_checkpoint() -> str:
 
 
 @pytest.fixture(scope="session")
+def smollm_bf16() -> LoadedModel:
+    return load_model("smollm2-135m-instruct", device="cpu", dtype="bfloat16")
+
+
+@pytest.fixture(scope="session")
 def gemma() -> LoadedModel:
     return load_model("gemma-3-270m", device="cpu", dtype="float32")
 

@@ -64,34 +64,34 @@ class StaticKVCache:
             self._write = (rows, slots)
         return self._width
 
-    def buffers(self, layer_idx: int, kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def buffers(
+        self, layer_idx: int, kv_heads: int, head_dim: int, dtype: torch.dtype | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Layer ``layer_idx``'s whole key and value buffers [slots, kv_heads, capacity,
-        head_dim], allocated at its first pass (in layer order), for kernels that write the
-        block themselves at each row's committed length (speccore.decoder)."""
+        head_dim], allocated at its first pass (in layer order; ``dtype``, else the cache's),
+        for kernels that write the block themselves at each row's committed length
+        (speccore.decoder), and for ``update``."""
         if self._write is None:
             raise RuntimeError("begin_block() must precede a forward pass")
         if layer_idx == len(self._keys):
             shape = (self.slots, kv_heads, self.capacity, head_dim)
-            self._keys.append(torch.zeros(shape, device=self.device, dtype=self.dtype))
-            self._values.append(torch.zeros(shape, device=self.device, dtype=self.dtype))
+            self._keys.append(torch.zeros(shape, device=self.device, dtype=dtype or self.dtype))
+            self._values.append(torch.zeros(shape, device=self.device, dtype=dtype or self.dtype))
         return self._keys[layer_idx], self._values[layer_idx]
 
     # Called by every attention layer of the model, in layer order.
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._write is None:
-            raise RuntimeError("begin_block() must precede a forward pass")
-        if layer_idx == len(self._keys):
-            shape = (self.slots, key.shape[1], self.capacity, key.shape[3])
-            self._keys.append(torch.zeros(shape, device=self.device, dtype=key.dtype))
-            self._values.append(torch.zeros(shape, device=self.device, dtype=value.dtype))
-        k_buf, v_buf = self._keys[layer_idx][: self.batch], self._values[layer_idx][: self.batch]
-        if isinstance(self._write, slice):  # one row: a plain slice copy
-            k_buf[:, :, self._write] = key
-            v_buf[:, :, self._write] = value
+        keys, values = self.buffers(layer_idx, key.shape[1], key.shape[3], key.dtype)
+        k_buf, v_buf = keys[: self.batch], values[: self.batch]
+        write = self._write
+        assert write is not None  # buffers() refuses a pass before begin_block()
+        if isinstance(write, slice):  # one row: a plain slice copy
+            k_buf[:, :, write] = key
+            v_buf[:, :, write] = value
         else:
-            rows, slots = self._write
+            rows, slots = write
             # key: [batch, kv_heads, q, head_dim] -> indexed view [batch, q, kv_heads, head_dim]
             k_buf[rows, :, slots] = key.transpose(1, 2)
             v_buf[rows, :, slots] = value.transpose(1, 2)

@@ -39,15 +39,20 @@ FLAGS = ["-O3", "-march=native", "-fopenmp"]
 OFF_ENV = "SPECOPS_NATIVE_KERNELS"
 
 
-def cpu_flags() -> str:
-    """The host CPU's feature flags (Linux), or the machine name elsewhere."""
+def cpu_info(field: str) -> str | None:
+    """A field of the first CPU in /proc/cpuinfo (Linux), e.g. ``flags``; None elsewhere."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.split(":", 1)[0].strip() == field:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.machine()
+    return None
+
+
+def cpu_flags() -> str:
+    """The host CPU's feature flags, or the machine name where /proc/cpuinfo has none."""
+    return cpu_info("flags") or platform.machine()
 
 
 def build_name() -> str:

@@ -24,7 +24,7 @@ from speccore.cpu_kernels import (
     row_invariant_attention,
 )
 from speccore.kv_cache import KV_BLOCK
-from speccore.models import LoadedModel, load_model
+from speccore.models import LoadedModel
 from speccore.runner import ModelRunner
 
 pytestmark = pytest.mark.slow
@@ -187,11 +187,6 @@ def test_native_matmul_rows_do_not_depend_on_the_row_count(dtype: torch.dtype) -
     expected = x.float() @ weight.float().T + bias
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(full.float(), expected, rtol=tol, atol=tol * float(expected.abs().max()))
-
-
-@pytest.fixture(scope="module")
-def smollm_bf16() -> LoadedModel:
-    return load_model("smollm2-135m-instruct", device="cpu", dtype="bfloat16")
 
 
 @torch.inference_mode()

@@ -354,11 +354,6 @@ def test_broken_acceptance_rule_is_detected(smollm, sampling_prompt, datastore, 
     assert _fit_pvalue(smollm, sampling_prompt, samples) < ALPHA / 2
 
 
-@pytest.fixture(scope="module")
-def smollm_bf16():
-    return load_model("smollm2-135m-instruct", device="cpu", dtype="bfloat16")
-
-
 @pytest.mark.parametrize("method", ["ngram", "suffix", "eagle"])
 def test_bfloat16_greedy_output_is_identical_to_bfloat16_plain_decoding(smollm_bf16, method):
     """`--dtype bfloat16` on CPU runs the row-invariant kernels in bfloat16: lossless is

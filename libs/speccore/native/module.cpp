@@ -8,10 +8,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &speccore::pack, "a [out, in] weight in linear()'s packed layout");
   m.def("linear", &speccore::linear, "rows [M, in] times a packed weight -> [M, out]");
   m.def("rms_norm", &speccore::rms_norm, "RMSNorm of each row of [M, hidden]");
-  m.def("add_rms_norm", &speccore::add_rms_norm, "x += delta in place, then RMSNorm of x");
-  m.def("silu_mul", &speccore::silu_mul, "[M, 2I] gate|up -> silu(gate) * up [M, I]");
-  m.def("attend", &speccore::attend,
-        "rotary q/k, the block's keys and values written to the cache, masked attention");
   m.def("decoder_layer", &speccore::decoder_layer,
         "one Llama-family layer: x += attention and MLP in place; the next norm's input");
 }
