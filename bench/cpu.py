@@ -228,7 +228,30 @@ def markdown(out: dict[str, Any], path: Path) -> str:
         "",
     ]
     lines += [f"- {k}: {json.dumps(v)}" for k, v in out["summary"].items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + other_runs(path)) + "\n"
+
+
+def other_runs(path: Path) -> list[str]:
+    """The committed runs of other files (other host classes, earlier full runs), headline
+    ratios only: each file holds the rest."""
+    lines = ["", "## Other runs", "", "| file | CPU | measured | none vs HF generate | "
+             "ngram vs HF prompt lookup | PASSIVE vs default |", "|---|---|---|---|---|---:|"]  # fmt: skip
+    for other in sorted(path.parent.glob("cpu-*.json")):
+        if other.resolve() == path.resolve():
+            continue
+        run = json.loads(other.read_text())
+        ratios = run.get("summary", {})
+
+        def per_workload(key: str, ratios: dict[str, Any] = ratios) -> str:
+            return ", ".join(f"{w} {v:.2f}x" for w, v in ratios.get(key, {}).items())
+
+        passive = ratios.get("passive_vs_default")
+        lines.append(
+            f"| `{other}` | {run['host']['cpu']} ({run['host_label']}) | {run['machine']['date'][:16]} | "
+            f"{per_workload('none_vs_hf_generate')} | {per_workload('ngram_vs_hf_prompt_lookup')} | "
+            f"{'' if passive is None else f'{passive:.2f}'} |"
+        )
+    return lines if len(lines) > 5 else []
 
 
 def main() -> int:

@@ -3,11 +3,12 @@
 At batch 1 on a CPU, a decoding step of a small model is dominated by everything but its
 weights: Hugging Face's module plumbing (module calls, keyword arguments, per-layer mask
 and cache dispatch) and the few dozen torch ops a layer runs, a few microseconds each.
-This runs the same arithmetic as one native call a layer (``speccore.native_kernels``'
-``decoder_layer``: the fused q/k/v projection (``cpu_kernels.PackedGroup``); rotary
-embedding, the cache write and masked attention in one kernel; the output projection; the
-residual add fused with the next RMSNorm; the fused gate/up projection; the SiLU-gated
-product; the down projection; the residual add fused with the next layer's RMSNorm). Every
+This runs the same arithmetic in one native call a forward pass (``speccore.native_kernels``'
+``decoder_forward``: all layers in one parallel region, its threads splitting each step; per
+layer the fused q/k/v projection (``cpu_kernels.PackedGroup``); rotary embedding and the
+cache write; masked attention; the output projection; the residual add fused with the next
+RMSNorm; the fused gate/up projection; the SiLU-gated product; the down projection; the
+residual add fused with the next layer's RMSNorm). Every
 kernel computes each row on its own in one fixed order, so a block's rows get the bits of
 decoding its tokens one at a time. The results equal the Hugging Face modules' within float
 rounding (sums run in another order; a test compares them); a model runs one path or the
@@ -47,6 +48,10 @@ class _Layer:
     gate_up: cpu_kernels.PackedGroup
     down_proj: cpu_kernels.PackedLinear
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(m.out_features for m in (self.qkv, self.o_proj, self.gate_up, self.down_proj))
+
 
 class LeanDecoder:
     """Runs a supported backbone over a block; see ``build``."""
@@ -60,28 +65,24 @@ class LeanDecoder:
         self.head_dim = int(attn.head_dim)
         self.scaling = float(attn.scaling)
         self.native: Any = native_kernels.load()
-        # Per layer, what its native call takes besides the block: the packed weights, their
-        # output sizes and biases, then the norm after attention and the one after the MLP
-        # (the next layer's input norm, or the final norm) with their epsilons.
-        self.calls: list[tuple[Any, ...]] = []
-        for index, layer in enumerate(layers):
-            after = layers[index + 1].attn_norm if index + 1 < len(layers) else backbone.norm
-            matmuls = (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj)
-            self.calls.append(
-                (
-                    [m.packed for m in matmuls],
-                    [m.out_features for m in matmuls],
-                    [m.bias for m in matmuls],
-                    *self._norm(layer.mlp_norm),
-                    *self._norm(after),
-                )
-            )
+        # What the native forward takes besides the block, flattened over the layers: four
+        # packed weights and biases each (q/k/v, o, gate/up, down), their output sizes (one
+        # layer's: the same in every layer), and the norms in the order they run (each
+        # layer's input and post-attention norm, then the final norm) with their epsilons.
+        matmuls = [m for layer in layers for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj)]
+        self.packed = [m.packed for m in matmuls]
+        self.biases = [m.bias for m in matmuls]
+        self.out_features = [m.out_features for m in matmuls[:4]]
+        norms = [n for layer in layers for n in (layer.attn_norm, layer.mlp_norm)] + [backbone.norm]
+        self.norms = [n.weight for n in norms]
+        self.eps = [float(n.variance_epsilon) for n in norms]
 
     @classmethod
     def build(cls, model: nn.Module) -> LeanDecoder | None:
         """A lean decoder for ``model``'s backbone, or None where it does not apply: not
         on the row-invariant CPU kernels, no native kernels on this host, sliding-window
-        attention, or a layer that is not a plain Llama-family layer with fused projections."""
+        attention, or a layer that is not a plain Llama-family layer with fused projections,
+        or layers of different shapes."""
         config: Any = getattr(model, "config", None)
         if config is None or config._attn_implementation != cpu_kernels.ATTENTION_NAME:
             return None
@@ -95,10 +96,13 @@ class LeanDecoder:
             return None
         if type(backbone.embed_tokens) is not nn.Embedding or type(backbone.norm) not in NORMS:
             return None
-        layers = [_lean_layer(layer) for layer in backbone.layers]
-        if not layers or any(layer is None for layer in layers):
+        found = [_lean_layer(layer) for layer in backbone.layers]
+        layers = [layer for layer in found if layer is not None]
+        if not layers or len(layers) != len(found):
             return None
-        return cls(backbone, [layer for layer in layers if layer is not None])
+        if len({layer.shape for layer in layers}) != 1:
+            return None  # the native forward takes layers of one shape
+        return cls(backbone, layers)
 
     def forward(
         self,
@@ -116,25 +120,14 @@ class LeanDecoder:
         # [batch, q, head_dim] each
         cos, sin = (part.contiguous() for part in self.backbone.rotary_emb(x, positions))
         x = x.reshape(batch * q, hidden).clone()  # the residual stream, added to in place
-        mask = mask.contiguous()
-        lengths = cache.lengths.to(self.backbone.embed_tokens.weight.device)
-        native = self.native
-        normed = native.rms_norm(x, *self._norm(self.layers[0].attn_norm))
-        threads = cpu_kernels.matmul_threads()
-        tapped: dict[int, torch.Tensor] = {}
-        for index, call in enumerate(self.calls):
-            keys, values = cache.buffers(index, self.kv_heads, self.head_dim)
-            normed = native.decoder_layer(
-                x, normed, *call, cos, sin, keys, values, lengths, mask,
-                self.heads, self.kv_heads, self.scaling, threads,
-            )  # fmt: skip
-            if index in taps:
-                tapped[index] = x.view(batch, q, hidden).clone()
-        return normed.view(batch, q, hidden), [tapped[i] for i in taps]
-
-    @staticmethod
-    def _norm(norm: Any) -> tuple[torch.Tensor, float]:
-        return norm.weight, float(norm.variance_epsilon)
+        buffers = [cache.buffers(i, self.kv_heads, self.head_dim) for i in range(len(self.layers))]
+        normed, *tapped = self.native.decoder_forward(
+            x, self.packed, self.out_features, self.biases, self.norms, self.eps, cos, sin,
+            [k for k, _ in buffers], [v for _, v in buffers],
+            cache.lengths.to(x.device), mask.contiguous(), self.heads, self.kv_heads, self.scaling,
+            list(taps), cpu_kernels.matmul_threads() or torch.get_num_threads(),
+        )  # fmt: skip
+        return normed.view(batch, q, hidden), [t.view(batch, q, hidden) for t in tapped]
 
 
 def _lean_layer(layer: nn.Module) -> _Layer | None:

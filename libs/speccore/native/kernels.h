@@ -12,6 +12,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace speccore {
@@ -71,21 +72,53 @@ inline float dot(const A* a, const B* b, int64_t n) {
     return __VA_ARGS__();                                                     \
   }()
 
+// Part `part` of `parts` equal contiguous shares of n items: [first, last).
+inline std::pair<int64_t, int64_t> share(int64_t n, int part, int parts) {
+  return {n * part / parts, n * (part + 1) / parts};
+}
+
 at::Tensor pack(const at::Tensor& weight);
 at::Tensor linear(const at::Tensor& rows, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias);
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps);
-at::Tensor silu_mul(const at::Tensor& gate_up);
-at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys,
-                  at::Tensor& values, const at::Tensor& lengths, const at::Tensor& mask, int64_t heads,
-                  int64_t kv_heads, double scaling);
-at::Tensor decoder_layer(at::Tensor& x, const at::Tensor& normed, const std::vector<at::Tensor>& packed,
-                         const std::vector<int64_t>& out_features,
-                         const std::vector<c10::optional<at::Tensor>>& biases,
-                         const at::Tensor& mlp_norm, double mlp_eps, const at::Tensor& next_norm, double next_eps,
-                         const at::Tensor& cos, const at::Tensor& sin, at::Tensor& keys, at::Tensor& values,
-                         const at::Tensor& lengths, const at::Tensor& mask, int64_t heads, int64_t kv_heads,
-                         double scaling, int64_t matmul_threads);
+void check_linear(const at::Tensor& rows, const at::Tensor& packed, int64_t out_features, const char* name);
+// Share `part` of `parts` of linear()'s output tiles, into `out` [M, N].
+void linear_part(const at::Tensor& x, const at::Tensor& packed, const float* bias, at::Tensor& out, int64_t N,
+                 int part, int parts);
+
+// Rows m0..m1 of: RMSNorm; x += delta then RMSNorm; silu(gate) * up of [M, 2I] gate|up.
+void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, double eps, at::Tensor& out, int64_t m0,
+                   int64_t m1);
+void add_rms_norm_rows(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps,
+                       at::Tensor& out, int64_t m0, int64_t m1);
+void silu_mul_rows(const at::Tensor& gate_up, at::Tensor& out, int64_t m0, int64_t m1);
+
+// One layer's attention over a block of q rows for each of `batch` sequences.
+struct Attention {
+  at::Tensor qkv;          // [batch * q, (heads + 2 kv_heads) * head_dim]
+  at::Tensor cos, sin;     // [batch, q, head_dim]
+  at::Tensor keys, values;  // the layer's cache [slots, kv_heads, capacity, head_dim]
+  const int64_t* lengths;  // [batch]: where each sequence's block is written
+  const bool* mask;        // [batch, q, width]: True = attend
+  int64_t batch, q, width, heads, kv_heads;
+  float scaling;
+  at::Tensor queries;  // float32 [batch * q, heads * head_dim]: the rotated queries
+  at::Tensor out;      // [batch * q, heads * head_dim]
+};
+void check_attention(const Attention& a);
+// Rows r0..r1 (b * q + i): rotary embedding, queries kept, keys and values written to the cache.
+void rotate_rows(const Attention& a, int64_t r0, int64_t r1);
+// Attention rows t0..t1 ((b * heads + h) * q + i), after every row's rotate_rows.
+void attend_rows(const Attention& a, int64_t t0, int64_t t1);
+
+// A Llama-family decoder over a block, all layers in one parallel region (decoder.cpp).
+std::vector<at::Tensor> decoder_forward(at::Tensor& x, const std::vector<at::Tensor>& packed,
+                                        const std::vector<int64_t>& out_features,
+                                        const std::vector<c10::optional<at::Tensor>>& biases,
+                                        const std::vector<at::Tensor>& norms, const std::vector<double>& eps,
+                                        const at::Tensor& cos, const at::Tensor& sin,
+                                        const std::vector<at::Tensor>& keys, const std::vector<at::Tensor>& values,
+                                        const at::Tensor& lengths, const at::Tensor& mask, int64_t heads,
+                                        int64_t kv_heads, double scaling, const std::vector<int64_t>& taps,
+                                        int64_t threads);
 
 }  // namespace speccore

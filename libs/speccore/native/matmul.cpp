@@ -83,16 +83,25 @@ void tiles(const X* x, int64_t M, int64_t K, const W* w, const float* bias, X* o
   }
 }
 
-template <typename X, typename W>
-void run(const at::Tensor& x, const at::Tensor& w, const float* bias, at::Tensor& out, int64_t N) {
-  const int64_t M = x.size(0), K = x.size(1), n_tiles = (N + NB - 1) / NB;
-  const X* xp = x.data_ptr<X>();
-  const W* wp = w.data_ptr<W>();
-  X* op = out.data_ptr<X>();
-  at::parallel_for(0, n_tiles, 8, [&](int64_t t0, int64_t t1) { tiles<X, W>(xp, M, K, wp, bias, op, N, t0, t1); });
+// Output tiles t0..t1 of rows x times a packed weight (dtypes checked by the caller).
+void linear_tiles(const at::Tensor& x, const at::Tensor& packed, const float* bias, at::Tensor& out, int64_t N,
+                  int64_t t0, int64_t t1) {
+  SPECCORE_FLOATING(x.scalar_type(), "linear", [&] {
+    using X = scalar_t;
+    SPECCORE_FLOATING(packed.scalar_type(), "linear", [&] {
+      tiles<X, scalar_t>(x.data_ptr<X>(), x.size(0), x.size(1), packed.data_ptr<scalar_t>(), bias,
+                         out.data_ptr<X>(), N, t0, t1);
+    });
+  });
 }
 
 }  // namespace
+
+void linear_part(const at::Tensor& x, const at::Tensor& packed, const float* bias, at::Tensor& out, int64_t N,
+                 int part, int parts) {
+  const auto [t0, t1] = share((N + NB - 1) / NB, part, parts);
+  linear_tiles(x, packed, bias, out, N, t0, t1);
+}
 
 at::Tensor pack(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2, "pack: a [out, in] weight");
@@ -104,13 +113,19 @@ at::Tensor pack(const at::Tensor& weight) {
   return w.reshape({padded / NB, NB, K / VL, VL}).transpose(1, 2).contiguous();
 }
 
+void check_linear(const at::Tensor& rows, const at::Tensor& packed, int64_t out_features, const char* name) {
+  TORCH_CHECK(rows.dim() == 2 && packed.dim() == 4 && packed.is_contiguous(), name,
+              ": [rows, in] times a packed weight");
+  const int64_t K = packed.size(1) * VL;
+  TORCH_CHECK(rows.size(1) == K, name, ": rows have ", rows.size(1), " features, the weight ", K);
+  TORCH_CHECK(packed.size(0) * NB >= out_features, name, ": the packed weight has fewer outputs");
+  for (const auto t : {rows.scalar_type(), packed.scalar_type()})
+    TORCH_CHECK(t == at::kFloat || t == at::kBFloat16, name, ": float32 or bfloat16 only");
+}
+
 at::Tensor linear(const at::Tensor& rows, const at::Tensor& packed, int64_t out_features,
                   const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(rows.dim() == 2 && packed.dim() == 4 && packed.is_contiguous(),
-              "linear: [rows, in] times a packed weight");
-  const int64_t K = packed.size(1) * VL;
-  TORCH_CHECK(rows.size(1) == K, "linear: rows have ", rows.size(1), " features, the weight ", K);
-  TORCH_CHECK(packed.size(0) * NB >= out_features, "linear: the packed weight has fewer outputs");
+  check_linear(rows, packed, out_features, "linear");
   auto x = rows.contiguous();
   auto out = at::empty({x.size(0), out_features}, x.options());
   at::Tensor b;
@@ -119,10 +134,8 @@ at::Tensor linear(const at::Tensor& rows, const at::Tensor& packed, int64_t out_
     b = bias->to(at::kFloat).contiguous();
     bp = b.data_ptr<float>();
   }
-  SPECCORE_FLOATING(x.scalar_type(), "linear", [&] {
-    using X = scalar_t;
-    SPECCORE_FLOATING(packed.scalar_type(), "linear", [&] { run<X, scalar_t>(x, packed, bp, out, out_features); });
-  });
+  const int64_t n_tiles = (out_features + NB - 1) / NB;
+  at::parallel_for(0, n_tiles, 8, [&](int64_t t0, int64_t t1) { linear_tiles(x, packed, bp, out, out_features, t0, t1); });
   return out;
 }
 

@@ -7,7 +7,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("lanes") = speccore::VL;
   m.def("pack", &speccore::pack, "a [out, in] weight in linear()'s packed layout");
   m.def("linear", &speccore::linear, "rows [M, in] times a packed weight -> [M, out]");
-  m.def("rms_norm", &speccore::rms_norm, "RMSNorm of each row of [M, hidden]");
-  m.def("decoder_layer", &speccore::decoder_layer,
-        "one Llama-family layer: x += attention and MLP in place; the next norm's input");
+  m.def("decoder_forward", &speccore::decoder_forward,
+        "a Llama-family decoder over a block: x += every layer in place; [final-normed x, tapped layers' x...]");
 }
