@@ -185,6 +185,8 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
 def markdown(out: dict[str, Any], path: Path) -> str:
     date = out["machine"]["date"]
     vllm_dates = sorted({str(w.get("vllm_measured", date)) for w in out["workloads"].values()})
+    speccore_dates = sorted({str(w.get("speccore_measured", date)) for w in out["workloads"].values()})
+    part_dates = {p: out[p].get("measured", date) for p in ("bfloat16", "wait_policy") if p in out}
     lines = [
         f"# CPU decoding on {out['host']['cpu']} ({out['host_label']})",
         "",
@@ -222,7 +224,10 @@ def markdown(out: dict[str, Any], path: Path) -> str:
         "answers, so its suffix rows overstate what new traffic gets (speccore's suffix here",
         "drafts from the request alone). MAL is tokens per verify step.",
         "",
-        f"vLLM's rows were measured {', '.join(vllm_dates)}; the others {date}.",
+        f"Measured: vLLM's rows {', '.join(vllm_dates)}; speccore's and transformers' rows "
+        f"{', '.join(speccore_dates)}; "
+        + "; ".join(f"{part} {when}" for part, when in part_dates.items())
+        + ".",
         "",
         "## Summary",
         "",
@@ -314,13 +319,14 @@ def main() -> int:
             before = kept["workloads"][workload]
             rows["vllm"] = before["vllm"]
             rows["vllm_measured"] = before.get("vllm_measured", kept["machine"]["date"])
+        rows["speccore_measured"] = out["machine"]["date"]
         out["workloads"][workload] = rows | {"seconds": time.monotonic() - started}
         save()
     if "bfloat16" in parts:
-        out["bfloat16"] = bfloat16(target, args)
+        out["bfloat16"] = bfloat16(target, args) | {"measured": out["machine"]["date"]}
         save()
     if "wait_policy" in parts:
-        out["wait_policy"] = wait_policies(args)
+        out["wait_policy"] = wait_policies(args) | {"measured": out["machine"]["date"]}
     out["summary"] = summary(out)
     save()
     args.docs.parent.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,9 @@ its attention sums in another order: equal within rounding, not bit for bit.)
   crosses PyTorch's grain size in a few hundred of them a step. Measured on the 2-core
   hosts (smollm2-135m, fp32, 2 threads, ``bench/serial_ops.py``): decoding 9-11 % faster
   under PASSIVE, 2-6 % slower with idle threads spinning (the default policy), where it
-  stays off. The thread count changes no bit (a test checks).
+  stays off. The thread count changes no bit (a test checks). The engine runs a whole
+  decoding step so (``ModelRunner.small_ops``): the verifier's and proposers' torch ops
+  over the vocabulary woke the sleeping thread a few times a step as well.
 
 On CUDA the stock kernels stay: there losslessness rests on the verifier alone.
 """
@@ -98,10 +100,24 @@ def matmul_threads() -> int:
 def serial_small_ops(rows: int) -> Iterator[None]:
     """Run a forward pass of ``rows`` rows with PyTorch on one thread, except the packed
     matmuls, which keep the threads set before (see the module's docstring). Nothing
-    changes where idle threads spin, for a larger block, a single thread, or inside
-    another such pass."""
+    changes where idle threads spin, for a larger block, or on a single thread. Inside
+    another such pass (a whole decoding step), a small block changes nothing and a larger
+    one gets the threads back for its own duration."""
+    outer = _threads.matmul
+    if not IDLE_THREADS_SLEEP or (outer and rows <= SERIAL_MAX_ROWS):
+        yield
+        return
+    if outer:  # a large block inside a pass on one thread: the threads back for it
+        _threads.matmul = 0
+        torch.set_num_threads(outer)
+        try:
+            yield
+        finally:
+            _threads.matmul = outer
+            torch.set_num_threads(1)
+        return
     threads = torch.get_num_threads()
-    if not IDLE_THREADS_SLEEP or rows > SERIAL_MAX_ROWS or threads == 1 or _threads.matmul:
+    if rows > SERIAL_MAX_ROWS or threads == 1:
         yield
         return
     _threads.matmul = threads

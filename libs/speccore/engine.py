@@ -321,6 +321,10 @@ class Engine:
     @torch.inference_mode()
     def step(self, run: Batch) -> None:
         """propose -> verify -> commit, then count, emit and let the proposer observe."""
+        with self.runner.small_ops(len(run.seqs)):
+            self._step(run)
+
+    def _step(self, run: Batch) -> None:
         active = [not s.finished for s in run.seqs]
         t0 = time.perf_counter()
         cap = self.adaptive.choose(len(run.seqs), sum(active)) if self.adaptive is not None else None

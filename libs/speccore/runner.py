@@ -94,7 +94,7 @@ class ModelRunner:
         if inputs is None or (tokens is not None and embeds is not None):
             raise ValueError("give either tokens or embeds")
         batch, q = inputs.shape[:2]
-        with self._threads(batch * q):
+        with self.small_ops(batch * q):
             if block_parents is None:
                 anc = torch.tril(torch.ones(q, q, dtype=torch.bool)).expand(batch, q, q)
             else:
@@ -133,8 +133,9 @@ class ModelRunner:
                 )
             return out.last_hidden_state, tap.features() if tap is not None else None
 
-    def _threads(self, rows: int) -> contextlib.AbstractContextManager[None]:
-        """On the row-invariant CPU kernels a small block's small ops run on one thread."""
+    def small_ops(self, rows: int) -> contextlib.AbstractContextManager[None]:
+        """On the row-invariant CPU kernels a small block's small ops run on one thread
+        (``cpu_kernels.serial_small_ops``; the engine holds it for a whole decoding step)."""
         if self.fold_groups is None:
             return contextlib.nullcontext()
         return cpu_kernels.serial_small_ops(rows)
@@ -152,7 +153,7 @@ class ModelRunner:
         """[..., hidden] -> [..., vocab] float32 logits, with the model's soft-capping."""
         if self.head is None:
             raise RuntimeError("this model has no output embedding")
-        with self._threads(hidden.numel() // hidden.shape[-1]):
+        with self.small_ops(hidden.numel() // hidden.shape[-1]):
             logits = self.head(hidden).float()
             if self.softcap:
                 logits = torch.tanh(logits / self.softcap) * self.softcap

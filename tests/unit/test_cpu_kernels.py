@@ -66,6 +66,28 @@ def test_block_and_batch_logits_equal_single_token_logits_bit_for_bit(
         assert torch.equal(batched[row], alone), f"row {row} differs from decoding alone"
 
 
+def test_a_decoding_step_keeps_small_blocks_on_one_thread_and_gives_large_ones_the_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine holds serial_small_ops for a whole step: a small block inside keeps the
+    step's single thread, a large one (a prefill) gets every thread for itself, and the
+    caller's thread count is back after each."""
+    monkeypatch.setattr(cpu_kernels, "IDLE_THREADS_SLEEP", True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with cpu_kernels.serial_small_ops(1):
+            assert (torch.get_num_threads(), cpu_kernels.matmul_threads()) == (1, 2)
+            with cpu_kernels.serial_small_ops(cpu_kernels.SERIAL_MAX_ROWS):
+                assert (torch.get_num_threads(), cpu_kernels.matmul_threads()) == (1, 2)
+            with cpu_kernels.serial_small_ops(cpu_kernels.SERIAL_MAX_ROWS + 1):
+                assert (torch.get_num_threads(), cpu_kernels.matmul_threads()) == (2, 0)
+            assert (torch.get_num_threads(), cpu_kernels.matmul_threads()) == (1, 2)
+        assert (torch.get_num_threads(), cpu_kernels.matmul_threads()) == (2, 0)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("model_name", ["smollm", "gemma"])
 @torch.inference_mode()
 def test_small_blocks_on_one_thread_give_the_bits_of_all_threads(
