@@ -192,8 +192,9 @@ gpu-bench: setup
 	$(PY) bench/gpu.py --out bench/results/gpu-bench.json $(GPU_BENCH_ARGS)
 
 # Plain and speculative decoding on this CPU against HF generate, HF prompt lookup and vLLM's CPU
-# build, bfloat16 and the OpenMP wait policies: bench/results/cpu-<host>.json and
-# docs/results/cpu.md. About 40 minutes on 2 cores. BENCH_CPU_ARGS adds options.
+# build, bfloat16, a profile of one decoding step and the OpenMP wait policies:
+# bench/results/cpu-<host>.json and docs/results/cpu.md. About 40 minutes on 2 cores.
+# BENCH_CPU_ARGS adds options (--only PARTS re-measures parts, keeping the others).
 BENCH_CPU_ARGS ?=
 bench-cpu: setup
 	$(PY) bench/cpu.py $(BENCH_CPU_ARGS)

@@ -14,6 +14,8 @@ One file per host class, ``bench/results/cpu-<host>.json`` (and ``docs/results/c
   vLLM rows are kept, dated);
 - bfloat16: speccore ``none`` and HF ``generate`` in bfloat16 on chat (outputs compared
   with bfloat16 ``none``), beside float32 ``none`` of the same prompts;
+- a profile of a float32 decoding step: the decoder forward, the output projection, the
+  rest, and each kind of matmul alone with the bandwidth it streams at;
 - the OpenMP wait policy: speccore ``none`` in processes started with the default policy
   and with ``OMP_WAIT_POLICY=PASSIVE`` (how the services run), alternated.
 
@@ -42,6 +44,7 @@ from speccore import native_kernels
 from speccore.bandwidth import decode_limit_tokens_per_s, measure_read_bandwidth
 from speccore.bench import BenchSpec, run_bench
 from speccore.models import LoadedModel, load_model
+from speccore.runner import ModelRunner
 from specplatform import engines
 from specprompts.sets import load_prompts
 
@@ -122,6 +125,61 @@ def bfloat16(fp32_target: LoadedModel, args: argparse.Namespace) -> dict[str, An
     }
 
 
+@torch.inference_mode()
+def profile(target: LoadedModel, steps: int = 64, warmup: int = 16) -> dict[str, Any]:
+    """Where a float32 decoding step's time goes (median ms of ``steps`` steps after a
+    250-token prefill): the decoder forward (one native call), the output projection, the
+    rest; then each kind of matmul alone (one call per layer), with the bytes it streams."""
+    runner = ModelRunner(target.model)
+    lean = runner.lean
+    if lean is None:
+        return {"skipped": "no lean decoder on this host (native kernels not built)"}
+    cache = runner.new_cache(1, 1024)
+    token = runner.logits(runner.forward(cache, torch.randint(100, 30000, (1, 250)))[:, -1:]).argmax(-1)
+    cache.commit(torch.tensor([250]))
+    parts: dict[str, list[float]] = {"step": [], "forward": [], "output_projection": []}
+    for i in range(warmup + steps):
+        t0 = time.perf_counter()
+        hidden = runner.forward(cache, token)
+        t1 = time.perf_counter()
+        logits = runner.logits(hidden)
+        t2 = time.perf_counter()
+        token = logits.argmax(-1)
+        cache.commit(torch.tensor([1]))
+        t3 = time.perf_counter()
+        if i >= warmup:
+            for part, seconds in (("step", t3 - t0), ("forward", t1 - t0), ("output_projection", t2 - t1)):
+                parts[part].append(seconds)
+    ms = {part: statistics.median(v) * 1e3 for part, v in parts.items()}
+    layer_bytes = sum(p.numel() * p.element_size() for p in lean.packed)
+    head: Any = runner.head
+    head_bytes = head.packed.numel() * head.packed.element_size()
+    result: dict[str, Any] = {
+        "ms": ms | {"rest": ms["step"] - ms["forward"] - ms["output_projection"]},
+        "forward_gb_s": layer_bytes / ms["forward"] / 1e6,
+        "output_projection_gb_s": head_bytes / ms["output_projection"] / 1e6,
+        "matmuls_alone": {},
+    }
+    native, layers = lean.native, len(lean.layers)
+    for j, name in enumerate(("qkv", "o_proj", "gate_up", "down_proj")):
+        weights = lean.packed[j::4]
+        rows = torch.randn(1, weights[0].shape[1] * native.lanes)
+        times = []
+        for _ in range(warmup + 16):
+            t0 = time.perf_counter()
+            for w in weights:
+                native.linear(rows, w, lean.out_features[j], None)
+            times.append(time.perf_counter() - t0)
+        seconds = statistics.median(times[warmup:])
+        streamed = sum(w.numel() * w.element_size() for w in weights)
+        result["matmuls_alone"][name] = {
+            "ms": seconds * 1e3,
+            "gb_s": streamed / seconds / 1e9,
+            "layers": layers,
+        }
+    return result
+
+
 def wait_policies(args: argparse.Namespace) -> dict[str, Any]:
     """speccore none under each OpenMP wait policy (read when a process starts), alternated."""
     runs: dict[str, list[float]] = {"default": [], "passive": []}
@@ -186,12 +244,13 @@ def markdown(out: dict[str, Any], path: Path) -> str:
     date = out["machine"]["date"]
     vllm_dates = sorted({str(w.get("vllm_measured", date)) for w in out["workloads"].values()})
     speccore_dates = sorted({str(w.get("speccore_measured", date)) for w in out["workloads"].values()})
-    part_dates = {p: out[p].get("measured", date) for p in ("bfloat16", "wait_policy") if p in out}
+    part_dates = {p: out[p].get("measured", date) for p in ("bfloat16", "profile", "wait_policy") if p in out}
     lines = [
         f"# CPU decoding on {out['host']['cpu']} ({out['host_label']})",
         "",
         f"**Measured:** {date}, on the shared 2-core CPU machines.  ",
         f"**Reproduce:** `make bench-cpu` (`{out['command']}`)  ",
+        *[f"**Re-measured:** {r['date']}: `{r['command']}`  " for r in out.get("reruns", [])],
         f"**Results:** `{path}` (in the repository).",
         "",
         f"{out['settings']['threads']} threads, smollm2-135m-instruct, greedy, "
@@ -229,6 +288,16 @@ def markdown(out: dict[str, Any], path: Path) -> str:
         + "; ".join(f"{part} {when}" for part, when in part_dates.items())
         + ".",
         "",
+    ]
+    if "profile" in out and "ms" in out["profile"]:
+        prof = out["profile"]
+        lines += ["## A float32 decoding step", "", "| part | ms | streams at |", "|---|---:|---:|"]
+        rates = {part: f"{prof[part + '_gb_s']:.1f} GB/s" for part in ("forward", "output_projection")}
+        lines += [f"| {part} | {ms:.2f} | {rates.get(part, '')} |" for part, ms in prof["ms"].items()]
+        lines += [f"| {name} alone ({m['layers']} layers) | {m['ms']:.2f} | {m['gb_s']:.1f} GB/s |"
+                  for name, m in prof["matmuls_alone"].items()]  # fmt: skip
+        lines.append("")
+    lines += [
         "## Summary",
         "",
     ]
@@ -272,7 +341,7 @@ def main() -> int:
     parser.add_argument("--no-vllm", action="store_true")
     parser.add_argument(
         "--only",
-        help="comma-separated parts to measure again (workloads, bfloat16, wait_policy); the "
+        help="comma-separated parts to measure again (workloads, bfloat16, profile, wait_policy); the "
         "others are kept from the existing --out file",
     )
     args = parser.parse_args()
@@ -283,26 +352,35 @@ def main() -> int:
     vllm = engines.state("vllm")
     if not args.no_vllm and not vllm.runnable:
         parser.error(f"{vllm.reason}; run `{vllm.install_command}` first, or pass --no-vllm")
-    given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v not in (None, False))
-    bandwidth = measure_read_bandwidth()
+    given = " ".join(
+        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+        for k, v in vars(args).items()
+        if v not in (None, False)
+    )
+    command = f"python bench/cpu.py {given}"
+    settings = vars(args) | {"out": str(path), "docs": str(args.docs), "greedy": True}
     target = load_model(MODEL, device="cpu", dtype="float32")
-    target_bytes = target.weight_bytes
-    parts = set(args.only.split(",")) if args.only else {"workloads", "bfloat16", "wait_policy"}
+    parts = set(args.only.split(",")) if args.only else {"workloads", "bfloat16", "profile", "wait_policy"}
     kept: dict[str, Any] = json.loads(path.read_text()) if args.only and path.exists() else {}
     out: dict[str, Any] = kept | {
-        "command": f"python bench/cpu.py {given}",
+        "command": kept.get("command", command),  # the run whose rows the file holds
         "machine": machine(),
         "host": facts,
         "host_label": label,
         "model": MODEL,
-        "settings": vars(args) | {"out": str(path), "docs": str(args.docs), "greedy": True},
-        "plain_decoding_limit": {
-            "read_bandwidth_gb_s": bandwidth / 1e9,
-            "weight_bytes": target_bytes,
-            "tokens_per_s": decode_limit_tokens_per_s(target_bytes, bandwidth),
-        },
+        "settings": kept.get("settings", settings),
         "workloads": kept.get("workloads", {}),
     }
+    if args.only:
+        out["reruns"] = kept.get("reruns", []) + [{"command": command, "date": out["machine"]["date"]}]
+    if "workloads" in parts or "plain_decoding_limit" not in out:
+        # the limit the workloads' rows are read against: measured with them
+        bandwidth = measure_read_bandwidth()
+        out["plain_decoding_limit"] = {
+            "read_bandwidth_gb_s": bandwidth / 1e9,
+            "weight_bytes": target.weight_bytes,
+            "tokens_per_s": decode_limit_tokens_per_s(target.weight_bytes, bandwidth),
+        }
 
     def save() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -324,6 +402,9 @@ def main() -> int:
         save()
     if "bfloat16" in parts:
         out["bfloat16"] = bfloat16(target, args) | {"measured": out["machine"]["date"]}
+        save()
+    if "profile" in parts:
+        out["profile"] = profile(target) | {"measured": out["machine"]["date"]}
         save()
     if "wait_policy" in parts:
         out["wait_policy"] = wait_policies(args) | {"measured": out["machine"]["date"]}
