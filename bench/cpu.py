@@ -151,9 +151,9 @@ def profile(target: LoadedModel, steps: int = 64, warmup: int = 16) -> dict[str,
             for part, seconds in (("step", t3 - t0), ("forward", t1 - t0), ("output_projection", t2 - t1)):
                 parts[part].append(seconds)
     ms = {part: statistics.median(v) * 1e3 for part, v in parts.items()}
-    layer_bytes = sum(p.numel() * p.element_size() for p in lean.packed)
+    layer_bytes = sum(p.nbytes for p in lean.packed)
     head: Any = runner.head
-    head_bytes = head.packed.numel() * head.packed.element_size()
+    head_bytes = head.packed.nbytes
     result: dict[str, Any] = {
         "ms": ms | {"rest": ms["step"] - ms["forward"] - ms["output_projection"]},
         "forward_gb_s": layer_bytes / ms["forward"] / 1e6,
@@ -171,7 +171,7 @@ def profile(target: LoadedModel, steps: int = 64, warmup: int = 16) -> dict[str,
                 native.linear(rows, w, lean.out_features[j], None)
             times.append(time.perf_counter() - t0)
         seconds = statistics.median(times[warmup:])
-        streamed = sum(w.numel() * w.element_size() for w in weights)
+        streamed = sum(w.nbytes for w in weights)
         result["matmuls_alone"][name] = {
             "ms": seconds * 1e3,
             "gb_s": streamed / seconds / 1e9,

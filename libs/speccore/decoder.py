@@ -8,11 +8,10 @@ This runs the same arithmetic in one native call a forward pass (``speccore.nati
 layer the fused q/k/v projection (``cpu_kernels.PackedGroup``); rotary embedding and the
 cache write; masked attention; the output projection; the residual add fused with the next
 RMSNorm; the fused gate/up projection; the SiLU-gated product; the down projection; the
-residual add fused with the next layer's RMSNorm). Every
-kernel computes each row on its own in one fixed order, so a block's rows get the bits of
-decoding its tokens one at a time. The results equal the Hugging Face modules' within float
-rounding (sums run in another order; a test compares them); a model runs one path or the
-other throughout.
+residual add fused with the next layer's RMSNorm). Every kernel computes each row on its own
+in one fixed order, so a block's rows get the bits of decoding its tokens one at a time. The
+results equal the Hugging Face modules' within float rounding (sums run in another order; a
+test compares them); a model runs one path or the other throughout.
 
 Layers that are not plain Llama-style layers (Gemma's extra norms and scaled embeddings,
 sliding windows, EAGLE-3's two-part input), and hosts where the native kernels do not
@@ -72,7 +71,7 @@ class LeanDecoder:
         matmuls = [m for layer in layers for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj)]
         self.packed = [m.packed for m in matmuls]
         self.biases = [m.bias for m in matmuls]
-        self.out_features = [m.out_features for m in matmuls[:4]]
+        self.out_features = list(layers[0].shape)
         norms = [n for layer in layers for n in (layer.attn_norm, layer.mlp_norm)] + [backbone.norm]
         self.norms = [n.weight for n in norms]
         self.eps = [float(n.variance_epsilon) for n in norms]
