@@ -15,7 +15,9 @@ One file per host class, ``bench/results/cpu-<host>.json`` (and ``docs/results/c
 - bfloat16: speccore ``none`` and HF ``generate`` in bfloat16 on chat (outputs compared
   with bfloat16 ``none``), beside float32 ``none`` of the same prompts;
 - a profile of a float32 decoding step: the decoder forward, the output projection, the
-  rest, and each kind of matmul alone with the bandwidth it streams at;
+  rest, and each kind of matmul alone with the bandwidth it streams at; then steps against
+  the read bandwidth measured between them, and with the weights on huge pages (as
+  loaded) against 4 KiB pages;
 - the OpenMP wait policy: speccore ``none`` in processes started with the default policy
   and with ``OMP_WAIT_POLICY=PASSIVE`` (how the services run), alternated.
 
@@ -40,7 +42,7 @@ import torch
 from common import machine
 from engines import vllm_side
 
-from speccore import native_kernels
+from speccore import cpu_kernels, hugepages, native_kernels
 from speccore.bandwidth import decode_limit_tokens_per_s, measure_read_bandwidth
 from speccore.bench import BenchSpec, run_bench
 from speccore.models import LoadedModel, load_model
@@ -134,7 +136,7 @@ def profile(target: LoadedModel, steps: int = 64, warmup: int = 16) -> dict[str,
     lean = runner.lean
     if lean is None:
         return {"skipped": "no lean decoder on this host (native kernels not built)"}
-    cache = runner.new_cache(1, 1024)
+    cache = runner.new_cache(1, 2048)
     token = runner.logits(runner.forward(cache, torch.randint(100, 30000, (1, 250)))[:, -1:]).argmax(-1)
     cache.commit(torch.tensor([250]))
     parts: dict[str, list[float]] = {"step": [], "forward": [], "output_projection": []}
@@ -177,7 +179,64 @@ def profile(target: LoadedModel, steps: int = 64, warmup: int = 16) -> dict[str,
             "gb_s": streamed / seconds / 1e9,
             "layers": layers,
         }
-    return result
+    return result | against_stream(runner, cache, token)
+
+
+def _steps(runner: ModelRunner, cache: Any, token: torch.Tensor, n: int) -> tuple[float, torch.Tensor]:
+    """Seconds a greedy decoding step over ``n`` steps, and the last token."""
+    started = time.perf_counter()
+    for _ in range(n):
+        token = runner.logits(runner.forward(cache, token)).argmax(-1)
+        cache.commit(torch.tensor([1]))
+    return (time.perf_counter() - started) / n, token
+
+
+@torch.inference_mode()
+def against_stream(
+    runner: ModelRunner, cache: Any, token: torch.Tensor, rounds: int = 24, n: int = 4
+) -> dict[str, Any]:
+    """Decoding steps against the host's read bandwidth measured between them (its load
+    drifts within minutes), and the steps with their weights on huge pages (as loaded,
+    ``speccore.hugepages``) against a copy on ordinary 4 KiB pages; interleaved rounds,
+    medians of per-round ratios."""
+    lean, head = runner.lean, runner.head
+    assert lean is not None and isinstance(head, cpu_kernels.PackedLinear)
+    huge = (list(lean.packed), head.packed)
+    small = ([w.clone() for w in huge[0]], huge[1].clone())  # PyTorch's allocator: 4 KiB pages
+    weight_bytes = sum(w.nbytes for w in huge[0]) + huge[1].nbytes
+    buffer = hugepages.empty(1 << 27, torch.float32).fill_(1.0)
+    rows: dict[str, list[float]] = {"step": [], "step_4k": [], "stream": []}
+    with runner.small_ops(1):
+        for i in range(rounds + 2):
+            lean.packed, head.packed = huge
+            step, token = _steps(runner, cache, token, n)
+            lean.packed, head.packed = small
+            step_4k, token = _steps(runner, cache, token, n)
+            started = time.perf_counter()
+            buffer.sum()
+            stream = time.perf_counter() - started
+            if i >= 2:
+                for key, value in (("step", step), ("step_4k", step_4k), ("stream", stream)):
+                    rows[key].append(value)
+    lean.packed, head.packed = huge
+    bandwidth = [buffer.nbytes / s for s in rows["stream"]]
+    return {
+        "against_stream": {
+            "weight_bytes": weight_bytes,
+            "step_ms": statistics.median(rows["step"]) * 1e3,
+            "read_bandwidth_gb_s": statistics.median(bandwidth) / 1e9,
+            # the step's rate of weight bytes over the bandwidth measured in the same round
+            "fraction_of_limit": statistics.median(
+                weight_bytes / step / b for step, b in zip(rows["step"], bandwidth, strict=True)
+            ),
+            "huge_pages_vs_4k_pages": statistics.median(
+                four_k / on_huge for four_k, on_huge in zip(rows["step_4k"], rows["step"], strict=True)
+            ),
+            "transparent_hugepages": hugepages.policy(),
+            "rounds": rounds,
+            "steps_per_round": n,
+        }
+    }
 
 
 def wait_policies(args: argparse.Namespace) -> dict[str, Any]:
@@ -237,6 +296,10 @@ def summary(out: dict[str, Any]) -> dict[str, Any]:
         result["bf16_decode_vs_fp32_decode"] = out["bfloat16"].get("decode_vs_float32_decode")
     if "wait_policy" in out:
         result["passive_vs_default"] = out["wait_policy"]["passive_vs_default"]
+    if "against_stream" in out.get("profile", {}):
+        stream = out["profile"]["against_stream"]
+        result["decode_step_fraction_of_limit_same_rounds"] = stream["fraction_of_limit"]
+        result["huge_pages_vs_4k_pages"] = stream["huge_pages_vs_4k_pages"]
     return result
 
 
@@ -297,6 +360,17 @@ def markdown(out: dict[str, Any], path: Path) -> str:
         lines += [f"| {name} alone ({m['layers']} layers) | {m['ms']:.2f} | {m['gb_s']:.1f} GB/s |"
                   for name, m in prof["matmuls_alone"].items()]  # fmt: skip
         lines.append("")
+        if "against_stream" in prof:
+            st = prof["against_stream"]
+            lines += [
+                f"Against the read bandwidth measured between the steps ({st['rounds']} interleaved "
+                f"rounds): a step of {st['step_ms']:.2f} ms streams its {st['weight_bytes'] / 1e6:.0f} MB "
+                f"of weights at {st['fraction_of_limit']:.2f} of {st['read_bandwidth_gb_s']:.1f} GB/s. "
+                "With the weights on ordinary 4 KiB pages instead of huge pages a step takes "
+                f"{st['huge_pages_vs_4k_pages']:.2f}x as long (transparent huge pages: "
+                f"`{st['transparent_hugepages']}`).",
+                "",
+            ]
     lines += [
         "## Summary",
         "",

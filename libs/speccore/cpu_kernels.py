@@ -68,7 +68,7 @@ from torch import nn
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from speccore import native_kernels
+from speccore import hugepages, native_kernels
 from speccore.kv_cache import KV_BLOCK
 
 ATTENTION_NAME = "speccore_row_invariant"
@@ -327,8 +327,10 @@ def pack_linears(module: nn.Module, dtype: torch.dtype, output: nn.Module | None
     """Replace every ``nn.Linear`` of ``dtype`` under ``module`` by packed oneDNN matmuls:
     the members of a ``FUSED_GROUPS`` group under one parent by one PackedGroup, any
     other linear by a PackedLinear. ``output`` (the output embedding) keeps its plain
-    weight beside the packed copy.
+    weight beside the packed copy. The packed weights end up side by side on huge pages
+    (``hugepages``): decoding streams them every step.
     """
+    packed: list[nn.Module] = []
     for parent in list(module.modules()):
         children = dict(parent.named_children())
         for names in FUSED_GROUPS:
@@ -337,13 +339,16 @@ def pack_linears(module: nn.Module, dtype: torch.dtype, output: nn.Module | None
             if len(linears) != len(names) or len({(m.in_features, m.bias is None) for m in linears}) != 1:
                 continue
             group = PackedGroup(linears)
+            packed.append(group)
             parent.add_module("_".join(n.removesuffix("_proj") for n in names), group)
             for index, name in enumerate(names):
                 setattr(parent, name, PackedPart(group, index))
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.dtype == dtype:
-                packed = PackedLinear(child)
+                linear = PackedLinear(child)
                 if child is output:
                     # Learned drafts score tokens with the output embedding's rows.
-                    packed.weight = child.weight
-                setattr(parent, name, packed)
+                    linear.weight = child.weight
+                packed.append(linear)
+                setattr(parent, name, linear)
+    hugepages.move(packed, "packed")
