@@ -36,13 +36,17 @@ void tile(const X* x, int64_t K, const W* w, const float* bias, O* out, int64_t 
       for (int j = 0; j < NB; ++j) acc[i][j] += xv * wv[j];
     }
   }
+  static_assert(NB == 4, "the tile's sums are taken four at a time");
   const int outs = static_cast<int>(std::min<int64_t>(NB, N - n));
-  for (int i = 0; i < R; ++i)
+  for (int i = 0; i < R; ++i) {
+    float sums[NB];
+    lanes_sum4(acc[i][0], acc[i][1], acc[i][2], acc[i][3], sums);
     for (int j = 0; j < outs; ++j) {
-      float s = lanes_sum(acc[i][j]);
+      float s = sums[j];
       if (bias != nullptr) s += bias[n + j];
       out[i * N + n + j] = static_cast<O>(s);
     }
+  }
 }
 
 // Rows m0..m1 of output tiles t0..t1. With more rows than one tile takes (a prefill), bfloat16
