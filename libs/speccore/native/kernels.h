@@ -55,6 +55,8 @@ inline float lanes_sum(vf v) {
 // lanes_sum of four vectors at once, in registers: each level adds the lanes lanes_sum adds,
 // so every sum has its bits.
 inline void lanes_sum4(vf a, vf b, vf c, vf d, float* out) {
+  typedef float v8 __attribute__((vector_size(32)));
+  typedef float v4 __attribute__((vector_size(16)));
 #if defined(__AVX512F__)
   const vf ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
                 __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
@@ -63,11 +65,9 @@ inline void lanes_sum4(vf a, vf b, vf c, vf d, float* out) {
   // [a a a a b b b b c c c c d d d d], each lane i (< 4) plus lane i + 4 of its half
   const vf q = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
                __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  typedef float v8 __attribute__((vector_size(32)));
   const v8 pairs = __builtin_shufflevector(q, q, 0, 1, 4, 5, 8, 9, 12, 13) +
                    __builtin_shufflevector(q, q, 2, 3, 6, 7, 10, 11, 14, 15);
 #else
-  typedef float v8 __attribute__((vector_size(32)));
   const vf ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) +
                 __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
   const vf cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 8, 9, 10, 11) +
@@ -76,7 +76,6 @@ inline void lanes_sum4(vf a, vf b, vf c, vf d, float* out) {
                    __builtin_shufflevector(ab, cd, 2, 3, 6, 7, 10, 11, 14, 15);
 #endif
   // [a a b b c c d d]: even lane plus odd lane
-  typedef float v4 __attribute__((vector_size(16)));
   const v4 sums = __builtin_shufflevector(pairs, pairs, 0, 2, 4, 6) + __builtin_shufflevector(pairs, pairs, 1, 3, 5, 7);
   __builtin_memcpy(out, &sums, sizeof(sums));
 }
