@@ -30,6 +30,22 @@ class Target(Model):
     engine_version: str | None = Field(
         None, max_length=64, description="Engine version; None means the version installed here."
     )
+    gpu_count: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description="Devices the deployment has (its tensor-parallel degree, which L4 never changes): "
+        "the run is planned on exactly these or refused with the options when they cannot hold the "
+        "target. None: the fewest that hold it, stated in the run's `fit`.",
+    )
+
+    @model_validator(mode="after")
+    def _power_of_two(self) -> Self:
+        if self.gpu_count is not None and self.gpu_count & (self.gpu_count - 1):
+            raise ValueError(
+                f"gpu_count must be 1, 2, 4, 8 or 16 (a tensor-parallel degree), not {self.gpu_count}"
+            )
+        return self
 
 
 class Workload(Model):
@@ -111,6 +127,46 @@ class RunCreateRequest(Model):
         return self
 
 
+class FitRow(Model):
+    """Memory per device of one deployment of the target (GiB, 2^30 bytes)."""
+
+    gpus: int = Field(ge=1, description="Devices the target is sharded over (tensor parallel).")
+    weight_dtype: str = Field(description="Dtype of the target's weights: `bf16`, `fp8` or `fp32`.")
+    weights_gib: float = Field(ge=0, description="The target's weights on each device.")
+    kv_cache_gib: float = Field(
+        ge=0, description="Its KV cache for the workload's context and batch, per device."
+    )
+    draft_gib: float = Field(
+        ge=0, description="The largest known draft model and its KV cache, whole on one device."
+    )
+    usable_gib: float = Field(
+        ge=0, description="Usable memory of each device (90% of it, as vLLM's default)."
+    )
+    fits: bool = Field(description="Weights and KV cache fit.")
+    fits_with_draft: bool = Field(description="They fit beside the largest draft too.")
+
+
+class FitReport(Model):
+    """Whether the target fits the requested devices, and what the plan assumed (L0 feasibility)."""
+
+    gpu: str = Field(description="Hardware profile.")
+    requested_gpus: int = Field(ge=1, description="`target.gpu_count`, or 1 when the request names none.")
+    gpus_stated: bool = Field(description="Whether the request named its gpu_count.")
+    planned_gpus: int = Field(ge=1, description="Devices the predictions are for.")
+    weight_dtype: str = Field(description="Dtype of the target's weights the predictions assume.")
+    context_tokens: int = Field(ge=1, description="Working context per sequence the KV cache holds.")
+    batch: int = Field(ge=1, description="Concurrent sequences the KV cache holds (the latency batch).")
+    largest_draft: str | None = Field(
+        None, description="The largest known draft model counted in `draft_gib`."
+    )
+    fits_as_requested: bool = Field(description="The requested devices hold the target in its dtype.")
+    rows: list[FitRow] = Field(description="One row per device count, then the FP8-weight rows if any.")
+    options: list[str] = Field(
+        default_factory=list, description="What would hold the target when the requested devices do not."
+    )
+    summary: str = Field(description="The check in one paragraph: need, fit, assumption, options.")
+
+
 class RunError(Model):
     """Why a run failed."""
 
@@ -139,6 +195,11 @@ class RunStatusResponse(Model):
         None,
         description="Set (the reason) when the run completed without speculation because the tenant's "
         "security policy opts out (F-S3): nothing was measured and no candidate is offered.",
+    )
+    fit: FitReport | None = Field(
+        None,
+        description="The target's memory fit on the requested GPUs and what the predictions assume; set "
+        "from `run.predicted` (a cache-hit answer has none).",
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any, Literal, Self
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from specbus.envelope import Envelope, EventPayload, decode_event
-from specops_schemas.api import RunCreateRequest, Target
+from specops_schemas.api import FitReport, RunCreateRequest, Target
 from specops_schemas.base import Fraction, Id, Model
 from specops_schemas.candidates import (
     BASELINE_ID,
@@ -101,6 +101,9 @@ class RunPredicted(RunEvent):
         min_length=1, description="Feasible candidates, best rank first."
     )
     pareto_front: list[str] = Field(description="candidate_ids on the speedup / extra-memory pareto front.")
+    fit: FitReport | None = Field(
+        None, description="The target's memory fit on the requested GPUs and what the predictions assume."
+    )
 
     @model_validator(mode="after")
     def _front_is_listed(self) -> Self:

@@ -9,6 +9,9 @@ Serving point per request:
   bench's sampling;
 - batch: interactive = batch 1 for latency and 8 concurrent streams for throughput;
   batch mode = 32 for both.
+- devices: the request's `target.gpu_count`, or the fewest that hold the target in its own
+  dtype (speccatalog.hardware.check_fit); the run's `fit` report says which, and what else
+  would hold it where the requested devices do not.
 
 Bench defaults: on a CPU host a T1 confirmation must stay quick (a 135M model decodes
 ~8-15 tokens/s on 2 threads), so 2 reps x 3 prompts x 48 new tokens per method: with
@@ -24,12 +27,22 @@ from dataclasses import dataclass
 from speccatalog import families
 from speccatalog.artifacts import is_head_id
 from speccatalog.families.base import BUILTIN_PREFIX
-from speccatalog.hardware import Deployment, HardwareError, HardwareProfile, deploy, resolve_profile
+from speccatalog.hardware import (
+    DTYPE_NAMES,
+    Deployment,
+    Fit,
+    GiB,
+    HardwareError,
+    HardwareProfile,
+    check_fit,
+    deployment,
+    resolve_profile,
+)
 from speccatalog.public_heads import public_heads
 from speccatalog.targets import DatastoreRef, HeadRef, TargetError, TargetInfo, resolve_target
 from speccatalog.workloads import workload_spec
 from speccore.heads.builtin import builtin_heads
-from specops_schemas.api import RunCreateRequest
+from specops_schemas.api import FitReport, FitRow, RunCreateRequest
 from specops_schemas.candidates import Candidate, RankedCandidate, Sampling
 from specops_schemas.catalog import Engine, ErrorStage, Fingerprint, Mode
 from specops_schemas.events import BenchPlan, RunPredicted
@@ -99,6 +112,7 @@ class HostInfo:
 class Plan:
     run_id: str
     target: TargetInfo
+    fit: Fit
     deployment: Deployment
     workload: Workload
     ranked: list[RankedCandidate]  # best first, non-empty
@@ -109,7 +123,43 @@ class Plan:
     bench_plan: BenchPlan | None  # set exactly when measurable_here is True
 
     def run_predicted(self) -> RunPredicted:
-        return RunPredicted(run_id=self.run_id, candidates=self.ranked, pareto_front=self.pareto_front)
+        return RunPredicted(
+            run_id=self.run_id,
+            candidates=self.ranked,
+            pareto_front=self.pareto_front,
+            fit=fit_report(self.fit, self.deployment),
+        )
+
+
+def fit_report(fit: Fit, planned: Deployment) -> FitReport:
+    """The fit check as the run records it (GiB rounded to 0.1)."""
+    rows = [
+        FitRow(
+            gpus=r.devices,
+            weight_dtype=DTYPE_NAMES.get(r.weight_dtype_bytes, f"{r.weight_dtype_bytes}-byte"),
+            weights_gib=round(r.weights / GiB, 1),
+            kv_cache_gib=round(r.kv_cache / GiB, 1),
+            draft_gib=round(r.draft / GiB, 1),
+            usable_gib=round(r.usable / GiB, 1),
+            fits=r.fits,
+            fits_with_draft=r.fits_with_draft,
+        )
+        for r in (*fit.rows, *fit.fp8_rows)
+    ]
+    return FitReport(
+        gpu=fit.profile.name,
+        requested_gpus=fit.requested,
+        gpus_stated=fit.stated,
+        planned_gpus=planned.devices,
+        weight_dtype=DTYPE_NAMES.get(planned.dtype_bytes, f"{planned.dtype_bytes}-byte"),
+        context_tokens=fit.context_tokens,
+        batch=fit.batch,
+        largest_draft=fit.draft_ref,
+        fits_as_requested=fit.fits_as_requested,
+        rows=rows,
+        options=fit.options(),
+        summary=fit.summary(),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +309,14 @@ def plan_run(
     fingerprint = request.workload.fingerprint
     spec = workload_spec(fingerprint)
     latency_batch, throughput_batch = MODE_BATCHES[request.mode]
-    dep = deploy(info, profile, context_tokens=min(spec.context, info.context), batch=latency_batch)
+    fit = check_fit(
+        info,
+        profile,
+        context_tokens=min(spec.context, info.context),
+        batch=latency_batch,
+        devices=request.target.gpu_count,
+    )
+    dep = deployment(fit)
     sampling = Sampling.for_fingerprint(fingerprint)
     workload = Workload(
         fingerprint=fingerprint,
@@ -304,6 +361,7 @@ def plan_run(
     return Plan(
         run_id=run_id,
         target=info,
+        fit=fit,
         deployment=dep,
         workload=workload,
         ranked=ranked,
