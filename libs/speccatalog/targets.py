@@ -251,6 +251,9 @@ class HeadRef:
     params: int = 0  # 0: estimated from the target's shape
     acceptance: float | None = None  # measured on the held-out eval, if known
     path: str | None = None  # where an engine loads it from (HF id or directory)
+    # A registry head's copy in another engine's layout, in its directory: "speculators"
+    # (an EAGLE-3 head exported for vLLM by the head-trainer), or None.
+    export: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
