@@ -58,12 +58,15 @@ def find_corpus(root: Path, tenant_id: str, ref: str) -> Path | None:
 # Layout: ``head-data/<tenant>/<sha256>.jsonl`` (training and held-out uploads),
 # ``heads/<tenant>/<digest>/{config.json,head.safetensors}`` (trained heads, by the digest of
 # both files; config.json's ``provenance.head_id`` names the head), and
-# ``heads/<tenant>/work/<head_id>/`` (a head in training, with its checkpoint).
+# ``heads/<tenant>/work/<head_id>/`` (a head in training, with its checkpoint). An EAGLE-3
+# head's digest dir also holds ``speculators/``: the head exported for vLLM, derived from
+# the two files and the target's embeddings, so the digest leaves it out.
 HEAD_DATA_DIR = "head-data"
 HEADS_DIR = "heads"
 HEAD_WORK_DIR = "work"
 HEAD_PREFIX = "hd-"
 HEAD_FILES = ("config.json", "head.safetensors")
+HEAD_SPECULATORS_DIR = "speculators"
 _HEAD_ID = re.compile(r"hd-[0-9a-f]{24}")
 
 
