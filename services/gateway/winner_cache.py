@@ -31,14 +31,16 @@ def key_columns(request: RunCreateRequest, *, tenant_id: str) -> dict[str, str]:
     """The winner_cache row key of a request (KEY_COLUMNS -> value).
 
     Scoped per tenant (F-S1: one tenant's winners never reveal another's workload); the
-    GPU is the canonical profile name (`h100` and `H100-80GB` share winners); a request
-    without engine_version is stored under '' (the table's "no version").
+    GPU is the canonical profile name (`h100` and `H100-80GB` share winners), with the
+    request's gpu_count when it names one (`H100-80GBx2`: another deployment, another answer); a
+    request without engine_version is stored under '' (the table's "no version").
     """
     target = request.target
+    gpu = resolve_profile(target.gpu).name
     return {
         "cache_scope": tenant_id,
         "model_ref": target.model_ref,
-        "gpu": resolve_profile(target.gpu).name,
+        "gpu": gpu if target.gpu_count is None else f"{gpu}x{target.gpu_count}",
         "engine": target.engine.value,
         "engine_version": target.engine_version or "",
         "fingerprint": request.workload.fingerprint.value,

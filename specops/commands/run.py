@@ -133,7 +133,9 @@ def describe_event(event: RunEvent) -> str:
             f"(acceptance {r.prediction.acceptance_rate:.2f})"
             for r in p.candidates[:TOP_PREDICTED]
         )
-        return f"predicted {len(p.candidates)} candidates; top: {top}"
+        line = f"predicted {len(p.candidates)} candidates; top: {top}"
+        # A target the requested GPUs cannot hold is planned on another deployment: say which.
+        return line if p.fit is None or p.fit.fits_as_requested else f"{line}\n  fit: {p.fit.summary}"
     if isinstance(p, BenchRequested):
         plan = p.plan
         return (

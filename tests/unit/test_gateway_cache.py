@@ -44,6 +44,21 @@ def test_key_columns_are_the_canonical_key_of_a_request() -> None:
     assert tuple(key) == cache.KEY_COLUMNS
 
 
+def test_a_stated_gpu_count_is_another_deployment_and_another_key() -> None:
+    def gpu_key(**target: object) -> str:
+        req = RunCreateRequest.model_validate(
+            {
+                "target": {"model_ref": LLAMA_70B, "gpu": "h100", "engine": "vllm", **target},
+                "workload": {"fingerprint": "chat"},
+            }
+        )
+        return cache.key_columns(req, tenant_id="acme")["gpu"]
+
+    assert gpu_key() == "H100-80GB"
+    assert gpu_key(gpu_count=2) == "H100-80GBx2"
+    assert gpu_key(gpu_count=4) != gpu_key(gpu_count=2)
+
+
 def test_cache_entries_expire_after_30_days() -> None:
     assert timedelta(days=30) == cache.CACHE_TTL
 

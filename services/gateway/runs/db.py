@@ -87,6 +87,7 @@ def _run_row(row: dict[str, Any]) -> RunRow:
             pareto_front=result.get("pareto_front", []),
             error=row["error"],
             speculation_disabled=result.get("speculation_disabled"),
+            fit=result.get("fit"),
         ),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -103,6 +104,8 @@ def _result(state: RunState) -> Jsonb | None:
     }
     if state.speculation_disabled is not None:
         result["speculation_disabled"] = state.speculation_disabled
+    if state.fit is not None:
+        result["fit"] = state.fit
     return Jsonb(result)
 
 

@@ -82,6 +82,7 @@ class RunState:
     pareto_front: list[str] = field(default_factory=list)
     error: dict[str, Any] | None = None
     speculation_disabled: str | None = None
+    fit: dict[str, Any] | None = None  # run.predicted's fit report
 
 
 def fold(state: RunState, envelope: Envelope[Any]) -> RunState:
@@ -102,7 +103,10 @@ def fold(state: RunState, envelope: Envelope[Any]) -> RunState:
             CandidateResult(candidate=c.candidate, prediction=c.prediction).model_dump(mode="json")
             for c in payload.candidates
         ]
-        return replace(state, status=status, candidates=candidates, pareto_front=list(payload.pareto_front))
+        fit = payload.fit.model_dump(mode="json") if payload.fit is not None else None
+        return replace(
+            state, status=status, candidates=candidates, pareto_front=list(payload.pareto_front), fit=fit
+        )
     if isinstance(payload, RunCompleted):
         return _completed(state, payload)
     if isinstance(payload, RunFailed):
@@ -166,6 +170,7 @@ def run_response(
             "pareto_front": state.pareto_front,
             "error": state.error,
             "speculation_disabled": state.speculation_disabled,
+            "fit": state.fit,
         }
     )
 
