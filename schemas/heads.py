@@ -158,6 +158,24 @@ class HeadEpoch(Model):
     elapsed_s: float = Field(ge=0.0, description="Training seconds so far.")
 
 
+class SpeculatorsExport(Model):
+    """An EAGLE-3 head written in the speculators layout, the one vLLM loads (its
+    ``--speculative-config`` ``{"method": "eagle3", "model": <path>}``); SGLang does not."""
+
+    path: str = Field(
+        min_length=1,
+        max_length=512,
+        description="Its directory relative to the store: `heads/<tenant>/<sha256>/speculators`.",
+    )
+    verifier: str = Field(
+        min_length=1, max_length=512, description="The target's Hugging Face id, as the export names it."
+    )
+    speculative_tokens: int = Field(
+        ge=1, description="The k the export proposes by default (a run's candidate sets its own)."
+    )
+    speculators_version: str = Field(min_length=1, description="The speculators schema it follows.")
+
+
 class HeadArtifact(Model):
     """A trained head in the artifact store."""
 
@@ -176,6 +194,11 @@ class HeadArtifact(Model):
         None, description="2 (EAGLE-1 layer) or 3 for eagle heads; None for medusa."
     )
     params: int = Field(ge=1, description="Trainable parameters.")
+    speculators: SpeculatorsExport | None = Field(
+        None,
+        description="The head exported for vLLM, written with it by the head-trainer (EAGLE-3 heads of a "
+        "target with a Hugging Face id); None for the others.",
+    )
 
 
 class HeadGateResult(Model):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from specbus.envelope import Envelope, EventPayload
+from speccore.models import hub_id
 from speccore.training.run import HeadPlan
 from speccore.training.trainer import EpochReport
 from specops_schemas.catalog import ErrorStage
@@ -27,6 +28,7 @@ from specops_schemas.heads import (
     HeadRequested,
     HeadTrained,
     HeadTrainingStarted,
+    SpeculatorsExport,
 )
 
 PRODUCER = "head-trainer"
@@ -36,6 +38,12 @@ PUBLISHES = (HeadTrainingStarted, HeadEpochCompleted, HeadTrained, HeadFailed)
 EVENT_NAMESPACE = uuid.UUID("5b0e2f6c-8d1a-4e37-a9c4-7f2d61e03b58")
 # EAGLE generation of each family's artifact (HeadArtifact.eagle_version).
 EAGLE_VERSIONS: dict[str, int | None] = {"medusa": None, "eagle": 2, "eagle3": 3}
+# Artifact families written beside the head in another engine's layout as part of training:
+# EAGLE-3 heads as speculators checkpoints, the layout vLLM loads (speccore.heads.speculators).
+# Medusa and EAGLE-1 heads have none: vLLM's loaders for those read other projects' layouts.
+SPECULATORS_FAMILIES = frozenset({"eagle3"})
+# The k an export proposes when a launch line gives none; a T1 candidate sets its own.
+SPECULATORS_K = 3
 # The longest message a head.failed carries.
 MAX_MESSAGE = 2000
 
@@ -97,6 +105,24 @@ def epoch_completed(event: Envelope[HeadRequested], report: EpochReport) -> Enve
     return _derived(event, done, f"epoch/{report.epoch}")
 
 
+def speculators_verifier(family: str, target: str) -> str | None:
+    """The Hugging Face id an export of a `family` head for `target` names as its verifier;
+    None when no export is written (another family, or a target with no hub id: a local
+    directory only this host reads)."""
+    return hub_id(target) if family in SPECULATORS_FAMILIES else None
+
+
+def speculators_export(path: str, config: Mapping[str, Any]) -> SpeculatorsExport:
+    """The registry's record of an export, from its store path and its config.json."""
+    spec = config["speculators_config"]
+    return SpeculatorsExport(
+        path=path,
+        verifier=str(spec["verifier"]["name_or_path"]),
+        speculative_tokens=int(spec["proposal_methods"][0]["speculative_tokens"]),
+        speculators_version=str(config["speculators_version"]),
+    )
+
+
 def head_artifact(
     *,
     digest: str,
@@ -104,8 +130,10 @@ def head_artifact(
     weights_sha256: str,
     config: Mapping[str, Any],
     params: int,
+    speculators: SpeculatorsExport | None = None,
 ) -> HeadArtifact:
-    """The artifact of a trained head from its digest, store path, weights' sha256 and config.json."""
+    """The artifact of a trained head from its digest, store path, weights' sha256 and config.json
+    (and its speculators export, if one was written)."""
     provenance = config.get("provenance") or {}
     return HeadArtifact(
         sha256=digest,
@@ -115,6 +143,7 @@ def head_artifact(
         num_heads=int(config["num_heads"]),
         eagle_version=EAGLE_VERSIONS.get(str(config["family"])),
         params=params,
+        speculators=speculators,
     )
 
 

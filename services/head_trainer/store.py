@@ -1,6 +1,7 @@
 """The head-trainer's files in the artifact store (speccatalog.artifacts' layout): the
-request's data, the work dir a head trains in (with its checkpoint), and the move of a
-trained head to its digest directory. Blocking; called in worker threads.
+request's data, the work dir a head trains in (with its checkpoint and, for an EAGLE-3 head,
+its speculators export), and the move of a trained head to its digest directory. Blocking;
+called in worker threads.
 """
 
 from __future__ import annotations
@@ -10,15 +11,24 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 
-from speccatalog.artifacts import HEAD_FILES, find_head, head_artifact_path, head_digest, head_work_dir
+from speccatalog.artifacts import (
+    HEAD_FILES,
+    HEAD_SPECULATORS_DIR,
+    find_head,
+    head_artifact_path,
+    head_digest,
+    head_work_dir,
+)
 from speccore.errors import SpecError
 from speccore.heads.artifact import CONFIG_FILE, WEIGHTS_FILE
+from speccore.heads.speculators import SPECULATORS_FILES
 from speccore.training.data import read_examples
 from speccore.training.trainer import CHECKPOINT
 from specops_schemas.heads import HeadArtifact
@@ -88,7 +98,12 @@ def move_to_digest_dir(root: Path, tenant_id: str, work: Path) -> Path:
         tmp = dest.parent / f".{digest}.{uuid.uuid4().hex[:8]}.tmp"
         tmp.mkdir(parents=True)
         try:
-            for name in HEAD_FILES:
+            names = list(HEAD_FILES)
+            if (work / HEAD_SPECULATORS_DIR).is_dir():
+                (tmp / HEAD_SPECULATORS_DIR).mkdir()
+                os.chmod(tmp / HEAD_SPECULATORS_DIR, 0o755)
+                names += [f"{HEAD_SPECULATORS_DIR}/{name}" for name in SPECULATORS_FILES]
+            for name in names:
                 shutil.copyfile(work / name, tmp / name)
                 with open(tmp / name, "rb") as fp:
                     os.fsync(fp.fileno())
@@ -109,15 +124,36 @@ def trained_head(root: Path, tenant_id: str, head_id: str) -> Path | None:
     return find_head(root, tenant_id, head_id)
 
 
+def exported(work: Path) -> bool:
+    """Whether `work` holds the speculators export (:func:`write_export` renames it in whole)."""
+    return all((work / HEAD_SPECULATORS_DIR / name).is_file() for name in SPECULATORS_FILES)
+
+
+def write_export(work: Path, write: Callable[[Path], object]) -> None:
+    """Write the head's speculators export with `write(directory)` into a temporary directory,
+    then rename it to `work/speculators`: a trainer killed meanwhile leaves no half of it."""
+    tmp = work / f".{HEAD_SPECULATORS_DIR}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    os.rename(tmp, work / HEAD_SPECULATORS_DIR)
+
+
 def describe(root: Path, directory: Path) -> tuple[HeadArtifact, dict[str, Any]]:
-    """The artifact of a head's digest dir, and its config.json."""
+    """The artifact of a head's digest dir (with its speculators export, if any), and its config.json."""
     config = json.loads((directory / CONFIG_FILE).read_text())
+    speculators = None
+    if exported(directory):
+        export = directory / HEAD_SPECULATORS_DIR
+        speculators = logic.speculators_export(
+            export.relative_to(root).as_posix(), json.loads((export / CONFIG_FILE).read_text())
+        )
     artifact = logic.head_artifact(
         digest=directory.name,
         path=directory.relative_to(root).as_posix(),
         weights_sha256=sha256_of(directory / WEIGHTS_FILE),
         config=config,
         params=trainable_params(directory / WEIGHTS_FILE),
+        speculators=speculators,
     )
     return artifact, config
 

@@ -1,4 +1,5 @@
-"""The trainer's one blocking call: train a head on the cached target, under the device lock.
+"""The trainer's one blocking call: train a head on the cached target, under the device lock,
+then write an EAGLE-3 head's speculators export beside it (the layout vLLM loads).
 
 `HeadTrainer.train` blocks for as long as training takes (minutes to hours); the app
 calls it in a worker thread. The target stays loaded between heads (ModelCache). While
@@ -17,12 +18,14 @@ import torch
 
 from specbus.envelope import Envelope
 from speccore.errors import SpecError
+from speccore.heads.speculators import export_for_target
 from speccore.model_cache import ModelCache, ModelLoadError
+from speccore.models import LoadedModel
 from speccore.training.run import HeadPlan, hardware, train_head
 from speccore.training.trainer import EpochReport
 from specops_schemas.catalog import ErrorStage
 from specops_schemas.heads import HeadRequested
-from specops_services.head_trainer import store
+from specops_services.head_trainer import logic, store
 from specops_services.head_trainer.logic import Failure
 from specops_services.head_trainer.settings import HeadTrainerSettings
 from specplatform.hostlock import DeviceLock, device_lock_name
@@ -64,7 +67,10 @@ class HeadTrainer:
         """
         head_id, request = event.payload.head_id, event.payload.request
         work = store.work_dir(self.root, event.tenant_id, head_id)
-        if store.finished_in(work, head_id):  # trained, then killed before the move
+        verifier = logic.speculators_verifier(request.family, request.target)
+        # Trained, then killed before the move (or before its export was written).
+        finished = store.finished_in(work, head_id)
+        if finished and (verifier is None or store.exported(work)):
             return work
         # The target's load is inside the lock too: it loads the cores as much as training does.
         with self.device_lock.held(f"training of head {head_id}", stop):
@@ -73,15 +79,26 @@ class HeadTrainer:
                 target = self.models.get(request.target, self.settings.head_device, self.settings.head_dtype)
             except ModelLoadError as err:
                 return Failure(ErrorStage.MODEL_LOAD, str(err))
-            on_started(store.checkpoint_step(work), hardware(target))
+            if not finished:
+                on_started(store.checkpoint_step(work), hardware(target))
 
-            def report(epoch: EpochReport) -> None:
-                on_epoch(epoch)
-                if stop is not None and stop.is_set():
-                    raise Stopped
+                def report(epoch: EpochReport) -> None:
+                    on_epoch(epoch)
+                    if stop is not None and stop.is_set():
+                        raise Stopped
 
-            try:
-                train_head(target, plan, data, heldout, work, report, progress=False)
-            except SpecError as err:
-                return Failure(ErrorStage.TRAINING, str(err))
+                try:
+                    train_head(target, plan, data, heldout, work, report, progress=False)
+                except SpecError as err:
+                    return Failure(ErrorStage.TRAINING, str(err))
+            if verifier is not None:
+                try:
+                    store.write_export(work, lambda out: _export(work, out, target, verifier))
+                except SpecError as err:
+                    return Failure(ErrorStage.TRAINING, f"the speculators export failed: {err}")
         return work
+
+
+def _export(head: Path, out: Path, target: LoadedModel, verifier: str) -> Path:
+    """The trained head in the speculators layout, for vLLM runs of its target."""
+    return export_for_target(head, out, target.model, verifier, speculative_tokens=logic.SPECULATORS_K)

@@ -177,3 +177,60 @@ def test_the_same_weights_always_give_the_same_file(tmp_path: Path) -> None:
     assert len(digests) == 1
     with safe_open(str(tmp_path / "0" / "head.safetensors"), framework="pt") as f:
         assert f.metadata() == {"family": "medusa", "format": "specops-head/1"}
+
+
+def _write_export(out: Path, verifier: str = "HuggingFaceTB/SmolLM2-135M-Instruct") -> None:
+    """The two files of a speculators export (their content beyond the config is not read here)."""
+    out.mkdir(parents=True)
+    (out / "model.safetensors").write_bytes(b"weights")
+    spec = {
+        "speculators_version": "0.9.0",
+        "speculators_config": {
+            "proposal_methods": [{"speculative_tokens": 3}],
+            "verifier": {"name_or_path": verifier},
+        },
+    }
+    (out / "config.json").write_text(json.dumps(spec))
+
+
+def test_an_eagle3_heads_export_moves_with_it_and_is_in_its_artifact(tmp_path: Path) -> None:
+    event = head_requested(tmp_path, TENANT, family="eagle3")
+    head_id = event.payload.head_id
+    work = _head_dir(tmp_path / "heads" / TENANT / "work" / head_id, head_id, family="eagle3")
+    digest = head_digest(work)
+    store.write_export(work, _write_export)
+    assert store.exported(work) and not (work / ".speculators.tmp").exists()
+    moved = store.move_to_digest_dir(tmp_path, TENANT, work)
+    # The export is derived from the head: the digest is the head's files' alone.
+    assert moved.name == digest and find_head(tmp_path, TENANT, head_id) == moved
+    assert (moved / "speculators" / "model.safetensors").read_bytes() == b"weights"
+    artifact, config = store.describe(tmp_path, moved)
+    assert artifact.speculators is not None
+    assert artifact.speculators.path == f"heads/{TENANT}/{digest}/speculators"
+    assert artifact.speculators.verifier == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert (artifact.speculators.speculative_tokens, artifact.speculators.speculators_version) == (3, "0.9.0")
+    assert logic.trained(event, artifact, config).payload.artifact.speculators == artifact.speculators
+
+
+def test_a_head_without_an_export_records_none(tmp_path: Path) -> None:
+    head_id = head_requested(tmp_path, TENANT).payload.head_id
+    work = _head_dir(tmp_path / "heads" / TENANT / "work" / head_id, head_id)
+    # A trainer killed while it wrote the export leaves only its temporary directory.
+    _write_export(work / ".speculators.tmp")
+    assert not store.exported(work)
+    moved = store.move_to_digest_dir(tmp_path, TENANT, work)
+    assert sorted(p.name for p in moved.iterdir()) == ["config.json", "head.safetensors"]
+    assert store.describe(tmp_path, moved)[0].speculators is None
+
+
+def test_only_eagle3_heads_of_a_hub_target_are_exported(tmp_path: Path) -> None:
+    assert (
+        logic.speculators_verifier("eagle3", "smollm2-135m-instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    )
+    assert logic.speculators_verifier("eagle3", "meta-llama/Llama-3.1-8B-Instruct") == (
+        "meta-llama/Llama-3.1-8B-Instruct"
+    )
+    # A local directory: vLLM elsewhere could not load the verifier it would name.
+    assert logic.speculators_verifier("eagle3", str(tmp_path)) is None
+    assert logic.speculators_verifier("medusa", "smollm2-135m-instruct") is None
+    assert logic.speculators_verifier("eagle", "smollm2-135m-instruct") is None

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel
 
 from speccore.errors import SpecError
 from speccore.heads.artifact import WEIGHTS_FILE, read_config
@@ -36,6 +37,7 @@ from speccore.heads.eagle import layer_config
 # The speculators release whose schema this layout was checked against; an export
 # records the installed release instead when there is one (as speculators itself does).
 SCHEMA_VERSION = "0.9.0"
+SPECULATORS_FILES = ("config.json", "model.safetensors")
 EXPORT_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -45,6 +47,31 @@ def speculators_version() -> str:
         return version("speculators")
     except PackageNotFoundError:
         return SCHEMA_VERSION
+
+
+def export_for_target(
+    head: Path,
+    out: Path,
+    target: PreTrainedModel,
+    verifier: str,
+    *,
+    speculative_tokens: int,
+    dtype: str | None = None,
+) -> Path:
+    """:func:`export_speculators` with the embeddings and architectures of the loaded ``target``."""
+    embeddings = target.get_input_embeddings().weight
+    if not isinstance(embeddings, torch.Tensor):
+        raise SpecError(f"{type(target).__name__} has no input embedding matrix to export")
+    architectures = list(target.config.architectures or [type(target).__name__])
+    return export_speculators(
+        head,
+        out,
+        verifier,
+        embeddings.detach().to("cpu"),
+        architectures,
+        speculative_tokens=speculative_tokens,
+        dtype=dtype,
+    )
 
 
 def export_speculators(
@@ -126,6 +153,7 @@ def export_speculators(
         "specops_provenance": config.provenance,
     }
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(spec, indent=2) + "\n")
+    config_file, weights_file = SPECULATORS_FILES
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / weights_file))
+    (out / config_file).write_text(json.dumps(spec, indent=2) + "\n")
     return out
