@@ -1,6 +1,6 @@
 """All of the predictor's SQL: the tables it owns (001_core: candidates, measured_history;
 005_predictor to 007_one_writer: benches, predictor_runs; 014_datastores: predictor_datastores;
-016_predictor_heads: predictor_heads).
+016_predictor_heads, 024_predictor_head_exports: predictor_heads).
 It reads no other service's table.
 
 Functions take an open connection and run inside the caller's transaction: the inbox
@@ -187,9 +187,9 @@ async def record_head(conn: Connection, tenant_id: str, moved: HeadTransitioned)
     artifact = moved.artifact
     await conn.execute(
         """INSERT INTO predictor_heads AS h (head_id, tenant_id, target_ref, family, state, num_heads,
-               eagle_version, params, artifact_path, acceptance_rate, mean_acceptance_length,
-               transitioned_at)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+               eagle_version, params, artifact_path, speculators_path, acceptance_rate,
+               mean_acceptance_length, transitioned_at)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
            ON CONFLICT (head_id) DO UPDATE SET
                state = EXCLUDED.state,
                target_ref = EXCLUDED.target_ref,
@@ -197,6 +197,7 @@ async def record_head(conn: Connection, tenant_id: str, moved: HeadTransitioned)
                eagle_version = COALESCE(EXCLUDED.eagle_version, h.eagle_version),
                params = COALESCE(EXCLUDED.params, h.params),
                artifact_path = COALESCE(EXCLUDED.artifact_path, h.artifact_path),
+               speculators_path = COALESCE(EXCLUDED.speculators_path, h.speculators_path),
                acceptance_rate = COALESCE(EXCLUDED.acceptance_rate, h.acceptance_rate),
                mean_acceptance_length = COALESCE(EXCLUDED.mean_acceptance_length, h.mean_acceptance_length),
                transitioned_at = EXCLUDED.transitioned_at,
@@ -212,6 +213,7 @@ async def record_head(conn: Connection, tenant_id: str, moved: HeadTransitioned)
             artifact.eagle_version if artifact else None,
             artifact.params if artifact else None,
             artifact.path if artifact else None,
+            artifact.speculators.path if artifact and artifact.speculators else None,
             moved.acceptance_rate,
             moved.mean_acceptance_length,
             moved.transition.at,
@@ -226,7 +228,7 @@ async def tenant_heads(conn: Connection, tenant_id: str, *, include_uat: bool) -
     rows = await _rows(
         conn,
         """SELECT head_id, target_ref, family, num_heads, eagle_version, params, artifact_path,
-                  acceptance_rate
+                  speculators_path, acceptance_rate
            FROM predictor_heads
            WHERE tenant_id = %s AND state = ANY(%s) AND artifact_path IS NOT NULL
            ORDER BY head_id""",

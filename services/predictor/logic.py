@@ -36,6 +36,7 @@ from specbus.dlq import DeadLetter
 from specbus.envelope import Envelope, EventPayload, new_event
 from specbus.subjects import ID_PATTERN
 from speccatalog import families
+from speccatalog.artifacts import HEAD_SPECULATORS_DIR
 from speccatalog.hardware import resolve_profile
 from speccatalog.targets import HeadRef, TargetInfo, resolve_target
 from specops_schemas.api import RunCreateRequest
@@ -148,10 +149,13 @@ def registry_head(
     params: int | None,
     artifact_path: str | None,
     acceptance_rate: float | None,
+    speculators_path: str | None = None,
 ) -> HeadRef | None:
     """A registry head as the catalog sees it: its artifact family mapped to the catalog
     family that decodes it (eagle3 -> eagle, version 3; eagle -> eagle, version 2; medusa
-    -> medusa), the gate's measured acceptance as its acceptance. None for an artifact
+    -> medusa), the gate's measured acceptance as its acceptance, and its speculators
+    export, if the head-trainer wrote one, as what vLLM loads (offered to vLLM runs of its
+    target; no other engine loads a registry head but speccore). None for an artifact
     family no catalog family decodes."""
     decoders = {a: spec for spec in families.families().values() for a in spec.head_artifacts}
     spec = decoders.get(family)
@@ -166,6 +170,7 @@ def registry_head(
         params=params or 0,
         acceptance=acceptance_rate,
         path=artifact_path,
+        export=HEAD_SPECULATORS_DIR if speculators_path else None,
     )
 
 

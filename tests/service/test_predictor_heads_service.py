@@ -20,7 +20,7 @@ from specbus.envelope import Envelope, new_event
 from speccatalog.artifacts import head_artifact_path, new_head_id
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.events import RunRequested
-from specops_schemas.heads import HeadArtifact, HeadTransition, HeadTransitioned
+from specops_schemas.heads import HeadArtifact, HeadTransition, HeadTransitioned, SpeculatorsExport
 from specops_services.predictor.app import subscribe
 from specops_services.predictor.plan import HostInfo
 from specops_services.predictor.steps import Planner
@@ -51,12 +51,23 @@ def _requested(dsn: str, tenant: str, request: RunCreateRequest) -> Envelope[Run
     return new_event(payload, tenant_id=tenant, correlation_id=run_id, producer="gateway")
 
 
-def _moved(tenant: str, head_id: str, before: str, after: str, minutes: int) -> Envelope[HeadTransitioned]:
+def _moved(
+    tenant: str, head_id: str, before: str, after: str, minutes: int, *, family: str = "medusa"
+) -> Envelope[HeadTransitioned]:
+    """A move of a head trained for smollm2; an eagle3 one with the export the head-trainer writes."""
     digest = uuid.uuid5(uuid.NAMESPACE_URL, head_id).hex * 2
+    export = None
+    if family == "eagle3":
+        export = SpeculatorsExport(
+            path=f"{head_artifact_path(tenant, digest)}/speculators",
+            verifier="HuggingFaceTB/SmolLM2-135M-Instruct",
+            speculative_tokens=3,
+            speculators_version="0.9.0",
+        )
     payload = HeadTransitioned(
         head_id=head_id,
         tenant_target=SMOLLM,
-        family="medusa",
+        family=family,  # type: ignore[arg-type]
         transition=HeadTransition(
             from_state=before,  # type: ignore[arg-type]
             to_state=after,  # type: ignore[arg-type]
@@ -71,7 +82,9 @@ def _moved(tenant: str, head_id: str, before: str, after: str, minutes: int) -> 
             weights_sha256=digest,
             target_weights="fp",
             num_heads=3,
+            eagle_version=3 if family == "eagle3" else None,
             params=1_000_000,
+            speculators=export,
         ),
         acceptance_rate=0.55,
         mean_acceptance_length=2.1,
@@ -150,3 +163,24 @@ async def test_a_vllm_run_of_llama_8b_lists_the_published_eagle3_head(
         # vLLM is not measured here: the answer is predicted.
         ranked, _ = await _plan(js, db, "tenant-a", request, measured_here=False)
     assert "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B" in ranked
+
+
+async def test_an_exported_eagle3_head_is_offered_to_vllm_runs_of_its_target(
+    db: str, nats_url: str, js: JetStreamContext
+) -> None:
+    eagle3, medusa = new_head_id(), new_head_id()
+    async with _predictor(db, nats_url) as service:
+        durable = consumer_name(service, "head_transitioned")
+        for head, family in ((eagle3, "eagle3"), (medusa, "medusa")):
+            moved = _moved("tenant-a", head, "uat", "production", 1, family=family)
+            await bus.acked(js, durable, await publish(js, moved))
+        # vLLM is not measured here: the answer is predicted, from the offered candidates.
+        request = _request(gpu="H100-80GB", engine="vllm")
+        ranked, _ = await _plan(js, db, "tenant-a", request, measured_here=False)
+        assert eagle3 in ranked and medusa not in ranked
+        sglang, _ = await _plan(
+            js, db, "tenant-a", _request(gpu="H100-80GB", engine="sglang"), measured_here=False
+        )
+        assert not {eagle3, medusa} & sglang
+    [(path,)] = bus.sql(db, "SELECT speculators_path FROM predictor_heads WHERE head_id = %s", (eagle3,))
+    assert path.endswith("/speculators")

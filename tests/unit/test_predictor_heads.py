@@ -5,13 +5,16 @@ their exact target; and `apply` rendering them as the engines load them."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+
+import pytest
 
 from speccatalog.public_heads import PUBLIC_HEADS, public_heads
 from speccatalog.targets import KNOWN_TARGETS, HeadRef
 from specops_schemas.api import RunCreateRequest, SglangConfig, VllmConfig
 from specops_schemas.candidates import Candidate, Prediction, RankedCandidate
 from specops_schemas.catalog import Engine, Family
-from specops_schemas.engine_flags import engine_config
+from specops_schemas.engine_flags import EngineCannotRun, engine_config
 from specops_services.predictor.logic import make_plan, offered_states, registry_head
 from specops_services.predictor.plan import CPU_BENCH, HostInfo, Plan, pick_for_bench, plan_run
 
@@ -137,6 +140,75 @@ def test_a_registry_head_is_pruned_for_engines_that_cannot_load_it() -> None:
     assert HEAD not in drafts(plan)
     reasons = {p.reason for p in plan.pruned if p.candidate.draft == HEAD}
     assert reasons == {"vllm cannot load a T3 head in speccore's layout"}
+
+
+EXPORTED = HeadRef(HEAD, "eagle", SMOL, num_heads=3, eagle_version=3, acceptance=0.3, export="speculators")
+VLLM_HOST = HostInfo(cuda=False, bench=CPU_BENCH, engines=frozenset({Engine.SPECCORE, Engine.VLLM}))
+
+
+def test_a_registry_heads_speculators_export_is_what_the_predictor_offers_vllm() -> None:
+    common = {"target_ref": SMOL, "params": 1000, "artifact_path": "heads/t/x", "acceptance_rate": 0.4}
+    exported = registry_head(
+        head_id=HEAD,
+        family="eagle3",
+        num_heads=3,
+        eagle_version=3,
+        speculators_path="heads/t/x/speculators",
+        **common,
+    )
+    assert exported is not None and exported.export == "speculators"
+    assert registry_head(head_id=HEAD, family="eagle3", num_heads=3, eagle_version=3, **common).export is None
+
+
+def test_an_exported_eagle3_head_is_measured_in_a_vllm_run_of_its_target() -> None:
+    plan = plan_run(request(SMOL, "cpu", "vllm"), run_id="r3", host=VLLM_HOST, available_heads=[EXPORTED])
+    assert plan.bench_plan is not None
+    [picked] = [c for c in plan.bench_plan.candidates if c.draft == HEAD]
+    assert picked.options == {"eagle_version": 3, "export": "speculators"} and picked.tree is None
+    # vLLM takes chains only: the head's tree shapes are pruned, its chains kept.
+    kept = [r.candidate for r in plan.ranked if r.candidate.draft == HEAD]
+    assert {c.k for c in kept} == {3, 5} and all(c.tree is None for c in kept)
+    # The benchmark-runner and apply pass the head's directory; vLLM loads the export in it.
+    config, args = engine_config(picked, Engine.VLLM, draft_paths={HEAD: "/store/heads/acme/d1"})
+    assert isinstance(config, VllmConfig)
+    assert json.loads(args[1]) == {
+        "method": "eagle3",
+        "model": "/store/heads/acme/d1/speculators",
+        "num_speculative_tokens": picked.k,
+    }
+
+
+@pytest.mark.parametrize(
+    ("head", "engine", "why"),
+    [
+        (EXPORTED, "sglang", "sglang cannot load a T3 head: it reads EAGLE drafts in its own layout"),
+        (replace(EXPORTED, export=None), "vllm", "through its speculators export, which this head lacks"),
+        (replace(EXPORTED, eagle_version=2, export=None), "vllm", "cannot load an EAGLE-1 T3 head"),
+        (
+            HeadRef(HEAD, "medusa", SMOL, num_heads=2),
+            "vllm",
+            "vllm cannot load a T3 head in speccore's layout",
+        ),
+    ],
+    ids=["exported-on-sglang", "eagle3-unexported", "eagle1", "medusa"],
+)
+def test_a_head_an_engine_cannot_load_is_pruned_with_why(head: HeadRef, engine: str, why: str) -> None:
+    plan = plan_run(request(SMOL, "H100-80GB", engine), run_id="r4", host=CPU_HOST, available_heads=[head])
+    assert HEAD not in drafts(plan)
+    reasons = {p.reason for p in plan.pruned if p.candidate.draft == HEAD}
+    assert reasons and all(why in r for r in reasons), reasons
+
+
+def test_apply_refuses_an_exported_head_whose_directory_is_unknown() -> None:
+    head = Candidate(
+        candidate_id="eagle-k3",
+        family=Family.EAGLE,
+        k=3,
+        draft=HEAD,
+        options={"eagle_version": 3, "export": "speculators"},
+    )
+    with pytest.raises(EngineCannotRun, match="directory of head"):
+        engine_config(head, Engine.VLLM)
 
 
 def _ranked(*cands: tuple[str, str, str | None]) -> list[RankedCandidate]:

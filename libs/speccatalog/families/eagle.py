@@ -1,12 +1,16 @@
 """eagle: a draft layer over the target's features — EAGLE-1's feature-level layer (Li et
 al. 2024, arXiv:2401.15077), decoded with EAGLE-2's dynamic tree (arXiv:2406.16858), or
 EAGLE-3's multi-layer fusion with its own small vocabulary (arXiv:2503.01840). Heads are
-trained by T3; EAGLE-3 heads export to vLLM's speculators layout."""
+trained by T3; the head-trainer writes an EAGLE-3 head's speculators export beside it,
+which vLLM loads (the candidate's `export` option), so such a head is offered to vLLM runs
+of its target too. Medusa and EAGLE-1 registry heads stay speccore's: vLLM reads those
+from the original projects' checkpoints, SGLang EAGLE heads in its own layout."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from speccatalog.artifacts import HEAD_SPECULATORS_DIR, is_head_id
 from speccatalog.costs import DraftCost
 from speccatalog.families.base import (
     MODEL_FINGERPRINT_FACTOR,
@@ -15,6 +19,7 @@ from speccatalog.families.base import (
     VLLM,
     CandidateLike,
     DraftSource,
+    EngineRefusal,
     FamilySpec,
     Known,
     Shape,
@@ -43,7 +48,7 @@ class Eagle(FamilySpec):
     proposer = "speccore.proposers.eagle:make_eagle"
     draft_source = DraftSource.HEAD
     default_k = 3  # tree depth
-    engine_options = frozenset({"eagle_version", "num_draft_tokens"})
+    engine_options = frozenset({"eagle_version", "num_draft_tokens", "export"})
     takes_tree = True
     head_artifacts = {"eagle": 2, "eagle3": 3}
     engines = frozenset({SPECCORE, VLLM, SGLANG})
@@ -62,11 +67,37 @@ class Eagle(FamilySpec):
                     k,
                     head.head_id,
                     tree,
-                    options={"eagle_version": head.eagle_version},
+                    options={"eagle_version": head.eagle_version}
+                    | ({"export": head.export} if head.export else {}),
                 )
                 for k, tree in shapes
             ]
         return out
+
+    def engine_refusal(self, candidate: CandidateLike, engine: str, *, gpu_kind: str) -> str | None:
+        """A registry head reaches vLLM only as an EAGLE-3 head with its speculators export:
+        vLLM's EAGLE-1 loader reads the original EAGLE checkpoints' names and SGLang its own
+        EAGLE-3 layout, neither of which the head-trainer writes."""
+        if engine == VLLM and is_head_id(candidate.draft):
+            if version(candidate) < 3:
+                return (
+                    "vllm cannot load an EAGLE-1 T3 head: its eagle method reads the original EAGLE "
+                    "checkpoints' layout, which specops does not export"
+                )
+            if candidate.options.get("export") != HEAD_SPECULATORS_DIR:
+                return (
+                    "vllm loads a T3 EAGLE-3 head through its speculators export, which this head lacks "
+                    "(trained before the head-trainer wrote one, or for a target with no Hugging Face id)"
+                )
+            if candidate.tree:
+                return "vLLM takes no static draft tree (speculative_token_tree was removed)"
+            return None
+        if engine == SGLANG and is_head_id(candidate.draft):
+            return (
+                "sglang cannot load a T3 head: it reads EAGLE drafts in its own layout, "
+                "which specops does not write"
+            )
+        return super().engine_refusal(candidate, engine, gpu_kind=gpu_kind)
 
     def draft_cost(self, candidate: CandidateLike, known: Known) -> DraftCost:
         head = known.head(candidate)
@@ -95,7 +126,7 @@ class Eagle(FamilySpec):
     def vllm(self, candidate: CandidateLike, draft_path: str | None) -> dict[str, Any]:
         return {
             "method": "eagle3" if version(candidate) >= 3 else "eagle",
-            "model": external_draft(candidate, "vLLM", draft_path),
+            "model": _vllm_draft(candidate, draft_path),
             "num_speculative_tokens": candidate.k,
         }
 
@@ -112,6 +143,22 @@ class Eagle(FamilySpec):
             "speculative_eagle_topk": max(tree) if tree else 1,
             "speculative_num_draft_tokens": tokens,
         }
+
+
+def _vllm_draft(candidate: CandidateLike, draft_path: str | None) -> str:
+    """What vLLM loads: a registry head's speculators export, in the head's directory
+    (``draft_path``); any other draft as external_draft says."""
+    if not (is_head_id(candidate.draft) and candidate.options.get("export") == HEAD_SPECULATORS_DIR):
+        return external_draft(candidate, "vLLM", draft_path)
+    if version(candidate) < 3:
+        raise EngineRefusal(
+            f"vLLM cannot run this candidate: only EAGLE-3 heads have a {HEAD_SPECULATORS_DIR} export"
+        )
+    if draft_path is None:
+        raise EngineRefusal(
+            f"vLLM cannot run this candidate: the directory of head {candidate.draft} is not known here"
+        )
+    return f"{draft_path.rstrip('/')}/{HEAD_SPECULATORS_DIR}"
 
 
 SPEC = Eagle()
