@@ -8,8 +8,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from specbus.envelope import new_event
 from speccatalog.hardware import HardwareError, TargetDoesNotFit, check_fit, resolve_profile
 from speccatalog.targets import resolve_target
+from specops.client import RunEvent
+from specops.commands.run import describe_event
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import ErrorStage
 from specops_services.predictor.plan import HostInfo, error_stage, plan_run
@@ -116,3 +119,13 @@ def test_a_cpu_run_fits_one_host_and_states_it() -> None:
     assert (fit.fits_as_requested, fit.planned_gpus, fit.weight_dtype, fit.options) == (True, 1, "fp32", [])
     assert [r.gpus for r in fit.rows] == [1]
     assert fit.summary.endswith("it fits.")
+
+
+def test_specops_run_prints_the_fit_only_when_the_requested_gpus_cannot_hold_the_target() -> None:
+    def line(request: RunCreateRequest) -> str:
+        predicted = plan_run(request, run_id="r", host=HOST).run_predicted()
+        envelope = new_event(predicted, tenant_id="acme", correlation_id="r", producer="predictor")
+        return describe_event(RunEvent(id="1", type="run.predicted", data={}, envelope=envelope))
+
+    assert "fit: meta-llama/Llama-3.1-70B-Instruct in bf16 needs" in line(example_1())
+    assert "fit:" not in line(example_1(gpu_count=2))
