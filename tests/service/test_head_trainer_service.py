@@ -12,6 +12,7 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 from fixtures import bus
+from fixtures.speculators import INSTALL, load_config_classes
 from heads_data import MODEL, head_requested
 from nats.js import JetStreamContext
 
@@ -114,6 +115,43 @@ async def test_a_head_is_trained_announced_per_epoch_and_stored_by_its_digest(
     assert (artifact.num_heads, artifact.eagle_version) == (4, None) and artifact.params > 0
     # The work dir (and its checkpoint) is gone.
     assert not (root / head_work_dir(TENANT, head_id)).exists()
+
+
+@pytest.mark.slow
+async def test_an_eagle3_head_is_exported_for_vllm_as_part_of_training(
+    db: str,
+    nats_url: str,
+    js: JetStreamContext,
+    smollm: LoadedModel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The export sits in the head's digest dir, names the target's Hugging Face id as its
+    verifier, and is what the speculators package's own config classes load."""
+    monkeypatch.setenv("ENABLE_L4_EAGLE3_TRAINING", "1")
+    settings = _settings(tmp_path)
+    root = settings.artifact_root
+    event = head_requested(root, TENANT, lines=16, family="eagle3", epochs=1, max_len=64, draft_vocab=512)
+    head_id = event.payload.head_id
+    trainer = HeadTrainer(settings, ModelCache(loader=_loader([], smollm)))
+    async with _trainer_service(db, nats_url, trainer) as service:
+        await bus.acked(js, consumer_name(service, HANDLER), await publish(js, event), wait_s=300)
+        [trained] = await bus.events(js, f"spec.head.{head_id}.trained")
+
+    artifact = trained.payload.artifact
+    directory = find_head(root, TENANT, head_id)
+    assert directory is not None and artifact.eagle_version == 3
+    export = artifact.speculators
+    assert export is not None and export.path == f"heads/{TENANT}/{directory.name}/speculators"
+    assert export.verifier == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    config = json.loads((root / export.path / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == export.verifier
+    assert config["specops_provenance"]["head_id"] == head_id
+    classes = load_config_classes()
+    if classes is None:
+        pytest.skip(f"speculators is not installed ({INSTALL})")
+    loaded = classes.model.from_pretrained(str(root / export.path), local_files_only=True)
+    assert isinstance(loaded, classes.eagle3) and loaded.draft_vocab_size == 512
 
 
 OVERLAP = b'{"prompt": "hi", "completion": "hello"}\n'
