@@ -93,12 +93,12 @@ class HeadTrainer:
                     return Failure(ErrorStage.TRAINING, str(err))
             if verifier is not None:
                 try:
-                    store.write_export(work, lambda out: _export(work, out, target, verifier))
+                    store.write_export(work, lambda out: export_head(work, out, target, verifier))
                 except SpecError as err:
                     return Failure(ErrorStage.TRAINING, f"the speculators export failed: {err}")
         return work
 
 
-def _export(head: Path, out: Path, target: LoadedModel, verifier: str) -> Path:
+def export_head(head: Path, out: Path, target: LoadedModel, verifier: str) -> Path:
     """The trained head in the speculators layout, for vLLM runs of its target."""
     return export_for_target(head, out, target.model, verifier, speculative_tokens=logic.SPECULATORS_K)
