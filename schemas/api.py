@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specops_schemas.base import Id, Model, UtcDatetime
+from specops_schemas.base import Fraction, Id, Model, UtcDatetime
 from specops_schemas.candidates import Candidate, CandidateResult, Measurement
 from specops_schemas.catalog import Engine, ErrorStage, Family, Fingerprint, GateMethod, Mode, Role, RunStatus
 
@@ -48,10 +48,63 @@ class Target(Model):
         return self
 
 
+class InferredFingerprint(Model):
+    """How the gateway inferred a run's fingerprint when the request asked for `auto`."""
+
+    samples: int = Field(ge=1, description="Sample requests the fingerprint was inferred from.")
+    confidence: Fraction = Field(description="The fingerprint's mean probability over the samples.")
+    runner_up: Fingerprint = Field(description="The fingerprint with the next highest mean probability.")
+    runner_up_confidence: Fraction = Field(description="The runner-up's mean probability.")
+
+
 class Workload(Model):
     """What the endpoint serves; drives catalog pruning and the measurement prompts."""
 
     fingerprint: Fingerprint = Field(description="One of the 8 workload fingerprints.")
+    inferred: InferredFingerprint | None = Field(
+        None, description="Set by the gateway when the request asked for `auto`: how it was inferred."
+    )
+
+
+MAX_SAMPLES = 64
+MAX_SAMPLE_CHARS = 200_000
+MAX_SAMPLE_MESSAGES = 256
+
+
+class ChatMessage(Model):
+    """One message of a sample request in the OpenAI chat format."""
+
+    role: str = Field(min_length=1, max_length=32, description="`system`, `user`, `assistant`, `tool`...")
+    content: str = Field(max_length=MAX_SAMPLE_CHARS, description="The message's text.")
+
+
+Sample = (
+    Annotated[str, Field(min_length=1, max_length=MAX_SAMPLE_CHARS)]
+    | Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_SAMPLE_MESSAGES)]
+)
+
+
+class WorkloadRequest(Model):
+    """The workload as a request states it: a fingerprint, or `auto` with sample requests the
+    gateway infers it from (their text is read at intake and never stored)."""
+
+    fingerprint: Fingerprint | Literal["auto"] = Field(
+        description="One of the 8 workload fingerprints, or `auto` to infer it from `samples`."
+    )
+    samples: list[Sample] | None = Field(
+        None,
+        max_length=MAX_SAMPLES,
+        description=f"With `auto`: 1-{MAX_SAMPLES} sample requests, each a prompt string or a list "
+        f"of chat messages (at most {MAX_SAMPLE_CHARS} characters a text).",
+    )
+
+    @model_validator(mode="after")
+    def _samples_with_auto(self) -> Self:
+        if self.fingerprint == "auto" and not self.samples:
+            raise ValueError('fingerprint "auto" needs samples: a list of sample prompts or chat messages')
+        if self.fingerprint != "auto" and self.samples:
+            raise ValueError('samples are read only with fingerprint "auto"')
+        return self
 
 
 class Priorities(Model):
@@ -100,11 +153,10 @@ class Goal(Model):
     )
 
 
-class RunCreateRequest(Model):
-    """Body of `POST runs`."""
+class RunSettings(Model):
+    """What a run request states besides its workload."""
 
     target: Target = Field(description="Target model, GPU and engine.")
-    workload: Workload = Field(description="Workload fingerprint.")
     mode: Mode = Field(Mode.INTERACTIVE, description="Serving pressure to optimise for.")
     goal: Goal = Field(default_factory=Goal, description="Quality gate and priorities.")
     include_uat_heads: bool = Field(
@@ -125,6 +177,23 @@ class RunCreateRequest(Model):
                 "constraint_violation"
             )
         return self
+
+
+class RunCreateRequest(RunSettings):
+    """A run's request as the gateway accepted it: `POST runs`'s body with its workload resolved."""
+
+    workload: Workload = Field(description="Workload fingerprint.")
+
+
+class RunCreateBody(RunSettings):
+    """Body of `POST runs`."""
+
+    workload: WorkloadRequest = Field(description="Workload fingerprint, or `auto` with samples.")
+
+    def accepted(self, workload: Workload) -> RunCreateRequest:
+        """The request with its workload resolved."""
+        fields = self.model_dump(exclude={"workload"})
+        return RunCreateRequest.model_validate({**fields, "workload": workload})
 
 
 class FitRow(Model):

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field
 
 from specbus.envelope import EventId
-from specops_schemas.api import Problem, RunCreateRequest, RunStatusResponse
+from specops_schemas.api import Problem, RunCreateBody, RunStatusResponse
 from specops_schemas.base import Model, UtcDatetime
 
 
@@ -30,7 +30,7 @@ class IntakeRequest(Model):
             "same event_id again (a retry) gives the same run; with another request it is refused."
         )
     )
-    request: RunCreateRequest = Field(description="The same body as `POST runs`.")
+    request: RunCreateBody = Field(description="The same body as `POST runs`.")
 
 
 class IntakeAccepted(Model):

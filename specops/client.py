@@ -71,10 +71,10 @@ from specops_schemas.api import (
     Goal,
     Priorities,
     Problem,
-    RunCreateRequest,
+    RunCreateBody,
     RunStatusResponse,
     Target,
-    Workload,
+    WorkloadRequest,
 )
 from specops_schemas.catalog import Engine, Family, Fingerprint, Mode, RunStatus
 from specops_schemas.events import parse_event
@@ -423,12 +423,13 @@ class Runs:
     def create(
         self,
         target: Target | Mapping[str, Any],
-        workload: Workload | Mapping[str, Any] | str,
+        workload: WorkloadRequest | Mapping[str, Any] | str,
         mode: Mode | str = Mode.INTERACTIVE,
         goal: Goal | Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Run:
-        """Start a T1 run (`workload` may be just the fingerprint, e.g. "chat").
+        """Start a T1 run (`workload` may be just the fingerprint, e.g. "chat", or
+        `{"fingerprint": "auto", "samples": [...]}` for the gateway to infer it).
 
         The answer is `queued`, or already `completed` with `cache_hit=True` when the
         30-day winner cache has this request. Invalid arguments raise pydantic's
@@ -439,7 +440,7 @@ class Runs:
         fields: dict[str, Any] = {"target": target, "workload": workload, "mode": mode}
         if goal is not None:
             fields["goal"] = goal
-        body = RunCreateRequest.model_validate(fields).model_dump(mode="json")
+        body = RunCreateBody.model_validate(fields).model_dump(mode="json", exclude_none=True)
         response = _post_keyed(self._client, f"{API_PREFIX}/runs", body, idempotency_key)
         return Run.model_validate(response.json())
 

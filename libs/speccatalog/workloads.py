@@ -15,7 +15,6 @@ its T1 run was.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,20 +25,11 @@ class UnknownWorkload(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class WizardAnswer:
-    """The answer to one of the console's new-run questions that picks this fingerprint."""
+    """The answer to one of the wizard's questions (speccatalog.fingerprint) that picks this fingerprint."""
 
     question: Literal["output", "input", "length"]
     value: str
     label: str
-
-
-@dataclass(frozen=True, slots=True)
-class PromptCue:
-    """What makes a sample prompt pasted into the console vote for this fingerprint."""
-
-    pattern: re.Pattern[str]
-    # Cues are tried lowest rank first: code and data formats are the clearest signs.
-    rank: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +44,6 @@ class WorkloadSpec:
     # The corpus of its built-in REST datastore (``builtin:<name>``, specprompts.corpora).
     corpus: Literal["sharegpt", "stdlib"] | None = None
     answer: WizardAnswer | None = None
-    cue: PromptCue | None = None
 
 
 def _registry(*specs: WorkloadSpec) -> dict[str, WorkloadSpec]:
@@ -77,42 +66,30 @@ WORKLOADS = _registry(
         context=4096,
         corpus="stdlib",
         answer=WizardAnswer("output", "code", "Source code"),
-        cue=PromptCue(
-            re.compile(r"```|\bdef |\bfunction\b|\bclass \w+|#include|\bimport \w+|=>|\breturn\b"), rank=0
-        ),
     ),
     WorkloadSpec(
         "rag",
         fingerprint="rag",
         context=8192,
         answer=WizardAnswer("input", "documents", "Retrieved documents to answer from"),
-        cue=PromptCue(
-            re.compile(r"\bcontext:|\bdocuments?\b|\bbased on the (following|passage)|\bsources?:", re.I),
-            rank=3,
-        ),
     ),
     WorkloadSpec(
         "summarization",
         fingerprint="summarization",
         context=8192,
         answer=WizardAnswer("input", "condense", "A text to summarize"),
-        cue=PromptCue(re.compile(r"\bsummar|\btl;?dr\b|\bcondense\b|\bkey points\b", re.I), rank=2),
     ),
     WorkloadSpec(
         "structured",
         fingerprint="structured",
         context=4096,
         answer=WizardAnswer("output", "structured", "JSON or another fixed format"),
-        cue=PromptCue(re.compile(r"\bjson\b|\byaml\b|\bschema\b|\bcsv\b|^\s*[{\[]", re.I | re.M), rank=1),
     ),
     WorkloadSpec(
         "reasoning",
         fingerprint="reasoning",
         context=8192,
         answer=WizardAnswer("input", "problem", "A problem to reason through step by step"),
-        cue=PromptCue(
-            re.compile(r"step by step|\bprove\b|\bsolve\b|\bhow many\b|\bcalculate\b", re.I), rank=4
-        ),
     ),
     WorkloadSpec(
         "creative",
@@ -120,9 +97,7 @@ WORKLOADS = _registry(
         context=4096,
         temperature=1.0,
         answer=WizardAnswer("input", "brief", "A creative brief (story, poem, copy)"),
-        cue=PromptCue(re.compile(r"\bstory\b|\bpoem\b|\bimagine\b|\bslogan\b|\blyrics\b", re.I), rank=5),
     ),
-    # The console tells long context by a prompt's length rather than by a cue.
     WorkloadSpec(
         "long_context",
         fingerprint="long_context",
@@ -150,9 +125,3 @@ def fingerprint_of(workload: str) -> str:
 def temperature(workload: str) -> float:
     """The sampling temperature a workload is measured at (0: greedy)."""
     return workload_spec(workload).temperature
-
-
-def prompt_cues() -> tuple[tuple[str, re.Pattern[str]], ...]:
-    """(fingerprint, pattern) of every prompt cue, in the order the console tries them."""
-    cued = sorted((spec.cue.rank, name, spec.cue.pattern) for name, spec in WORKLOADS.items() if spec.cue)
-    return tuple((name, pattern) for _, name, pattern in cued)

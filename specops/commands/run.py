@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any
 
-from specops.client import Run, RunEvent, SpeculativeClient
+from speccatalog.fingerprint import SampleError, read_samples
+from specops.client import Run, RunEvent, SpecopsError, SpeculativeClient
 from specops.commands import client_command
 from specops.commands.apply import apply_text, apply_view
 from specops.commands.tables import table
@@ -51,7 +53,17 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--gpu", required=True, help="hardware profile, e.g. cpu or H100-80GB")
     p.add_argument("--engine", required=True, choices=[e.value for e in Engine])
     p.add_argument("--engine-version", help="engine version (default: the one installed where it runs)")
-    p.add_argument("--fingerprint", required=True, choices=list(Fingerprint), help="workload")
+    p.add_argument(
+        "--fingerprint",
+        required=True,
+        choices=[*Fingerprint, "auto"],
+        help="workload; auto: the gateway infers it from --samples",
+    )
+    p.add_argument(
+        "--samples",
+        type=Path,
+        help="with --fingerprint auto: a JSON Lines file of sample requests, as `specops fingerprint` reads",
+    )
     p.add_argument(
         "--quality-gate",
         choices=[g.value for g in GateMethod if g != GateMethod.PENDING],
@@ -89,7 +101,7 @@ def _follow(client: SpeculativeClient, args: argparse.Namespace) -> int:
         target["engine_version"] = args.engine_version
     goal = {"quality_gate": args.quality_gate} if args.quality_gate else None
     start = time.monotonic()
-    created = client.runs.create(target=target, workload=args.fingerprint, mode=args.mode, goal=goal)
+    created = client.runs.create(target=target, workload=_workload(args), mode=args.mode, goal=goal)
     say(f"run {created.id} submitted to {client.base_url} ({(time.monotonic() - start) * 1000:.0f} ms)")
     for event in client.runs.stream(created.id):
         say(f"[{time.monotonic() - start:6.1f}s] {describe_event(event)}")
@@ -105,6 +117,18 @@ def _follow(client: SpeculativeClient, args: argparse.Namespace) -> int:
         if view is not None:
             print(apply_text(view))
     return EXIT_FAILED if final.status == RunStatus.FAILED else 0
+
+
+def _workload(args: argparse.Namespace) -> dict[str, Any]:
+    """The request's workload; with `auto`, the samples file's texts (SpecopsError if unreadable)."""
+    if args.samples is None:
+        return {"fingerprint": args.fingerprint}
+    try:
+        with args.samples.open(encoding="utf-8") as fp:
+            samples = read_samples(fp, str(args.samples))
+    except (OSError, SampleError) as exc:
+        raise SpecopsError(str(exc)) from None
+    return {"fingerprint": args.fingerprint, "samples": samples}
 
 
 def _apply(client: SpeculativeClient, final: Run, say: client_command.Say) -> ApplyResponse | None:

@@ -288,7 +288,9 @@ async def test_fingerprint_inference_answers_the_signed_in_page_only(gw: Gateway
         assert refused.status_code == 403  # the cookie without the CSRF header
         csrf = {"X-Specops-CSRF": client.cookies["specops_csrf"]}
         inferred = await client.post(f"{UI}/fingerprint", json=prompts, headers=csrf)
-        assert inferred.json() == {"fingerprint": "code", "votes": {"code": 2, "summarization": 1}}
+        answer = inferred.json()
+        assert answer["fingerprint"] == "code" and answer["runner_up"] != "code"
+        assert answer["votes"]["code"] >= 2 and sum(answer["votes"].values()) == 3
         empty = await client.post(f"{UI}/fingerprint", json={"prompts": "  "}, headers=csrf)
         assert empty.status_code == 422
     async with browser(gw) as anonymous:

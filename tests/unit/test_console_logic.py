@@ -1,73 +1,14 @@
-"""The console's pure decisions: the fingerprint wizard and inference, the buttons a role sees, the
-winner hero's numbers, the CSRF rule and the list pages' cursor."""
+"""The console's pure decisions: the buttons a role sees, the winner hero's numbers, the CSRF rule
+and the list pages' cursor (the fingerprint wizard and inference: tests/unit/test_fingerprint.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from specops_schemas.candidates import Candidate, CandidateResult, GateOutcome, Measurement, Prediction
-from specops_schemas.catalog import Family, Fingerprint, GateMethod, Role
-from specops_services.gateway.console import fingerprint, views
+from specops_schemas.catalog import Family, GateMethod, Role
+from specops_services.gateway.console import views
 from specops_services.gateway.http import credentials, params
-
-# --- the wizard -----------------------------------------------------------------------------------
-
-
-def test_the_wizard_covers_every_combination_and_reaches_every_fingerprint() -> None:
-    table = fingerprint.wizard_table()
-    sizes = [len(q.choices) for q in fingerprint.QUESTIONS]
-    assert len(table) == sizes[0] * sizes[1] * sizes[2]
-    assert set(table.values()) == {f.value for f in Fingerprint}
-
-
-@pytest.mark.parametrize(
-    ("answers", "expected"),
-    [
-        (("code", "documents", "long"), Fingerprint.CODE),
-        (("structured", "conversation", "short"), Fingerprint.STRUCTURED),
-        (("text", "conversation", "short"), Fingerprint.CHAT),
-        (("text", "conversation", "long"), Fingerprint.LONG_CONTEXT),
-        (("text", "documents", "short"), Fingerprint.RAG),
-        (("text", "condense", "long"), Fingerprint.SUMMARIZATION),
-        (("text", "problem", "short"), Fingerprint.REASONING),
-        (("text", "brief", "short"), Fingerprint.CREATIVE),
-    ],
-)
-def test_wizard_answers(answers: tuple[str, str, str], expected: Fingerprint) -> None:
-    assert fingerprint.wizard(*answers) == expected
-
-
-# --- inference from sample prompts ----------------------------------------------------------------
-
-
-def test_inference_takes_the_majority_of_the_prompts() -> None:
-    pasted = (
-        "Write a Python function that parses a date.\n```python\ndef parse(s):\n```\n\n"
-        "Summarize the following article in three key points: ...\n\n"
-        "def add(a, b):\n    return a + b  # complete this\n\n"
-        "  \n\n"
-    )
-    prompts = fingerprint.split_prompts(pasted)
-    assert len(prompts) == 3
-    inference = fingerprint.infer(prompts)
-    assert inference is not None
-    assert inference.fingerprint == Fingerprint.CODE
-    assert inference.votes == {"code": 2, "summarization": 1}
-
-
-def test_inference_of_plain_chat_long_documents_and_nothing() -> None:
-    assert fingerprint.vote("hi, how are you today?") == Fingerprint.CHAT
-    assert fingerprint.vote("Write me a poem about the sea") == Fingerprint.CREATIVE
-    assert (
-        fingerprint.vote("Context: the manual says ... Based on the following passage, answer")
-        == Fingerprint.RAG
-    )
-    assert fingerprint.vote("word " * 8000) == Fingerprint.LONG_CONTEXT
-    assert fingerprint.infer([]) is None
-    # A tie goes to the clearer sign: code before chat.
-    tie = fingerprint.infer(["hello there", "import os"])
-    assert tie is not None and tie.fingerprint == Fingerprint.CODE
-
 
 # --- what each role sees ------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from speccatalog.workloads import WORKLOADS, UnknownWorkload, prompt_cues, temperature, workload_spec
+from speccatalog.workloads import WORKLOADS, UnknownWorkload, temperature, workload_spec
 from specops_schemas.api import RunCreateRequest
 from specops_schemas.catalog import Family, Fingerprint
 from specops_services.predictor.calibration_set import calibration_point
@@ -54,18 +54,6 @@ def test_an_extra_workload_is_served_as_the_fingerprint_it_stands_for() -> None:
     assert temperature("agentic") == temperature("structured") == 0.0
     with pytest.raises(UnknownWorkload, match="valid workloads: chat, code"):
         temperature("poetry")
-
-
-def first_cue(prompt: str) -> str | None:
-    return next((name for name, pattern in prompt_cues() if pattern.search(prompt)), None)
-
-
-def test_prompt_cues_try_code_and_data_formats_first() -> None:
-    assert first_cue("```python\nreturn json.dumps(x)\n```") == "code"
-    assert first_cue("Summarize these documents as JSON") == "structured"
-    assert first_cue("Summarize the documents below") == "summarization"
-    assert first_cue("Write a poem") == "creative"
-    assert first_cue("hi, how are you?") is None
 
 
 def test_each_wizard_answer_picks_one_fingerprint() -> None:

@@ -16,6 +16,7 @@ from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, select_autoescape
 from pydantic import BaseModel, Field
 
+from speccatalog.fingerprint import QUESTIONS, wizard_table
 from specops_schemas.api import API_PREFIX, Problem
 from specops_schemas.catalog import Fingerprint, GateMethod, Mode, Role
 from specops_schemas.security import SECURITY_ADR, JitterMode, SecurityTier
@@ -173,8 +174,8 @@ async def new_run_page(request: Request) -> Response:
             "modes": [mode.value for mode in Mode],
             "gates": [gate.value for gate in GateMethod],
             "fingerprints": list(Fingerprint),
-            "questions": fingerprint.QUESTIONS,
-            "wizard_table": json.dumps(fingerprint.wizard_table()),
+            "questions": QUESTIONS,
+            "wizard_table": json.dumps(wizard_table()),
         }
 
     return await _page(request, "new_run.html", load)
@@ -205,10 +206,10 @@ class SamplePrompts(BaseModel):
 @router.post("/fingerprint")
 async def infer_fingerprint(body: SamplePrompts, principal: Viewer) -> JSONResponse:
     """The fingerprint pasted sample prompts look like (the new-run page's `infer-fingerprint`)."""
-    inference = fingerprint.infer(fingerprint.split_prompts(body.prompts))
+    inference = fingerprint.inferred(body.prompts)
     if inference is None:
         raise problem(422, "paste at least one sample prompt")
-    return JSONResponse({"fingerprint": inference.fingerprint.value, "votes": inference.votes})
+    return JSONResponse(inference)
 
 
 # --- tune sessions ------------------------------------------------------------------------------

@@ -13,10 +13,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from specbus.envelope import Envelope
-from specops_schemas.api import RunCreateRequest, RunError, RunStatusResponse, RunSummary
+from speccatalog.fingerprint import infer, sample_text
+from specops_schemas.api import (
+    InferredFingerprint,
+    RunCreateBody,
+    RunCreateRequest,
+    RunError,
+    RunStatusResponse,
+    RunSummary,
+    Workload,
+)
 from specops_schemas.base import UtcDatetime
 from specops_schemas.candidates import CandidateResult
-from specops_schemas.catalog import ErrorStage, RunStatus
+from specops_schemas.catalog import ErrorStage, Fingerprint, RunStatus
 from specops_schemas.events import RunCompleted, RunFailed, RunPredicted
 
 # --- roles -------------------------------------------------------------------------------
@@ -32,6 +41,28 @@ from specops_schemas.events import RunCompleted, RunFailed, RunPredicted
 
 
 # --- runs --------------------------------------------------------------------------------
+
+
+def accept(body: RunCreateBody) -> RunCreateRequest:
+    """The request a body makes: `auto` resolved to the fingerprint its samples look like (the
+    inference recorded on the workload, the samples' text dropped), any other fingerprint as is."""
+    stated = body.workload
+    if stated.fingerprint != "auto":
+        return body.accepted(Workload(fingerprint=stated.fingerprint))
+    texts = [
+        sample if isinstance(sample, str) else sample_text([m.model_dump() for m in sample])
+        for sample in stated.samples or ()
+    ]
+    inference = infer(texts)
+    if inference is None:  # the body's validator refuses `auto` without samples
+        raise ValueError('fingerprint "auto" needs samples')
+    inferred = InferredFingerprint(
+        samples=inference.samples,
+        confidence=inference.confidence,
+        runner_up=Fingerprint(inference.runner_up),
+        runner_up_confidence=inference.runner_up_confidence,
+    )
+    return body.accepted(Workload(fingerprint=Fingerprint(inference.fingerprint), inferred=inferred))
 
 
 # Status only moves forward: events from different services may arrive out of order

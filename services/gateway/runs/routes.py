@@ -14,7 +14,7 @@ from specops_schemas.api import (
     ApplyRequest,
     ApplyResponse,
     Me,
-    RunCreateRequest,
+    RunCreateBody,
     RunList,
     RunStatusResponse,
 )
@@ -50,7 +50,7 @@ RunId = Annotated[str, Path(description="Run id, as returned by `POST runs`.")]
     },
 )
 async def create_run(
-    body: RunCreateRequest, request: Request, principal: Developer, idempotency_key: IdempotencyKey = None
+    body: RunCreateBody, request: Request, principal: Developer, idempotency_key: IdempotencyKey = None
 ) -> JSONResponse:
     key = parse_key(idempotency_key)
     settings = request.app.state.settings

@@ -3,6 +3,7 @@ in this resource's db.py and the shared db.py (the winner cache)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from datetime import timedelta
@@ -20,6 +21,7 @@ from specops_schemas.api import (
     ApplyRequest,
     Problem,
     ProblemFieldError,
+    RunCreateBody,
     RunCreateRequest,
     RunList,
     RunStatusResponse,
@@ -102,7 +104,7 @@ def _local_config(directory: Path) -> dict[str, Any] | None:
 async def create_run(
     pool: Pool,
     principal: Principal,
-    request: RunCreateRequest,
+    body: RunCreateBody,
     key: str | None,
     request_hash: str,
     *,
@@ -115,7 +117,10 @@ async def create_run(
     Refused (429) while the tenant's GPU budget is spent (a winner-cache hit, which measures
     nothing, is still answered); a tenant whose policy opts out of speculation is never
     answered from the winner cache, nor refused for its budget (nothing is measured): its
-    `run.requested` says so, and the predictor answers it as `speculation_disabled`."""
+    `run.requested` says so, and the predictor answers it as `speculation_disabled`.
+    A body whose fingerprint is `auto` is inferred from its samples first (off the event loop:
+    up to MAX_SAMPLES texts to read), and the run records the inference."""
+    request = await asyncio.to_thread(run_logic.accept, body)
     check_target(request, models_dir)
 
     async def work(conn: Connection) -> idempotency.Reply:

@@ -213,8 +213,7 @@
       try {
         const { data } = await call("POST", "/ui/fingerprint", { prompts: byId("sample-prompts").value });
         select.value = data.fingerprint;
-        const total = Object.values(data.votes).reduce((a, b) => a + b, 0);
-        show(result, `Looks like ${data.fingerprint} (${data.votes[data.fingerprint]} of ${total} prompts)`);
+        show(result, `Looks like ${data.fingerprint} (confidence ${data.confidence}; runner-up ${data.runner_up})`);
       } catch (err) {
         show(result, err.message);
       }
