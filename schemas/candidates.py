@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Literal, Self
 
 from pydantic import Field, JsonValue, model_validator
 
@@ -110,9 +110,17 @@ class MmluEvidence(Model):
 
 
 class StructuredEvidence(Model):
-    """What `constraint_violation` decides on: the same JSON-Schema tasks decoded by the target
-    alone and with the candidate, each reply's violations counted (specprompts.structured)."""
+    """What `constraint_violation` decides on: the same tasks decoded by the target alone and with
+    the candidate, each reply's violations counted: against its JSON Schema
+    (specprompts.structured), or, for code, whether the completion parses (specprompts.code)."""
 
+    check: Literal["json_schema", "python_syntax"] = Field(
+        "json_schema",
+        description="What each reply is checked against: `json_schema`, its task's JSON Schema (one "
+        "violation per schema error, a reply that is not one JSON value counts one); `python_syntax`, "
+        "Python's compiler on the function stub plus its completion (one violation per completion "
+        "that does not parse; the `code` fingerprint).",
+    )
     task_ids: list[str] = Field(min_length=1, description="The tasks decoded, in order.")
     baseline_violations: list[int] = Field(description="Violations of the target's own reply, per task.")
     candidate_violations: list[int] = Field(description="Violations of the candidate's reply, per task.")

@@ -10,7 +10,7 @@ both call it, so they see the same prompts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +19,7 @@ from speccatalog.workloads import UnknownWorkload, workload_spec
 from speccore.errors import SpecError
 from speccore.training.data import read_examples
 from specprompts.agentic import agentic_prompts, agentic_tasks
+from specprompts.code import CodeTask, code_tasks
 from specprompts.derived import derived_prompts, long_context_prompts
 from specprompts.sources import Prompt, chat_prompts, check_n, humaneval_prompts
 from specprompts.structured import StructuredTask, structured_tasks
@@ -36,6 +37,14 @@ _SOURCES: dict[str, Callable[..., list[Prompt]]] = {
     "chat": chat_prompts,
     "code": humaneval_prompts,
     "agentic": agentic_prompts,
+}
+
+# A task of the quality gate's constraint_violation: its prompt, and a check of its reply.
+ConstraintTask = StructuredTask | CodeTask
+# Every other workload's replies are checked on the structured-output tasks.
+_CONSTRAINT_SOURCES: dict[str, Callable[[int, int], Sequence[ConstraintTask]]] = {
+    "agentic": agentic_tasks,
+    "code": code_tasks,
 }
 
 
@@ -63,11 +72,24 @@ def check_workload(workload: str) -> None:
         raise SpecError(str(err)) from None
 
 
-def constraint_tasks(workload: str, n: int, seed: int = 0) -> list[StructuredTask]:
-    """`n` tasks whose replies a JSON Schema checks, for a workload: the agentic set's own
-    tool-session steps for ``agentic``, the structured-output tasks for every other one."""
+def constraint_tasks(workload: str, n: int, seed: int = 0) -> list[ConstraintTask]:
+    """`n` tasks whose replies constraint_violation checks, for a workload: the agentic set's own
+    tool-session steps for ``agentic`` (an agent's code edits travel inside its JSON calls), the
+    function stubs whose completions must parse for ``code``, the structured-output tasks
+    (JSON Schema) for every other one."""
     check_workload(workload)
-    return agentic_tasks(n, seed) if workload == "agentic" else structured_tasks(n, seed)
+    return list(_CONSTRAINT_SOURCES.get(workload, structured_tasks)(n, seed))
+
+
+def count_replies(
+    tasks: Sequence[ConstraintTask], replies: Sequence[tuple[str, int]], max_new_tokens: int
+) -> list[tuple[int, str | None]]:
+    """(violations, first problem) of each reply, given as (text, tokens generated), to its task;
+    a reply of ``max_new_tokens`` tokens was cut by the budget (code is then read as a prefix)."""
+    return [
+        task.count_violations(text, truncated=n >= max_new_tokens)
+        for task, (text, n) in zip(tasks, replies, strict=True)
+    ]
 
 
 def prompts_for_model(

@@ -24,7 +24,7 @@ import json
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
@@ -56,6 +56,11 @@ class StructuredTask:
     prompt: Prompt
     schema: JsonSchema  # JSON Schema (draft 2020-12) the reply's one JSON object must satisfy
     kind: str  # one of KINDS
+    check: ClassVar[Literal["json_schema"]] = "json_schema"  # what constraint_violation checks
+
+    def count_violations(self, reply: str, truncated: bool) -> tuple[int, str | None]:
+        """:func:`violations` of a reply; one cut off by the token budget is no JSON value."""
+        return violations(reply, self.schema)
 
 
 def violations(reply: str, schema: JsonSchema) -> tuple[int, str | None]:

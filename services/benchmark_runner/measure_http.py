@@ -29,8 +29,8 @@ in-process. What differs:
   (`Measurement.top5`, gate_http), and, when the plan is greedy, their tokens against
   the baseline's; on vLLM and SGLang, for `mmlu_slice` every server's answers to the
   seeded MMLU questions (`Measurement.mmlu`), for `constraint_violation` every server's
-  replies to the workload's JSON-Schema tasks, their violations counted
-  (`Measurement.structured`). `logit_kl` has none: it needs each token's whole
+  replies to the workload's JSON-Schema tasks, or its completions of the code tasks, their
+  violations counted (`Measurement.structured`). `logit_kl` has none: it needs each token's whole
   distribution, which a server does not return, so its gate fails closed.
 - Each method's launch flags after the model (`apply`'s, then the shared server
   settings) are kept with its summary (`Measurement.launch_args`).
@@ -83,10 +83,10 @@ from specops_services.benchmark_runner.protocol import (
     schedule,
 )
 from specops_services.benchmark_runner.settings import BenchmarkRunnerSettings
+from specprompts.code import CodeTask
 from specprompts.mmlu import ANSWER_PREFIX, parse_answer, question_text
-from specprompts.sets import constraint_tasks, load_prompts
+from specprompts.sets import constraint_tasks, count_replies, load_prompts
 from specprompts.sources import Prompt, mmlu_questions
-from specprompts.structured import violations
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -94,12 +94,13 @@ _T = TypeVar("_T")
 GREEDY = SamplingParams()
 # What the gate's evidence decodes on the servers: the in-process gate's default sample
 # (quality_gate.sample.GateSample): prompts of topk5, MMLU questions and the tokens of their
-# answers, structured tasks and the tokens of their JSON replies.
+# answers, constraint tasks and the tokens of their JSON replies or code completions.
 GATE_PROMPTS = 4
 MMLU_QUESTIONS = 20
 MMLU_NEW_TOKENS = 4
 STRUCTURED_TASKS = 4
 STRUCTURED_NEW_TOKENS = 96
+CODE_NEW_TOKENS = 128
 
 
 def http_engine(plan: BenchPlan, settings: BenchmarkRunnerSettings) -> HttpEngine | None:
@@ -535,21 +536,20 @@ def _mmlu(plan: BenchPlan, methods: Mapping[str, HttpMethod]) -> dict[str, dict[
 
 
 def _structured(plan: BenchPlan, methods: Mapping[str, HttpMethod]) -> dict[str, dict[str, Any]]:
-    """`Measurement.structured` per candidate: the workload's JSON-Schema tasks decoded with the
-    plan's sampling (task i: seed + i), each reply's violations counted."""
+    """`Measurement.structured` per candidate: the workload's constraint tasks (JSON Schema, or
+    code that must parse for `code`) decoded with the plan's sampling (task i: seed + i), each
+    reply's violations counted; a reply of the whole budget was cut by it."""
     tasks = constraint_tasks(str(plan.fingerprint), STRUCTURED_TASKS, plan.seed)
     sampling = SamplingParams.of(plan.sampling)
+    budget = CODE_NEW_TOKENS if tasks[0].check == CodeTask.check else STRUCTURED_NEW_TOKENS
 
     def replies(method: HttpMethod) -> list[tuple[str, int]]:
-        return [
-            method.reply(t.prompt, STRUCTURED_NEW_TOKENS, sampling, plan.seed + i)
-            for i, t in enumerate(tasks)
-        ]
+        return [method.reply(t.prompt, budget, sampling, plan.seed + i) for i, t in enumerate(tasks)]
 
     def fields(base: list[tuple[str, int]], cand: list[tuple[str, int]]) -> dict[str, Any]:
-        base_found = [violations(text, t.schema) for (text, _), t in zip(base, tasks, strict=True)]
-        cand_found = [violations(text, t.schema) for (text, _), t in zip(cand, tasks, strict=True)]
+        base_found, cand_found = count_replies(tasks, base, budget), count_replies(tasks, cand, budget)
         evidence = StructuredEvidence(
+            check=tasks[0].check,
             task_ids=[t.prompt.id for t in tasks],
             baseline_violations=[v for v, _ in base_found],
             candidate_violations=[v for v, _ in cand_found],

@@ -21,8 +21,7 @@ from speccore.sampling import SamplingParams
 from speccore.tracing import traced_generate
 from specops_schemas.candidates import Candidate
 from specops_services.quality_gate.sample import GateSample
-from specprompts.sets import constraint_tasks, load_prompts
-from specprompts.structured import StructuredTask
+from specprompts.sets import ConstraintTask, constraint_tasks, load_prompts
 
 # Candidate.options key of speccore's lossy acceptance rule (verify.py); never set by the catalog.
 LOSSY_OPTION = "lossy_accept_threshold"
@@ -54,7 +53,7 @@ class Reference:
         target: LoadedModel,
         sample: GateSample,
         prompts: Sequence[GatePrompt] | None = None,
-        tasks: Sequence[StructuredTask] | None = None,
+        tasks: Sequence[ConstraintTask] | None = None,
     ) -> None:
         self.target = target
         self.sample = sample
@@ -71,9 +70,10 @@ class Reference:
             self._prompts = [GatePrompt(p.id, self.target.encode_prompt(p.text, p.chat)) for p in picked]
         return self._prompts
 
-    def tasks(self) -> list[StructuredTask]:
-        """The tasks a JSON Schema checks: given ones, or the sample's workload's, seeded
-        (specprompts.sets.constraint_tasks: the agentic set's own tool calls for ``agentic``)."""
+    def tasks(self) -> list[ConstraintTask]:
+        """constraint_violation's tasks: given ones, or the sample's workload's, seeded
+        (specprompts.sets.constraint_tasks: the agentic set's own tool calls for ``agentic``,
+        function stubs whose completions must parse for ``code``, JSON-Schema tasks otherwise)."""
         if self._tasks is None:
             self._tasks = constraint_tasks(
                 self.sample.workload, self.sample.structured_tasks, self.sample.seed

@@ -28,7 +28,7 @@ from specops_services.quality_gate.decoding import GatePrompt, Reference, build_
 from specops_services.quality_gate.logit_kl import logit_kl
 from specops_services.quality_gate.mmlu import mmlu_slice
 from specops_services.quality_gate.sample import GateSample, Thresholds
-from specprompts.structured import StructuredTask
+from specprompts.sets import ConstraintTask
 
 Method = Callable[[Reference, Engine, SamplingParams, float], GateOutcome]
 
@@ -64,7 +64,7 @@ class QualityGate:
         thresholds: Thresholds | None = None,
         *,
         prompts: Sequence[GatePrompt] | None = None,
-        tasks: Sequence[StructuredTask] | None = None,
+        tasks: Sequence[ConstraintTask] | None = None,
     ) -> None:
         self.sample = sample or GateSample()
         self.thresholds = thresholds or Thresholds()

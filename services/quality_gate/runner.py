@@ -167,7 +167,8 @@ def _over_http(plan: BenchPlan, candidate: Candidate, measured: Measurement | No
     """The verdict on what the candidate's bench gathered on its engine servers, if it did:
     `exact` on its greedy outputs against the baseline server's (`greedy_agreement`), `topk5`
     on its outputs scored by the baseline vLLM server (`top5`), `mmlu_slice` on both servers'
-    answers (`mmlu`), `constraint_violation` on both servers' JSON replies (`structured`)."""
+    answers (`mmlu`), `constraint_violation` on both servers' JSON replies or code completions
+    (`structured`)."""
     if measured is None:
         return None
     method, thresholds = plan.quality_gate, Thresholds()
@@ -182,7 +183,9 @@ def _over_http(plan: BenchPlan, candidate: Candidate, measured: Measurement | No
     if method == GateMethod.CONSTRAINT_VIOLATION and measured.structured is not None:
         decoding = describe(SamplingParams.of(plan.sampling))
         outcome = constraint_outcome(measured.structured, decoding, thresholds.constraint_violation)
-        reason = "JSON-Schema violations of the candidate's engine server's replies against the baseline's"
+        code = measured.structured.check == "python_syntax"
+        what = "code completions that do not parse" if code else "JSON-Schema violations"
+        reason = f"{what} of the candidate's engine server's replies against the baseline's"
         return logic.judged_over_http(candidate, outcome, reason)
     return None
 

@@ -9,6 +9,7 @@ from speccatalog.workloads import WORKLOADS
 from speccore.errors import SpecError
 from specops_schemas.catalog import GateMethod
 from specops_schemas.events import BenchPlan
+from specprompts.code import CodeTask
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +47,10 @@ class GateSample:
     batch_size: int = 4  # prompts decoded together
     mmlu_questions: int = 20
     mmlu_new_tokens: int = 4  # the answer letter comes first
-    structured_tasks: int = 4
+    structured_tasks: int = 4  # tasks of constraint_violation, JSON or code
     structured_new_tokens: int = 96  # enough for a small JSON object
+    # Room for most HumanEval bodies; a completion the budget cuts is checked as a prefix.
+    code_new_tokens: int = 128
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -58,6 +61,10 @@ class GateSample:
             value = getattr(self, f.name)
             if f.name not in ("workload", "seed") and value <= 0:
                 raise SpecError(f"gate sample {f.name} must be positive, got {value}")
+
+    def new_tokens_for(self, check: str) -> int:
+        """The token budget of constraint_violation's replies under ``check``."""
+        return self.code_new_tokens if check == CodeTask.check else self.structured_new_tokens
 
     @classmethod
     def for_plan(cls, plan: BenchPlan) -> GateSample:
