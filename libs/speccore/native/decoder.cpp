@@ -131,8 +131,8 @@ std::vector<at::Tensor> decoder_forward(at::Tensor& x, const std::vector<at::Ten
       barrier.wait();
       rotate_rows(a, r0, r1);
       barrier.wait();
-      const auto [t0, t1] = share(B * heads * q, part, parts);
-      attend_rows(a, t0, t1);
+      const auto [t0, t1] = share(attention_tiles(a, parts), part, parts);
+      attend_rows(a, t0, t1, parts);
       barrier.wait();
       linear_part(attn, packed[4 * l + 1], bias_p[4 * l + 1], o, out_features[1], part, parts);
       barrier.wait();

@@ -139,8 +139,14 @@ struct Attention {
 void check_attention(const Attention& a);
 // Rows r0..r1 (b * q + i): rotary embedding, queries kept, keys and values written to the cache.
 void rotate_rows(const Attention& a, int64_t r0, int64_t r1);
-// Attention rows t0..t1 ((b * heads + h) * q + i), after every row's rotate_rows.
-void attend_rows(const Attention& a, int64_t t0, int64_t t1);
+// Attention is computed in tiles of up to kMaxTile query rows that read one key/value head
+// (layer.cpp): attention_tile rows a tile for `parts` threads, attention_tiles counts them, and
+// attend_rows computes tiles t0..t1 ((b * kv_heads + g) * tiles + the tile), after every row's
+// rotate_rows.
+constexpr int kMaxTile = 4;
+int64_t attention_tile(const Attention& a, int parts);
+int64_t attention_tiles(const Attention& a, int parts);
+void attend_rows(const Attention& a, int64_t t0, int64_t t1, int parts);
 
 // A Llama-family decoder over a block, all layers in one parallel region (decoder.cpp).
 std::vector<at::Tensor> decoder_forward(at::Tensor& x, const std::vector<at::Tensor>& packed,

@@ -80,35 +80,8 @@ struct Row {
   T* out;  // [head_dim]
 };
 
-// One query row's masked softmax attention, the head dimension DV whole vectors: scores as
-// dot() sums them, the values summed column by column in order, in registers.
-template <typename T, int DV>
-void attend_row(const Row<T>& r, int64_t width, float scaling, float* scores) {
-  constexpr int64_t D = DV * VL;
-  vf query[DV];
-  for (int c = 0; c < DV; ++c) query[c] = load(r.query + c * VL);
-  float top = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < width; ++j)
-    if (r.seen[j]) {
-      vf sum = {};
-      for (int c = 0; c < DV; ++c) sum += query[c] * load(r.keys + j * D + c * VL);
-      scores[j] = lanes_sum(sum) * scaling;
-      top = std::max(top, scores[j]);
-    }
-  vf acc[DV] = {};
-  float total = 0.0f;
-  for (int64_t j = 0; j < width; ++j)
-    if (r.seen[j]) {
-      const float e = std::exp(scores[j] - top);
-      total += e;
-      const vf weight = vf{} + e;
-      for (int c = 0; c < DV; ++c) acc[c] += weight * load(r.values + j * D + c * VL);
-    }
-  for (int c = 0; c < DV; ++c)
-    for (int l = 0; l < VL; ++l) r.out[c * VL + l] = static_cast<T>(acc[c][l] / total);
-}
-
-// The same for any head dimension (scores through dot(), its tail included).
+// One query row's masked softmax attention for any head dimension (scores through dot(), its tail
+// included; attend_tile's arithmetic where the head dimension is whole vectors).
 template <typename T>
 void attend_row_any(const Row<T>& r, int64_t D, int64_t width, float scaling, float* scores, float* acc) {
   float top = -std::numeric_limits<float>::infinity();
@@ -153,25 +126,94 @@ void rotate_typed(const Attention& a, int64_t r0, int64_t r1) {
   }
 }
 
+// Up to N query rows that read one key/value head (the heads of a group, at one or more block
+// positions), attended together: each key and value is loaded once for all of them. Every row's
+// arithmetic is its own alone: its scores summed as dot() sums them (lanes_sum4 gives lanes_sum's
+// bits), its maximum, exponentials, total and values summed column by column in order, in
+// registers; so a row gets the same bits in any tile, whichever rows share it.
+template <typename T, int DV, int N>
+void attend_tile(const Row<T>* rows, int64_t width, float scaling, float* scores) {
+  constexpr int64_t D = DV * VL;
+  vf query[N][DV];
+  float top[N];
+  for (int r = 0; r < N; ++r) {
+    for (int c = 0; c < DV; ++c) query[r][c] = load(rows[r].query + c * VL);
+    top[r] = -std::numeric_limits<float>::infinity();
+  }
+  for (int64_t j = 0; j < width; ++j) {
+    bool any = false;
+    for (int r = 0; r < N; ++r) any |= rows[r].seen[j];
+    if (!any) continue;
+    const T* key = rows[0].keys + j * D;
+    vf sum[4] = {};
+    for (int r = 0; r < N; ++r)
+      for (int c = 0; c < DV; ++c) sum[r] += query[r][c] * load(key + c * VL);
+    float s[4];
+    lanes_sum4(sum[0], sum[1], sum[2], sum[3], s);
+    for (int r = 0; r < N; ++r)
+      if (rows[r].seen[j]) {
+        scores[r * width + j] = s[r] * scaling;
+        top[r] = std::max(top[r], scores[r * width + j]);
+      }
+  }
+  vf acc[N][DV] = {};
+  float total[N] = {};
+  for (int64_t j = 0; j < width; ++j) {
+    bool any = false;
+    for (int r = 0; r < N; ++r) any |= rows[r].seen[j];
+    if (!any) continue;
+    const T* value = rows[0].values + j * D;
+    for (int r = 0; r < N; ++r)
+      if (rows[r].seen[j]) {
+        const float e = std::exp(scores[r * width + j] - top[r]);
+        total[r] += e;
+        const vf weight = vf{} + e;
+        for (int c = 0; c < DV; ++c) acc[r][c] += weight * load(value + c * VL);
+      }
+  }
+  for (int r = 0; r < N; ++r)
+    for (int c = 0; c < DV; ++c)
+      for (int l = 0; l < VL; ++l) rows[r].out[c * VL + l] = static_cast<T>(acc[r][c][l] / total[r]);
+}
+
+template <typename T, int DV>
+void attend_tile_of(const Row<T>* rows, int n, int64_t width, float scaling, float* scores) {
+  switch (n) {
+    case 1: return attend_tile<T, DV, 1>(rows, width, scaling, scores);
+    case 2: return attend_tile<T, DV, 2>(rows, width, scaling, scores);
+    case 3: return attend_tile<T, DV, 3>(rows, width, scaling, scores);
+    default: return attend_tile<T, DV, 4>(rows, width, scaling, scores);
+  }
+}
+
+// A key/value head's query rows: heads h of its group at block positions i, position-major
+// (r = i * groups + the head's place in the group), so a tile's rows mostly share one mask row.
 template <typename T>
-void attend_typed(const Attention& a, int64_t t0, int64_t t1) {
+Row<T> group_row(const Attention& a, int64_t b, int64_t g, int64_t r) {
   const int64_t H = a.heads, D = a.cos.size(2), cap = a.keys.size(2), groups = H / a.kv_heads, q = a.q;
-  const int64_t width = a.width, KV = a.kv_heads;
-  const float* queries = a.queries.data_ptr<float>();
-  const T* kp = a.keys.data_ptr<T>();
-  const T* vp = a.values.data_ptr<T>();
-  T* op = a.out.data_ptr<T>();
-  std::vector<float> scores(width), acc(D);
-  for (int64_t t = t0; t < t1; ++t) {  // t = (b * H + h) * q + i
-    const int64_t b = t / (H * q), h = t / q % H, i = t % q, g = h / groups;
-    const Row<T> row{queries + ((b * q + i) * H + h) * D, a.mask + (b * q + i) * width,
-                     kp + (b * KV + g) * cap * D, vp + (b * KV + g) * cap * D, op + (b * q + i) * H * D + h * D};
+  const int64_t i = r / groups, h = g * groups + r % groups;
+  return Row<T>{a.queries.data_ptr<float>() + ((b * q + i) * H + h) * D, a.mask + (b * q + i) * a.width,
+                a.keys.data_ptr<T>() + (b * a.kv_heads + g) * cap * D,
+                a.values.data_ptr<T>() + (b * a.kv_heads + g) * cap * D,
+                a.out.data_ptr<T>() + (b * q + i) * H * D + h * D};
+}
+
+template <typename T>
+void attend_typed(const Attention& a, int64_t t0, int64_t t1, int parts) {
+  const int64_t D = a.cos.size(2), width = a.width, rows_per_head = a.heads / a.kv_heads * a.q;
+  const int64_t tile = attention_tile(a, parts), tiles = (rows_per_head + tile - 1) / tile;
+  std::vector<float> scores(kMaxTile * width), acc(D);
+  Row<T> rows[kMaxTile];
+  for (int64_t t = t0; t < t1; ++t) {  // t = (b * kv_heads + g) * tiles + the tile
+    const int64_t bg = t / tiles, first = t % tiles * tile, b = bg / a.kv_heads, g = bg % a.kv_heads;
+    const int n = static_cast<int>(std::min(tile, rows_per_head - first));
+    for (int r = 0; r < n; ++r) rows[r] = group_row<T>(a, b, g, first + r);
     if (D == 4 * VL) {
-      attend_row<T, 4>(row, width, a.scaling, scores.data());
+      attend_tile_of<T, 4>(rows, n, width, a.scaling, scores.data());
     } else if (D == 8 * VL) {
-      attend_row<T, 8>(row, width, a.scaling, scores.data());
+      attend_tile_of<T, 8>(rows, n, width, a.scaling, scores.data());
     } else {
-      attend_row_any(row, D, width, a.scaling, scores.data(), acc.data());
+      for (int r = 0; r < n; ++r) attend_row_any(rows[r], D, width, a.scaling, scores.data(), acc.data());
     }
   }
 }
@@ -182,8 +224,27 @@ void rotate_rows(const Attention& a, int64_t r0, int64_t r1) {
   SPECCORE_FLOATING(a.qkv.scalar_type(), "attend", [&] { rotate_typed<scalar_t>(a, r0, r1); });
 }
 
-void attend_rows(const Attention& a, int64_t t0, int64_t t1) {
-  SPECCORE_FLOATING(a.qkv.scalar_type(), "attend", [&] { attend_typed<scalar_t>(a, t0, t1); });
+int64_t attention_tile(const Attention& a, int parts) {
+  // The tile that makes the busiest thread's work least, a tile costing its rows plus about two
+  // rows' worth for reading its keys and values (a decoding step of one sequence has only
+  // kv_heads groups of a few rows to share among the threads).
+  const int64_t rows_per_head = a.heads / a.kv_heads * a.q, heads = a.batch * a.kv_heads;
+  int64_t best = 1, best_cost = std::numeric_limits<int64_t>::max();
+  for (int64_t tile = 1; tile <= kMaxTile; ++tile) {
+    const int64_t tiles = heads * ((rows_per_head + tile - 1) / tile);
+    const int64_t cost = (tiles + parts - 1) / parts * (2 + std::min(tile, rows_per_head));
+    if (cost < best_cost) best = tile, best_cost = cost;
+  }
+  return best;
+}
+
+int64_t attention_tiles(const Attention& a, int parts) {
+  const int64_t tile = attention_tile(a, parts), rows_per_head = a.heads / a.kv_heads * a.q;
+  return a.batch * a.kv_heads * ((rows_per_head + tile - 1) / tile);
+}
+
+void attend_rows(const Attention& a, int64_t t0, int64_t t1, int parts) {
+  SPECCORE_FLOATING(a.qkv.scalar_type(), "attend", [&] { attend_typed<scalar_t>(a, t0, t1, parts); });
 }
 
 void check_attention(const Attention& a) {
