@@ -42,7 +42,23 @@ from common import machine
 from specops_services.predictor.calibration_set import CalibrationPoint, calibration_point, select
 
 MODEL = "smollm2-135m-instruct"
-WORKLOADS = ("chat", "code", "structured", "agentic", "summarization", "rag", "reasoning")
+WORKLOADS = (
+    "chat",
+    "code",
+    "structured",
+    "agentic",
+    "summarization",
+    "rag",
+    "reasoning",
+    "creative",
+    "long_context",
+)
+# long_context prompts fill smollm2's whole context (8192 tokens) less the new tokens, and
+# every method of a workload reuses the prefill of the first method that read the same
+# features (shared_prefill): an 8k-token prefill takes minutes on the 2-core CPU, a step
+# at that width a few times a short one's.
+LONG_CONTEXT_TOKENS = 8192
+SHARED_PREFILL = frozenset({"long_context"})
 # Each family's key options: ngram's depth, suffix's path and tree at factors 1 and 2, EAGLE as a chain and as
 # the catalog's widest 3-deep tree, Medusa at that tree (its chain of 4 trails it), rest
 # and lookahead at their first shape (rest only where the catalog keeps it: code).
@@ -82,19 +98,30 @@ def measure_workload(
     from speccore.candidates import speccore_candidate
     from speccore.metrics import GenerationMetrics
     from specprompts.corpora import builtin_datastore
-    from specprompts.sets import load_prompts
+    from specprompts.sets import prompts_for_model
 
     candidates = {c.candidate_id: c for c in select(point.candidates, grid)}
-    prompts = load_prompts(point.workload, args.prompt_offset + args.n_prompts, seed=0)[args.prompt_offset :]
+    shared = point.workload in SHARED_PREFILL
+    n_prompts = args.long_context_prompts if point.workload == "long_context" else args.n_prompts
+    prompts = prompts_for_model(
+        target,
+        point.workload,
+        args.prompt_offset + n_prompts,
+        max_new_tokens=args.max_new_tokens,
+        long_context_tokens=args.long_context_tokens,
+    )[args.prompt_offset :]
     exclude = frozenset(p.id for p in prompts)
-    methods = {"none": engine_method(bench_engine(target, "none"))}
+    engines = {"none": bench_engine(target, "none")}
     for cid, cand in candidates.items():
         how = speccore_candidate(cand)
         config = how.config
         if config.datastore is not None:
             built = builtin_datastore(target, config.datastore, point.workload, exclude)
             config = dataclasses.replace(config, datastore=str(built))
-        methods[cid] = engine_method(bench_engine(target, how.family, config))
+        engines[cid] = bench_engine(target, how.family, config)
+    if shared:
+        share_prefill(engines.values())
+    methods = {name: engine_method(engine) for name, engine in engines.items()}
     schedule = Schedule(
         prompts=[target.encode_prompt(p.text, p.chat) for p in prompts],
         reps=1,
@@ -133,6 +160,10 @@ def measure_workload(
             "new_tokens": run.new_tokens,
         }
 
+    def decode_rate(run: Any) -> float:
+        """Tokens a second of the decoding steps alone (prefill and what the steps share left out)."""
+        return run.new_tokens / max(sum(m.draft_time_s + m.verify_time_s for m in run.metrics), 1e-9)
+
     base = per_step(none)
     rows = []
     for cid, cand in candidates.items():
@@ -146,13 +177,31 @@ def measure_workload(
                 "fingerprint": str(point.serving.fingerprint),
                 "family": str(cand.family),
                 "candidate": cand.model_dump(mode="json"),
-                "speedup": run.speedup,
+                # With a shared prefill the first method to read a prompt pays its prefill, so
+                # the speedup is of the decoding steps alone (end to end beside it).
+                "speedup": decode_rate(run) / decode_rate(none) if shared else run.speedup,
+                **({"speedup_basis": "decoding steps", "end_to_end_speedup": run.speedup} if shared else {}),
+                "prompt_tokens": [m.prompt_tokens for m in run.metrics],
                 "identical": run.token_ids == none.token_ids,
                 **per_step(run),
                 "none_decode_s_per_step": base["verify_s_per_step"],
             }
         )
     return rows
+
+
+def share_prefill(engines: Any) -> None:
+    """Give the engines that read the same features (none: none) one prefix cache, so a
+    prompt is prefilled once per such group and the others reuse its keys and values, which
+    the row-invariant CPU kernels make the very bits of their own prefill."""
+    from speccore.prefix_cache import PrefixCache
+
+    caches: dict[tuple[int, ...] | None, PrefixCache] = {}
+    for engine in engines:
+        reads = engine.proposer is not None and engine.proposer.needs_hidden_states
+        signature = engine.taps if reads else None
+        # One scope (the rep's) holding one prompt of the whole context with its features.
+        engine.prefix_cache = caches.setdefault(signature, PrefixCache(max_bytes=2**31, max_scopes=1))
 
 
 def measure(args: argparse.Namespace, data: dict[str, Any]) -> None:
@@ -187,6 +236,12 @@ def measure(args: argparse.Namespace, data: dict[str, Any]) -> None:
         if workload in done:
             continue
         started = time.time()
+        if workload == "long_context":
+            data["protocol"]["long_context"] = {
+                "n_prompts": args.long_context_prompts,
+                "prompt_token_budget": args.long_context_tokens,
+                "shared_prefill": True,
+            }
         rows = measure_workload(target, calibration_point(MODEL, workload), args, grid)
         if family:  # the new rows take the old ones' place
             data["rows"] = [r for r in data["rows"] if (r["workload"], r["family"]) != (workload, family)]
@@ -261,6 +316,15 @@ def main() -> int:
         help="skip each workload's first N prompts (a held-out set: --prompt-offset 8)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--long-context-tokens",
+        type=int,
+        default=LONG_CONTEXT_TOKENS,
+        help="long_context prompt budget (capped at the model's context less the new tokens)",
+    )
+    parser.add_argument(
+        "--long-context-prompts", type=int, default=4, help="long_context prompts per set (8k-token prefills)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drafts", action="store_true", help="also measure draft_model self:7 (slow)")
     parser.add_argument(

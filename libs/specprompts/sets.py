@@ -100,12 +100,14 @@ def prompts_for_model(
     max_new_tokens: int,
     seed: int = 0,
     exclude_ids: frozenset[str] = frozenset(),
+    long_context_tokens: int | None = None,
 ) -> list[Prompt]:
     """The workload's prompts for one model, each checked to fit its context with `max_new_tokens`.
 
-    long_context prompts are filled up to :func:`long_context_budget` tokens, counted
-    with the model's own tokenizer and chat template. Measurement and the quality
-    gate both call this, so they see the same prompts.
+    long_context prompts are filled up to :func:`long_context_budget` tokens (or
+    `long_context_tokens`, within the model's context), counted with the model's own
+    tokenizer and chat template. Measurement and the quality gate both call this, so they
+    see the same prompts.
     """
     room = target.max_context - max_new_tokens
     if room <= 0:
@@ -118,7 +120,7 @@ def prompts_for_model(
             n,
             seed,
             exclude_ids=exclude_ids,
-            max_tokens=long_context_budget(target, max_new_tokens),
+            max_tokens=long_context_budget(target, max_new_tokens, long_context_tokens),
             count_tokens=lambda text: len(target.encode_user_prompt(text, True)),
         )
     else:
@@ -133,9 +135,11 @@ def prompts_for_model(
     return prompts
 
 
-def long_context_budget(target: LoadedModel, max_new_tokens: int) -> int:
-    """Prompt tokens of a long_context prompt: the context less the new tokens, capped per device."""
-    cap = LONG_CONTEXT_CAP.get(target.device.type, LONG_CONTEXT_CAP["cuda"])
+def long_context_budget(target: LoadedModel, max_new_tokens: int, cap: int | None = None) -> int:
+    """Prompt tokens of a long_context prompt: the context less the new tokens, capped at `cap`,
+    by default per device (LONG_CONTEXT_CAP)."""
+    if cap is None:
+        cap = LONG_CONTEXT_CAP.get(target.device.type, LONG_CONTEXT_CAP["cuda"])
     return min(target.max_context - max_new_tokens, cap)
 
 

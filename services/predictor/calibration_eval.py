@@ -75,10 +75,13 @@ def top1(predicted: Mapping[str, float], measured: Mapping[str, float]) -> dict[
 
 
 def score(predictions: Sequence[tuple[CalibrationRow, float]]) -> dict[str, Any]:
-    """Spearman over every (row, predicted speedup) pair, and the top-1 rule per workload."""
+    """Spearman over every (row, predicted speedup) pair and over each fingerprint's rows, and
+    the top-1 rule per workload."""
     per_workload: dict[str, dict[str, tuple[float, float]]] = {}
+    per_fingerprint: dict[str, list[tuple[float, float]]] = {}
     for row, predicted in predictions:
         per_workload.setdefault(row.workload, {})[row.candidate.candidate_id] = (predicted, row.speedup)
+        per_fingerprint.setdefault(row.fingerprint, []).append((predicted, row.speedup))
     top = {
         w: top1({c: p for c, (p, _) in rows.items()}, {c: m for c, (_, m) in rows.items()})
         for w, rows in per_workload.items()
@@ -89,6 +92,11 @@ def score(predictions: Sequence[tuple[CalibrationRow, float]]) -> dict[str, Any]
         "spearman": rho,
         "top1_rate": rate,
         "meets_bar": rho >= SPEARMAN_BAR and rate >= TOP1_BAR,
+        "spearman_per_fingerprint": {
+            f: spearman([p for p, _ in pairs], [m for _, m in pairs])
+            for f, pairs in per_fingerprint.items()
+            if len(pairs) >= 2
+        },
         "top1": top,
         "rows": [
             {

@@ -129,6 +129,23 @@ def test_held_out_workloads_are_predicted_without_their_own_rows(points: dict[st
         assert expected != pytest.approx(measured.speedup)
 
 
+def test_each_fingerprint_gets_its_own_spearman(points: dict[str, CalibrationPoint]) -> None:
+    code, structured = points["code"], points["structured"]
+    scores = evaluate(two_workloads(code, structured), {"code": code, "structured": structured})
+    # In-sample each fingerprint's rows are predicted back in their measured order.
+    assert scores["in_sample"]["spearman_per_fingerprint"] == {
+        "code": pytest.approx(1.0),
+        "structured": pytest.approx(1.0),
+    }
+    # Each fingerprint's Spearman is over its own rows only.
+    for mode in ("prior_only", "leave_one_workload_out"):
+        scored = scores[mode]
+        assert set(scored["spearman_per_fingerprint"]) == {"code", "structured"}
+        for fingerprint, rho in scored["spearman_per_fingerprint"].items():
+            mine = [r for r in scored["rows"] if r["workload"] == fingerprint]
+            assert rho == pytest.approx(spearman([r["predicted"] for r in mine], [r["measured"] for r in mine]))
+
+
 def test_other_prompts_of_a_workload_are_scored_against_the_fit_of_the_whole_set(
     points: dict[str, CalibrationPoint],
 ) -> None:

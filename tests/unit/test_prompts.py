@@ -390,6 +390,16 @@ def test_every_fingerprint_fits_the_models_context(smollm, workload):
 
 
 @pytest.mark.slow
+def test_long_context_prompts_can_fill_the_whole_context(smollm):
+    new = 64
+    prompts = prompts_for_model(smollm, "long_context", 2, max_new_tokens=new, long_context_tokens=10**6)
+    sizes = [len(smollm.encode_prompt(p.text, p.chat)) for p in prompts]
+    # Past the device's cap, up to the context less the new tokens (smollm2: 8192 - 64).
+    assert long_context_budget(smollm, new, 10**6) == smollm.max_context - new
+    assert all(0.95 * (smollm.max_context - new) <= size <= smollm.max_context - new for size in sizes)
+
+
+@pytest.mark.slow
 def test_a_prompt_too_long_for_the_context_is_refused(smollm):
     with pytest.raises(SpecError, match="exceeds"):
         prompts_for_model(smollm, "rag", 20, max_new_tokens=smollm.max_context - 200)
