@@ -143,7 +143,8 @@ def test_each_fingerprint_gets_its_own_spearman(points: dict[str, CalibrationPoi
         assert set(scored["spearman_per_fingerprint"]) == {"code", "structured"}
         for fingerprint, rho in scored["spearman_per_fingerprint"].items():
             mine = [r for r in scored["rows"] if r["workload"] == fingerprint]
-            assert rho == pytest.approx(spearman([r["predicted"] for r in mine], [r["measured"] for r in mine]))
+            expected = spearman([r["predicted"] for r in mine], [r["measured"] for r in mine])
+            assert rho == pytest.approx(expected)
 
 
 def test_other_prompts_of_a_workload_are_scored_against_the_fit_of_the_whole_set(
