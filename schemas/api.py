@@ -51,10 +51,21 @@ class Target(Model):
 class InferredFingerprint(Model):
     """How the gateway inferred a run's fingerprint when the request asked for `auto`."""
 
-    samples: int = Field(ge=1, description="Sample requests the fingerprint was inferred from.")
+    source: Literal["samples", "live"] = Field(
+        "samples",
+        description="`samples`: the request's own; `live`: the tenant's latest live summary from the "
+        "engine server serving the target (ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT).",
+    )
+    samples: int = Field(
+        ge=1, description="Sample requests the fingerprint was inferred from (live: the window's requests)."
+    )
     confidence: Fraction = Field(description="The fingerprint's mean probability over the samples.")
     runner_up: Fingerprint = Field(description="The fingerprint with the next highest mean probability.")
     runner_up_confidence: Fraction = Field(description="The runner-up's mean probability.")
+    window_s: float | None = Field(
+        None, ge=0.0, description="Live: seconds from the window's first request to its last."
+    )
+    summarized_at: UtcDatetime | None = Field(None, description="Live: when the engine server summarized it.")
 
 
 class Workload(Model):
@@ -89,10 +100,12 @@ class WorkloadRequest(Model):
     gateway infers it from (their text is read at intake and never stored)."""
 
     fingerprint: Fingerprint | Literal["auto"] = Field(
-        description="One of the 8 workload fingerprints, or `auto` to infer it from `samples`."
+        description="One of the 8 workload fingerprints, or `auto` to infer it from `samples` (without "
+        "them: from the tenant's live traffic, where the gateway has ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT)."
     )
     samples: list[Sample] | None = Field(
         None,
+        min_length=1,
         max_length=MAX_SAMPLES,
         description=f"With `auto`: 1-{MAX_SAMPLES} sample requests, each a prompt string or a list "
         f"of chat messages (at most {MAX_SAMPLE_CHARS} characters a text).",
@@ -100,8 +113,6 @@ class WorkloadRequest(Model):
 
     @model_validator(mode="after")
     def _samples_with_auto(self) -> Self:
-        if self.fingerprint == "auto" and not self.samples:
-            raise ValueError('fingerprint "auto" needs samples: a list of sample prompts or chat messages')
         if self.fingerprint != "auto" and self.samples:
             raise ValueError('samples are read only with fingerprint "auto"')
         return self

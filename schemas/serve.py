@@ -5,6 +5,12 @@ below its baseline the key's new requests go to a fallback (`drift_detected`), a
 primary's acceptance on its probe requests recovers they go back (`drift_recovered`)
 (services/engine/drift.py). The envelope's tenant is the request's tenant; its correlation id
 the server id.
+
+With `ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT` the server also classifies each request's prompt
+and publishes every tenant's rolling summary of them on `spec.workload.<tenant>.summarized`
+(services/engine/live_workload.py): fingerprint probabilities summed over the window, never
+the prompts' text. The gateway keeps the latest per (tenant, model) for runs that ask for
+`"fingerprint": "auto"` without samples.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from pydantic import Field
 
 from specbus.envelope import EventPayload
 from specops_schemas.base import Fraction, Id
+from specops_schemas.catalog import Fingerprint
 
 
 class ServeEvent(EventPayload):
@@ -53,4 +60,30 @@ class DriftRecovered(DriftFields):
     event_type = "serve.drift_recovered"
 
 
-SERVE_EVENT_TYPES: tuple[type[ServeEvent], ...] = (DriftDetected, DriftRecovered)
+class WorkloadSummarized(EventPayload):
+    """A tenant's live workload on an engine server: its last requests' fingerprint probabilities,
+    summed. On `spec.workload.<tenant>.summarized`; the envelope's time is the summary's."""
+
+    event_type = "workload.summarized"
+
+    server_id: Id = Field(description="The engine server (`--server-id`).")
+    tenant: Id = Field(description="The requests' tenant (a taken `X-Specops-Tenant` claim).")
+    model_ref: str = Field(
+        min_length=1, max_length=512, description="The served target, as the server was started with it."
+    )
+    requests: int = Field(ge=1, description="Requests in the window (the tenant's latest, at most its size).")
+    span_s: float = Field(ge=0.0, description="Seconds from the window's first request to its last.")
+    probability_sums: dict[Fingerprint, float] = Field(
+        description="Each fingerprint's probability summed over the window's requests (the classifier's "
+        "`agentic` counted as `structured`); divided by `requests`, the pooled probabilities."
+    )
+    observed: int = Field(
+        ge=1, description="Requests of the tenant this server has summarized since it started."
+    )
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.tenant
+
+
+SERVE_EVENT_TYPES: tuple[type[EventPayload], ...] = (DriftDetected, DriftRecovered, WorkloadSummarized)

@@ -31,7 +31,7 @@ RESULTS_STREAM = "SPEC_RESULTS"
 RESULTS_PREFIX = "specops.results"
 INTAKE_REQUEST = "run.requested"
 
-AGGREGATES = ("run", "bench", "gate", "tune", "head", "registry", "security", "serve")
+AGGREGATES = ("run", "bench", "gate", "tune", "head", "registry", "security", "serve", "workload")
 
 # Stricter than NATS itself (which only bans '.', '*', '>' and whitespace) so that a
 # token can also be a path segment, a Postgres key and a CloudEvents value unescaped.

@@ -12,7 +12,9 @@ HTTPException) a 400; an unknown URL a 404 and a wrong method a 405; a JSON body
 anything unexpected a 500 (logged), never FastAPI's `{"detail": ...}`.
 
 A request speaks for the tenant it names only if tenant_auth takes its claim (a trusted
-proxy's signature): otherwise a 401 or 403, before its body is validated or tokenized.
+proxy's signature): otherwise a 401 or 403, before its body is validated or tokenized. With
+live workload summaries on (ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT), an accepted request's prompts
+are handed to their thread (live_workload_events.py) once it is submitted; nothing waits for it.
 
 Shutdown (SIGTERM, SIGINT): uvicorn stops accepting connections and lets the requests under
 way finish for up to ``GRACE_S``, then cancels them (which cancels their rows); the lifespan
@@ -40,6 +42,7 @@ from starlette.types import Scope
 from speccore.engine import Engine
 from specops_services.engine import responses, tokenizing
 from specops_services.engine.drift import TENANT_HEADER, WORKLOAD_HEADER, DriftKey, key_of
+from specops_services.engine.live_workload_events import request_texts
 from specops_services.engine.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -82,19 +85,23 @@ B = TypeVar("B", CompletionRequest, ChatCompletionRequest)
 def create_app(server: EngineServer) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if server.drift is not None:
-            await server.drift.start()
+        if server.bus is not None:
+            await server.bus.start()
         if server.policy_feed is not None:
             await server.policy_feed.start()
         server.worker.start()
+        if server.live_workload is not None:
+            server.live_workload.start()
         log.info("serving %s (%s) as %r", server.target.ref, server.method, server.model_name)
         try:
             yield
         finally:
             await asyncio.to_thread(server.worker.stop, JOIN_S)
             server.tokenizing.shutdown(wait=False, cancel_futures=True)
-            if server.drift is not None:
-                await server.drift.stop()
+            if server.live_workload is not None:
+                await asyncio.to_thread(server.live_workload.stop, JOIN_S)
+            if server.bus is not None:
+                await server.bus.stop()
             if server.policy_feed is not None:
                 await server.policy_feed.stop()
 
@@ -181,6 +188,7 @@ def create_app(server: EngineServer) -> FastAPI:
         arrival = time.monotonic()
         prepared = await _off_loop(server, server.completion, body, key)
         stream = server.open(prepared, arrival)
+        _summarize(server, body, key)
         header = responses.Header.new("cmpl", int(time.time()), server.model_name)
         if body.stream:
             events = responses.completion_events(
@@ -196,6 +204,7 @@ def create_app(server: EngineServer) -> FastAPI:
         arrival = time.monotonic()
         prepared = await _off_loop(server, server.chat, body, key)
         stream = server.open(prepared, arrival)
+        _summarize(server, body, key)
         header = responses.Header.new("chatcmpl", int(time.time()), server.model_name)
         if body.stream:
             events = responses.chat_events(
@@ -240,6 +249,12 @@ async def _off_loop(
 ) -> Prepared:
     """``prepare(body, key)`` (tokenizing) on the server's tokenizer thread."""
     return await asyncio.get_running_loop().run_in_executor(server.tokenizing, prepare, body, key)
+
+
+def _summarize(server: EngineServer, body: CompletionRequest | ChatCompletionRequest, key: DriftKey) -> None:
+    """Hand the request's prompts to the live workload summary (with the flag on), unawaited."""
+    if server.live_workload is not None:
+        server.live_workload.offer(key.tenant, request_texts(body))
 
 
 def _too_large(scope: Scope, max_bytes: int) -> Response:

@@ -10,34 +10,28 @@ decodes). No series carries one key's acceptance: with one tenant on a workload 
 that tenant's acceptance, the side channel the security tiers guard; the events carry it.
 
 Events: `spec.serve.<server_id>.drift_detected` / `drift_recovered`
-(specops_schemas.serve), published on JetStream (the SPEC stream captures ``spec.>``) from
-the server's event loop. A server without a bus only logs and counts; a publish that fails is
+(specops_schemas.serve), published on JetStream (the SPEC stream captures ``spec.>``) through
+the server's bus (bus.py). A server without a bus only logs and counts; a publish that fails is
 logged and the server goes on (the decision is already taken, the metric counts it).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from specbus import publish
-from specbus.broker import inbox_prefix
 from specbus.envelope import Envelope, new_event
-from specbus.subjects import STREAM
 from speccatalog.workloads import WORKLOADS
 from specops_schemas.serve import DriftDetected, DriftRecovered
+from specops_services.engine.bus import PRODUCER, EngineBus
 from specops_services.engine.drift import DriftKey, DriftMonitor, DriftPolicy, Measured, Transition
 from specops_services.engine.logic import SpecCounts
 from specops_services.engine.metrics import PREFIX
-from specplatform.settings import ENGINE_USER
 
 log = logging.getLogger(__name__)
-
-PRODUCER = "engine"
 OTHER_WORKLOAD = "other"
 
 
@@ -107,41 +101,12 @@ class DriftReporter:
     """Logs, counts and (with a bus) publishes each transition; called on the worker thread."""
 
     def __init__(
-        self,
-        policy: DriftPolicy,
-        metrics: DriftMetrics,
-        server_id: str,
-        nats_url: str | None = None,
-        credentials: Mapping[str, str] | None = None,
+        self, policy: DriftPolicy, metrics: DriftMetrics, server_id: str, bus: EngineBus | None = None
     ) -> None:
         self.policy = policy
         self.metrics = metrics
         self.server_id = server_id
-        self.nats_url = nats_url
-        self.credentials = dict(credentials or {})
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._nc: Any = None
-
-    async def start(self) -> None:
-        """Connect to the bus (if any) from the server's event loop."""
-        if self.nats_url is None:
-            return
-        import nats
-
-        self._nc = await nats.connect(
-            self.nats_url,
-            name=f"engine-{self.server_id}",
-            inbox_prefix=inbox_prefix(ENGINE_USER),
-            **self.credentials,
-        )
-        # Only read: the runtime creates SPEC, the engine's user may not.
-        await self._nc.jetstream().stream_info(STREAM)
-        self._loop = asyncio.get_running_loop()
-        log.info("drift events go to %s as spec.serve.%s.*", self.nats_url, self.server_id)
-
-    async def stop(self) -> None:
-        if self._nc is not None:
-            await self._nc.drain()
+        self.bus = bus
 
     def report(self, t: Transition) -> None:
         log.warning(
@@ -157,18 +122,8 @@ class DriftReporter:
             t.method,
         )
         self.metrics.transition(t)
-        if self._loop is not None:
-            event = drift_event(t, self.policy, self.server_id)
-            future = asyncio.run_coroutine_threadsafe(self._publish(event), self._loop)
-            future.add_done_callback(_log_failure)
-
-    async def _publish(self, event: Envelope[Any]) -> None:
-        await publish(self._nc.jetstream(), event)
-
-
-def _log_failure(future: Any) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("could not publish a drift event: %s", future.exception())
+        if self.bus is not None:
+            self.bus.publish(drift_event(t, self.policy, self.server_id))
 
 
 class DriftControl:

@@ -37,8 +37,11 @@ from speccore.proposers import NONE as PLAIN
 from speccore.sampling import SamplingParams
 from specops_schemas.security import PolicySettings, SecurityPolicy
 from specops_services.engine import logic
+from specops_services.engine.bus import EngineBus
 from specops_services.engine.drift import DEFAULT_KEY, DriftKey, DriftMonitor, DriftPolicy
 from specops_services.engine.drift_events import DriftControl, DriftMetrics, DriftReporter
+from specops_services.engine.live_workload import SummaryPolicy
+from specops_services.engine.live_workload_events import LiveWorkloadReporter
 from specops_services.engine.metrics import EngineMetrics
 from specops_services.engine.protocol import DEFAULT_MAX_BODY_BYTES, ChatCompletionRequest, CompletionRequest
 from specops_services.engine.security import SecurityPolicies
@@ -69,6 +72,8 @@ class ServerOptions:
     drift: DriftPolicy | None = None  # None: no drift monitor, every request to the one method
     server_id: str | None = None  # drift events' subject id (default: host and port)
     nats_url: str | None = None  # drift events and policy changes; None: logged and counted only
+    # ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT: each tenant's live workload summarized; None: off
+    live_workload: SummaryPolicy | None = None
     nats_credentials: Mapping[str, str] = field(default_factory=dict)  # nats.connect options
     security: PolicySettings = field(default_factory=PolicySettings)  # every tenant's, unless its own
     policies: tuple[SecurityPolicy, ...] = ()  # tenants' own (`--security-policies`)
@@ -107,6 +112,9 @@ class EngineServer:
         self.method = self.batcher.engine.method
         depth = max((e.config.k for m, e in engines.items() if m != PLAIN), default=0)
         self.metrics = EngineMetrics(options.served_model_name, positions=depth)
+        self.bus: EngineBus | None = None
+        if options.nats_url is not None and (options.drift is not None or options.live_workload is not None):
+            self.bus = EngineBus(options.nats_url, options.bus_id, options.nats_credentials)
         self.drift: DriftReporter | None = None
         control = None
         if options.drift is not None:
@@ -115,11 +123,14 @@ class EngineServer:
                 need = list(options.drift.methods)
                 raise SpecError(f"drift control needs the engines {need}, got {self.batcher.methods}")
             metrics = DriftMetrics(self.metrics.registry, self.model_name, self.batcher.methods)
-            self.drift = DriftReporter(
-                options.drift, metrics, options.bus_id, options.nats_url, options.nats_credentials
-            )
+            self.drift = DriftReporter(options.drift, metrics, options.bus_id, self.bus)
             control = DriftControl(DriftMonitor(options.drift), self.drift)
         self.worker = EngineWorker(self.batcher, self.metrics, control)
+        self.live_workload: LiveWorkloadReporter | None = None
+        if options.live_workload is not None:
+            self.live_workload = LiveWorkloadReporter(
+                options.live_workload, options.bus_id, self.target.ref, self.bus
+            )
         self.created = int(time.time())
         self.security = SecurityPolicies(options.security, options.policies)
         self.tenants = TenantVerifier(options.tenant_key)

@@ -34,6 +34,7 @@ from specops_services.gateway.http.limits import body_too_large
 from specops_services.gateway.http.listener import RunEventsListener
 from specops_services.gateway.http.problems import install, problem_response, responses
 from specops_services.gateway.http.socket import claim_port, deployment_id, listening_socket
+from specops_services.gateway.live_workload import projector as live_workload_projector
 from specops_services.gateway.metrics import HttpMetrics, count_runs
 from specops_services.gateway.runs import intake, projector, reaper, routes
 from specops_services.gateway.security import projector as security_projector
@@ -133,6 +134,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         projectors=settings.gateway_projector,
         intake_runs=settings.gateway_intake,
         max_active_runs=settings.gateway_max_active_runs,
+        live_fingerprint=settings.enable_auto_workload_fingerprint,
     )
     tasks: list[asyncio.Task[None]] = []
     try:
@@ -163,16 +165,18 @@ def subscribe(
     projectors: bool = True,
     intake_runs: bool = True,
     max_active_runs: int = 1,
+    live_fingerprint: bool = False,
 ) -> None:
-    """Register the gateway's bus handlers: its projectors (runs, tune sessions, heads, security)
-    and the intake of upstream run requests, each unless switched off."""
+    """Register the gateway's bus handlers: its projectors (runs, tune sessions, heads, security,
+    live workloads) and the intake of upstream run requests, each unless switched off."""
     if projectors:
         projector.register(broker, pool)
         tune_projector.register(broker, pool)
         heads_projector.register(broker, pool)
         security_projector.register(broker, pool)
+        live_workload_projector.register(broker, pool)
     if intake_runs:
-        intake.register(broker, pool, max_active_runs=max_active_runs)
+        intake.register(broker, pool, max_active_runs=max_active_runs, live_fingerprint=live_fingerprint)
 
 
 def _spawn(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

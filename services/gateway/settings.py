@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from specplatform.settings import Settings, service_settings
 
@@ -84,6 +84,15 @@ class GatewaySettings(Settings):
         le=120.0,
         description="How long PUT security/policy waits for the security service to apply the change "
         "(200 with the new policy); past it, 202 and the change lands shortly after.",
+    )
+    enable_auto_workload_fingerprint: bool = Field(
+        False,
+        validation_alias=AliasChoices(
+            "ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT", "enable_auto_workload_fingerprint"
+        ),
+        description="ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT: a run asking for `auto` without samples takes "
+        "its fingerprint from its tenant's latest live summary of the target's traffic, which engine "
+        "servers with the same flag publish; without it, such a run is a 422.",
     )
     gateway_reaper: bool = Field(
         True,

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from specops_schemas.candidates import Candidate
     from specops_schemas.security import PolicySettings, SecurityPolicy
     from specops_services.engine.drift import DriftPolicy
+    from specops_services.engine.live_workload import SummaryPolicy
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ ENGINE_OPTIONS = (
     "tree_topk", "tree_tokens", "tree_min_prob", "max_batch", "host", "port", "served_model_name",
     "from_run", "url", "token", "adaptive_k", "prefix_cache_mb", "nats_url", "draft_pool", "jitter",
     "jitter_interval_ms", "security_tier", "security_policies", "max_body_bytes", "tenant_key_file",
+    "fingerprint_window", "fingerprint_every",
 )  # fmt: skip
 # Drift control (services/engine/drift.py): engine-only as well.
 DRIFT_OPTIONS = (
@@ -58,6 +60,8 @@ DRIFT_OPTIONS = (
 )  # fmt: skip
 # The environment switch for --adaptive-k (issue 19's feature flag).
 ADAPTIVE_K_ENV = "ENABLE_L4_ADAPTIVE_K"
+# The environment switch for the live workload summaries (issue 44's feature flag).
+AUTO_FINGERPRINT_ENV = "ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT"
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -103,6 +107,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     )
     add_security_options(p)
     add_drift_options(p)
+    add_live_workload_options(p)
 
 
 def add_security_options(p: argparse.ArgumentParser) -> None:
@@ -193,12 +198,34 @@ def add_drift_options(p: argparse.ArgumentParser) -> None:
         help="baseline acceptance for every key (default: --from-run's measured, else each key's first W)",
     )
     g.add_argument(
-        "--server-id", help="id of the drift events' subject spec.serve.<id>.* (default HOST-PORT)"
+        "--server-id",
+        help="this server's id on its events: the drift events' subject spec.serve.<id>.*, the live "
+        f"workload summaries' server_id ({AUTO_FINGERPRINT_ENV}) (default HOST-PORT)",
     )
     g.add_argument(
         "--nats-url",
-        help="publish drift events on this NATS server and follow the tenants' security policy "
-        "changes there (default: none; drift logged only)",
+        help="publish drift events (and live workload summaries) on this NATS server and follow the "
+        "tenants' security policy changes there (default: none; drift and summaries logged only)",
+    )
+
+
+def add_live_workload_options(p: argparse.ArgumentParser) -> None:
+    """Each tenant's live workload summarized for the gateway's `auto` fingerprint (issue 44)."""
+    from specops_services.engine.live_workload import SummaryPolicy
+
+    d = SummaryPolicy()
+    g = p.add_argument_group(
+        f"live workload fingerprint (specops serve engine only; on with {AUTO_FINGERPRINT_ENV}=1)"
+    )
+    g.add_argument(
+        "--fingerprint-window",
+        type=decoding.positive,
+        help=f"N: each tenant's last N requests are summarized (default {d.window})",
+    )
+    g.add_argument(
+        "--fingerprint-every",
+        type=decoding.positive,
+        help=f"K: a tenant's summary is published every K of its requests (default {d.every})",
     )
 
 
@@ -234,6 +261,7 @@ def run(args: argparse.Namespace, served: Served) -> int:
     from specops_services.engine.serving import ServerOptions
 
     drift = drift_policy(args, served)  # refused before the model loads
+    live_workload = live_workload_policy(args)
     default_policy, policies = security_policies(args)
     tenant_key = read_tenant_key(args.tenant_key_file)
     log.info("serving %s", served.origin)
@@ -275,6 +303,7 @@ def run(args: argparse.Namespace, served: Served) -> int:
         policies=tuple(policies),
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
         tenant_key=tenant_key,
+        live_workload=live_workload,
     )
     serve(engines, options)
     return 0
@@ -284,13 +313,15 @@ def drift_policy(args: argparse.Namespace, served: Served) -> DriftPolicy | None
     """The drift policy of the options (None without --fallback); SpecError if it cannot be."""
     from specops_services.engine.drift import DriftPolicy
 
+    if args.server_id is not None and not re.fullmatch(ID_PATTERN, args.server_id):
+        raise SpecError(f"--server-id must match {ID_PATTERN} (a subject token), got {args.server_id!r}")
     given = [f for f in given_engine_options(args) if f.removeprefix("--").replace("-", "_") in DRIFT_OPTIONS]
+    if _env_flag(AUTO_FINGERPRINT_ENV):  # the live workload summaries name the server too
+        given = [f for f in given if f != "--server-id"]
     if not args.fallback:
         if given:
             raise SpecError(f"{', '.join(given)}: drift control is off without --fallback")
         return None
-    if args.server_id is not None and not re.fullmatch(ID_PATTERN, args.server_id):
-        raise SpecError(f"--server-id must match {ID_PATTERN} (a subject token), got {args.server_id!r}")
     knobs = {
         "window": args.drift_window,
         "threshold": args.drift_threshold,
@@ -351,7 +382,27 @@ def read_tenant_key(path: str | None) -> bytes | None:
 
 def adaptive_k(args: argparse.Namespace) -> bool:
     """--adaptive-k, or ENABLE_L4_ADAPTIVE_K=1 in the environment."""
-    return bool(args.adaptive_k) or os.environ.get(ADAPTIVE_K_ENV, "").strip().lower() in ("1", "true", "yes")
+    return bool(args.adaptive_k) or _env_flag(ADAPTIVE_K_ENV)
+
+
+def live_workload_policy(args: argparse.Namespace) -> SummaryPolicy | None:
+    """The live workload summaries' policy with ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT=1, else None;
+    SpecError for their options without the flag."""
+    from specops_services.engine.live_workload import SummaryPolicy
+
+    knobs = {"window": args.fingerprint_window, "every": args.fingerprint_every}
+    if not _env_flag(AUTO_FINGERPRINT_ENV):
+        given = [f"--fingerprint-{name}" for name, value in knobs.items() if value is not None]
+        if given:
+            raise SpecError(
+                f"{', '.join(given)}: live workload summaries are off without {AUTO_FINGERPRINT_ENV}=1"
+            )
+        return None
+    return SummaryPolicy(**{k: v for k, v in knobs.items() if v is not None})
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
 
 
 def _from_flags(args: argparse.Namespace) -> Served:

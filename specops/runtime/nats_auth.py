@@ -111,7 +111,8 @@ def tenant_permissions(tenant: str) -> Permissions:
 
 def engine_permissions() -> Permissions:
     """The engine server: read SPEC's info, follow the security policies through an ordered
-    (ephemeral, filtered) consumer, publish its drift events; nothing else."""
+    (ephemeral, filtered) consumer, publish its drift events and live workload summaries;
+    nothing else."""
     return Permissions(
         publish=(
             "$JS.API.INFO",
@@ -124,6 +125,7 @@ def engine_permissions() -> Permissions:
             f"$JS.FC.{STREAM}.>",
             pattern("serve", "drift_detected"),
             pattern("serve", "drift_recovered"),
+            pattern("workload", "summarized"),
         ),
         subscribe=(f"{inbox_prefix(ENGINE)}.>",),
     )

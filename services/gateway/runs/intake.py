@@ -54,7 +54,9 @@ def principal_of(tenant_id: str) -> Principal:
     return Principal(token_id=f"nats:{tenant_id}", tenant_id=tenant_id, role=Role.DEVELOPER)
 
 
-async def receive(pool: Pool, message: RawMessage, *, max_active_runs: int) -> str:
+async def receive(
+    pool: Pool, message: RawMessage, *, max_active_runs: int, live_fingerprint: bool = False
+) -> str:
     """Make the run of one intake message; its run id. Raises Unprocessable once refused."""
     try:
         tenant = intake_tenant(message.subject)
@@ -81,6 +83,7 @@ async def receive(pool: Pool, message: RawMessage, *, max_active_runs: int) -> s
             digest,
             max_active_runs=max_active_runs,
             key_ttl=INTAKE_KEY_TTL,
+            live_fingerprint=live_fingerprint,
         )
     except ProblemError as exc:
         if exc.problem.type == idempotency.KEY_IN_FLIGHT:
@@ -125,7 +128,12 @@ async def _refuse(
 
 
 def register(
-    broker: NatsBroker, pool: Pool, *, max_active_runs: int, retry: RetryPolicy | None = None
+    broker: NatsBroker,
+    pool: Pool,
+    *,
+    max_active_runs: int,
+    live_fingerprint: bool = False,
+    retry: RetryPolicy | None = None,
 ) -> None:
     """Subscribe the intake on `broker` (before the broker starts): durable `gateway-intake`."""
 
@@ -138,4 +146,4 @@ def register(
         retry=retry or RetryPolicy(),
     )
     async def intake(message: RawMessage) -> None:
-        await receive(pool, message, max_active_runs=max_active_runs)
+        await receive(pool, message, max_active_runs=max_active_runs, live_fingerprint=live_fingerprint)

@@ -27,6 +27,7 @@ from specops_schemas.base import UtcDatetime
 from specops_schemas.candidates import CandidateResult
 from specops_schemas.catalog import ErrorStage, Fingerprint, RunStatus
 from specops_schemas.events import RunCompleted, RunFailed, RunPredicted
+from specops_services.gateway.live_workload import LiveSummary
 
 # --- roles -------------------------------------------------------------------------------
 
@@ -54,7 +55,7 @@ def accept(body: RunCreateBody) -> RunCreateRequest:
         for sample in stated.samples or ()
     ]
     inference = infer(texts)
-    if inference is None:  # the body's validator refuses `auto` without samples
+    if inference is None:  # `auto` without samples is accept_live's
         raise ValueError('fingerprint "auto" needs samples')
     inferred = InferredFingerprint(
         samples=inference.samples,
@@ -63,6 +64,25 @@ def accept(body: RunCreateBody) -> RunCreateRequest:
         runner_up_confidence=inference.runner_up_confidence,
     )
     return body.accepted(Workload(fingerprint=Fingerprint(inference.fingerprint), inferred=inferred))
+
+
+def accept_live(body: RunCreateBody, live: LiveSummary) -> RunCreateRequest:
+    """`auto` without samples resolved from the tenant's live summary of the target's traffic: the
+    fingerprint of the window's pooled probabilities (their sums over its requests), recorded on
+    the workload with `source: live`, the window's requests and time span."""
+    summary = live.summary
+    sums = {f: summary.probability_sums.get(f, 0.0) for f in Fingerprint}
+    (winner, top), (runner_up, second) = sorted(sums.items(), key=lambda item: item[1], reverse=True)[:2]
+    inferred = InferredFingerprint(
+        source="live",
+        samples=summary.requests,
+        confidence=min(top / summary.requests, 1.0),  # a sum of floats may pass 1 by a rounding
+        runner_up=runner_up,
+        runner_up_confidence=min(second / summary.requests, 1.0),
+        window_s=summary.span_s,
+        summarized_at=live.summarized_at,
+    )
+    return body.accepted(Workload(fingerprint=winner, inferred=inferred))
 
 
 # Status only moves forward: events from different services may arrive out of order

@@ -63,6 +63,7 @@ async def create_run(
         digest,
         max_active_runs=settings.gateway_max_active_runs,
         models_dir=settings.gateway_models_dir,
+        live_fingerprint=settings.enable_auto_workload_fingerprint,
     )
     return json_reply(reply)
 

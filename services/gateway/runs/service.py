@@ -27,7 +27,7 @@ from specops_schemas.api import (
     RunStatusResponse,
 )
 from specops_schemas.events import RunCompleted, RunQueued, RunRequested
-from specops_services.gateway import apply, db, idempotency, results, security
+from specops_services.gateway import apply, db, idempotency, live_workload, results, security
 from specops_services.gateway import winner_cache as cache
 from specops_services.gateway.http import model_refs, params, sse
 from specops_services.gateway.http.auth import Principal
@@ -111,6 +111,7 @@ async def create_run(
     max_active_runs: int,
     models_dir: Path | None = None,
     key_ttl: timedelta = idempotency.IDEMPOTENCY_TTL,
+    live_fingerprint: bool = False,
 ) -> idempotency.Reply:
     """A new run (or the winner cache's answer) for `principal`'s tenant; the intake's runs too.
 
@@ -119,8 +120,9 @@ async def create_run(
     answered from the winner cache, nor refused for its budget (nothing is measured): its
     `run.requested` says so, and the predictor answers it as `speculation_disabled`.
     A body whose fingerprint is `auto` is inferred from its samples first (off the event loop:
-    up to MAX_SAMPLES texts to read), and the run records the inference."""
-    request = await asyncio.to_thread(run_logic.accept, body)
+    up to MAX_SAMPLES texts to read), or without samples and with `live_fingerprint` from the
+    tenant's live summary of the target (a 422 when there is none), and the run records how."""
+    request = await _accept(pool, principal, body, live_fingerprint)
     check_target(request, models_dir)
 
     async def work(conn: Connection) -> idempotency.Reply:
@@ -166,6 +168,35 @@ async def create_run(
         return idempotency.Reply(200 if completed else 202, body, {"Location": run_location(run_id)})
 
     return await keyed(pool, principal, key, request_hash, work, ttl=key_ttl)
+
+
+async def _accept(pool: Pool, principal: Principal, body: RunCreateBody, live: bool) -> RunCreateRequest:
+    """The request the body makes: its workload stated, inferred from its samples or (`auto`
+    alone, with ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT) from the tenant's live traffic."""
+    stated = body.workload
+    if stated.fingerprint != "auto" or stated.samples:
+        return await asyncio.to_thread(run_logic.accept, body)
+    if not live:
+        raise _invalid(
+            "#/workload/samples",
+            'fingerprint "auto" needs samples: send 1-64 sample prompts or chat messages as '
+            "workload.samples (inferring it from live traffic is off on this gateway: "
+            "ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT)",
+            "auto-fingerprint-needs-samples",
+        )
+    model_ref = body.target.model_ref
+    async with pool.connection() as conn, tenant_transaction(conn, principal.tenant_id):
+        summary = await live_workload.latest(conn, principal.tenant_id, model_ref)
+    if summary is None:
+        raise _invalid(
+            "#/workload/samples",
+            f'fingerprint "auto" without samples takes this tenant\'s live traffic on {model_ref}, and '
+            "no engine server has summarized any yet: send workload.samples, or serve the target with "
+            "`specops serve engine --nats-url ...` under ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT=1, its "
+            "requests naming this tenant (X-Specops-Tenant)",
+            "auto-fingerprint-no-live-traffic",
+        )
+    return run_logic.accept_live(body, summary)
 
 
 async def _check_quota(conn: Connection, tenant_id: str, max_active_runs: int) -> None:
