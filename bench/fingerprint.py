@@ -261,9 +261,11 @@ def page(result: dict[str, Any]) -> str:
         "",
         "<!-- Written by bench/fingerprint.py (make fingerprint); do not edit. -->",
         "",
-        f"Measured {result['date']} with `{result['command']}`; the numbers are in "
-        "`bench/results/fingerprint-accuracy.json`, the model in "
-        "`libs/speccatalog/fingerprint/model.json` "
+        f"**Measured:** {result['date']}.  ",
+        f"**Reproduce:** `make fingerprint` (`{result['command']}`)  ",
+        "**Results:** `bench/results/fingerprint-accuracy.json` (in the repository).",
+        "",
+        "The model is `libs/speccatalog/fingerprint/model.json` "
         f"(training data sha256 `{result['data_sha256'][:16]}...`). How it works: "
         "[concepts/runs](../concepts/runs.md#inferring-the-fingerprint).",
         "",
