@@ -429,7 +429,8 @@ class Runs:
         idempotency_key: str | None = None,
     ) -> Run:
         """Start a T1 run (`workload` may be just the fingerprint, e.g. "chat", or
-        `{"fingerprint": "auto", "samples": [...]}` for the gateway to infer it).
+        `{"fingerprint": "auto", "samples": [...]}` for the gateway to infer it; `"auto"` alone
+        infers it from the endpoint's live traffic where ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT is on).
 
         The answer is `queued`, or already `completed` with `cache_hit=True` when the
         30-day winner cache has this request. Invalid arguments raise pydantic's

@@ -57,7 +57,8 @@ def add_parsers(sub: argparse._SubParsersAction[Any]) -> None:
         "--fingerprint",
         required=True,
         choices=[*Fingerprint, "auto"],
-        help="workload; auto: the gateway infers it from --samples",
+        help="workload; auto: the gateway infers it from --samples, or without them from the "
+        "endpoint's live traffic (ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT)",
     )
     p.add_argument(
         "--samples",
