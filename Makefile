@@ -170,13 +170,14 @@ gemma-bench: setup
 		--out bench/results/gemma-3-270m-agentic24-prefix-cache-greedy-cpu2.json
 
 # The predictor's calibration set (docs/results/predictor.md): the catalog's key
-# options of every family that runs here x 7 workloads, 8 prompts, 64 new tokens, 1 rep,
+# options of every family that runs here x 9 workloads, 8 prompts (long_context: 3 of ~8k
+# tokens, their prefill shared per feature group), 64 new tokens, 1 rep,
 # greedy, each workload one interleaved run with its own none, measured twice: on each
 # workload's first 8 prompts (the set) and on its next 8 (the held-out set); then the
 # predictor's calibration file (services/predictor/calibrations/) fitted to the set and
 # scored in-sample, leave-one-workload-out and on the held-out set's rows
 # (bench/results/predictor-calibration.json tracks the scores). Resumable: workloads already
-# in a JSON are kept. About 2-3 min a workload and set on the shared 2-core CPU with
+# in a JSON are kept. About 2-3 min a workload and set (long_context ~9) on the shared 2-core CPU with
 # OMP_WAIT_POLICY=PASSIVE (spinning idle threads of the jobs beside it made decoding ~16x
 # slower).
 CALIBRATION_HELD_OUT = bench/results/calibration-smollm2-heldout-cpu2.json
