@@ -1,5 +1,5 @@
-"""What the bench scripts that drive a running stack share: a fresh tenant's token, and the
-facts about the machine a result was measured on."""
+"""What the bench scripts that drive a running stack share: a fresh tenant's token, the
+facts about the machine a result was measured on, and engine-server measurements as rows."""
 
 from __future__ import annotations
 
@@ -33,3 +33,24 @@ def machine() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def http_rows(outcome: Any) -> dict[str, Any]:
+    """A benchmark-runner ``measure_http`` outcome as result rows: none (the engine's own
+    plain decoding) and each candidate, by id, then the failures."""
+    rows: dict[str, Any] = {}
+    for m in [outcome.baseline, *outcome.results]:
+        name = "none" if m.candidate_id == "baseline" else m.candidate_id
+        rows[name] = {
+            "tokens_per_s": m.tokens_per_s,
+            "speedup": m.speedup,
+            "mean_acceptance_length": m.mean_acceptance_length,
+            "acceptance_rate": m.acceptance_rate,
+            # The share of the gate's prompts token-identical to none: greedy runs only.
+            "greedy_agreement": m.greedy_agreement,
+            "identical_to_none": None if m.greedy_agreement is None else m.greedy_agreement == 1.0,
+            "launch_args": m.launch_args,
+        }
+    if outcome.failures:
+        rows["failures"] = {f.candidate_id: f.message for f in outcome.failures}
+    return rows

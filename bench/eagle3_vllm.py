@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import machine
+from common import http_rows, machine
 
 from speccatalog.artifacts import HEAD_FILES, new_head_id
 from speccatalog.workloads import fingerprint_of
@@ -121,21 +121,7 @@ def measure(
         corpora=Corpora(TENANT, root),
         prompts=load_prompts(workload, args.n_prompts, 0),
     )
-    rows: dict[str, Any] = {"offered": [c.candidate_id for c in heads]}
-    for m in [outcome.baseline, *outcome.results]:
-        name = "none" if m.candidate_id == "baseline" else m.candidate_id
-        rows[name] = {
-            "tokens_per_s": m.tokens_per_s,
-            "speedup": m.speedup,
-            "mean_acceptance_length": m.mean_acceptance_length,
-            "acceptance_rate": m.acceptance_rate,
-            "identical_to_none": None if m.greedy_agreement is None else m.greedy_agreement == 1.0,
-            "greedy_agreement": m.greedy_agreement,  # share of the gate's prompts token-identical
-            "launch_args": m.launch_args,
-        }
-    if outcome.failures:
-        rows["failures"] = {f.candidate_id: f.message for f in outcome.failures}
-    return rows
+    return {"offered": [c.candidate_id for c in heads], **http_rows(outcome)}
 
 
 def main() -> int:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import machine
+from common import http_rows, machine
 
 from speccatalog.workloads import fingerprint_of
 from speccore.bench import BenchSpec, run_bench
@@ -120,19 +120,7 @@ def vllm_side(workload: str, n: int, tokens: int, reps: int, threads: int) -> di
         on_rep=lambda row: print(f"  vllm {row.candidate_id}"),
         prompts=prompts,
     )
-    rows: dict[str, Any] = {}
-    for m in [outcome.baseline, *outcome.results]:
-        name = "none" if m.candidate_id == "baseline" else m.candidate_id
-        rows[name] = {
-            "tokens_per_s": m.tokens_per_s,
-            "speedup": m.speedup,
-            "mean_acceptance_length": m.mean_acceptance_length,
-            "identical_to_none": None if name == "none" else m.greedy_agreement == 1.0,
-            "launch_args": m.launch_args,
-        }
-    if outcome.failures:
-        rows["failures"] = {f.candidate_id: f.message for f in outcome.failures}
-    return rows
+    return http_rows(outcome)
 
 
 def not_on_vllm() -> dict[str, str]:
