@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Annotated, Any, Literal, Self
 
@@ -420,12 +421,12 @@ class Problem(BaseModel):
     @classmethod
     def validation(cls, errors: Iterable[Mapping[str, Any]], *, instance: str | None = None) -> Problem:
         """422 from pydantic/FastAPI error dicts (their `loc` and `msg`)."""
-        fields = [
-            ProblemFieldError(
-                pointer="#" + "".join(f"/{_escape(part)}" for part in _body_loc(e["loc"])), detail=e["msg"]
-            )
-            for e in errors
-        ]
+        # One entry a place: a value no member of a union takes gets one error per member.
+        details: dict[str, list[str]] = {}
+        for e in errors:
+            pointer = "#" + "".join(f"/{_escape(part)}" for part in _body_loc(e["loc"]))
+            details.setdefault(pointer, []).append(e["msg"])
+        fields = [ProblemFieldError(pointer=p, detail="; or ".join(msgs)) for p, msgs in details.items()]
         return cls(
             title="Request body is invalid",
             status=422,
@@ -435,9 +436,15 @@ class Problem(BaseModel):
         )
 
 
+# How pydantic names the member of a union an error is about ("str-enum[Fingerprint]",
+# "literal['auto']"): a step of its validation, not a place in the body.
+_UNION_MEMBER = re.compile(r"[\w-]+\[.*\]")
+
+
 def _body_loc(loc: Sequence[object]) -> Sequence[object]:
     # FastAPI prefixes body errors with "body"; the pointer addresses the body itself.
-    return loc[1:] if loc[:1] == ("body",) else loc
+    body = loc[1:] if loc[:1] == ("body",) else loc
+    return [part for part in body if not (isinstance(part, str) and _UNION_MEMBER.fullmatch(part))]
 
 
 def _escape(part: object) -> str:

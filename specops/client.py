@@ -74,6 +74,7 @@ from specops_schemas.api import (
     RunCreateBody,
     RunStatusResponse,
     Target,
+    Workload,
     WorkloadRequest,
 )
 from specops_schemas.catalog import Engine, Family, Fingerprint, Mode, RunStatus
@@ -423,12 +424,13 @@ class Runs:
     def create(
         self,
         target: Target | Mapping[str, Any],
-        workload: WorkloadRequest | Mapping[str, Any] | str,
+        workload: WorkloadRequest | Workload | Mapping[str, Any] | str,
         mode: Mode | str = Mode.INTERACTIVE,
         goal: Goal | Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Run:
-        """Start a T1 run (`workload` may be just the fingerprint, e.g. "chat", or
+        """Start a T1 run (`workload` may be just the fingerprint, e.g. "chat", a run's own
+        `request.workload` (asking again with the fingerprint it ran with), or
         `{"fingerprint": "auto", "samples": [...]}` for the gateway to infer it; `"auto"` alone
         infers it from the endpoint's live traffic where ENABLE_L4_AUTO_WORKLOAD_FINGERPRINT is on).
 
@@ -438,6 +440,8 @@ class Runs:
         """
         if isinstance(workload, str):
             workload = {"fingerprint": workload}
+        elif isinstance(workload, Workload):  # a run's own request: the fingerprint it ran with
+            workload = {"fingerprint": workload.fingerprint}
         fields: dict[str, Any] = {"target": target, "workload": workload, "mode": mode}
         if goal is not None:
             fields["goal"] = goal

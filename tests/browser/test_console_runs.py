@@ -86,9 +86,11 @@ def test_fingerprint_wizard_and_inference(console: Console, live: Live) -> None:
 def test_run_events_arrive_live(console: Console, live: Live, form_run: str) -> None:
     console.mark()
     shown_at_load = len(console.all("event-item"))
+    # The next event comes with the bench's first measured rep: over a minute on a loaded CPU.
     console.wait(
         lambda: console.same_document() and len(console.all("event-item")) > shown_at_load,
         "an event appended to the open page",
+        WAIT_S,
     )
     console.wait(lambda: "completed" in console.text("run-status").lower(), "the run to complete", WAIT_S)
     events = list(live.stack.clients["dev"].runs.stream(form_run))
