@@ -54,3 +54,15 @@ def http_rows(outcome: Any) -> dict[str, Any]:
     if outcome.failures:
         rows["failures"] = {f.candidate_id: f.message for f in outcome.failures}
     return rows
+
+
+def rows_line(rows: dict[str, Any]) -> str:
+    """One line of result rows: each method's tokens/s, speedup and (where known) tokens a step."""
+
+    def part(method: str, row: dict[str, Any]) -> str:
+        mal = row.get("mean_acceptance_length")
+        return f"{method} {row['tokens_per_s']:.1f} tok/s {row['speedup']:.2f}x" + (
+            f" MAL {mal:.2f}" if isinstance(mal, int | float) else ""
+        )
+
+    return ", ".join(part(m, r) for m, r in rows.items() if isinstance(r, dict) and "tokens_per_s" in r)

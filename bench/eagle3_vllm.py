@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import http_rows, machine
+from common import http_rows, machine, rows_line
 
 from speccatalog.artifacts import HEAD_FILES, new_head_id
 from speccatalog.workloads import fingerprint_of
@@ -166,12 +166,7 @@ def main() -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(out, indent=1) + "\n")
     for workload, rows in out["workloads"].items():
-        line = ", ".join(
-            f"{m} {r['tokens_per_s']:.1f} tok/s {r['speedup']:.2f}x MAL {r['mean_acceptance_length']:.2f}"
-            for m, r in rows.items()
-            if isinstance(r, dict) and "tokens_per_s" in r
-        )
-        print(f"{workload:8} {line}")
+        print(f"{workload:8} {rows_line(rows)}")
     return 0
 
 

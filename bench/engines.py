@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import http_rows, machine
+from common import http_rows, machine, rows_line
 
 from speccatalog.workloads import fingerprint_of
 from speccore.bench import BenchSpec, run_bench
@@ -174,12 +174,7 @@ def main() -> int:
         for engine, rows in both.items():
             if engine == "seconds":
                 continue
-            line = ", ".join(
-                f"{m} {r['tokens_per_s']:.1f} tok/s {r['speedup']:.2f}x"
-                for m, r in rows.items()
-                if isinstance(r, dict) and "tokens_per_s" in r
-            )
-            print(f"{workload:8} {engine:8} {line}")
+            print(f"{workload:8} {engine:8} {rows_line(rows)}")
     return 0
 
 
