@@ -3,6 +3,7 @@ facts about the machine a result was measured on, and engine-server measurements
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import platform
@@ -66,3 +67,20 @@ def rows_line(rows: dict[str, Any]) -> str:
         )
 
     return ", ".join(part(m, r) for m, r in rows.items() if isinstance(r, dict) and "tokens_per_s" in r)
+
+
+def vllm_or_exit(parser: argparse.ArgumentParser) -> Any:
+    """The installed vLLM engine environment's state; the parser exits saying how to install it
+    when it cannot run."""
+    from specplatform import engines
+
+    state = engines.state("vllm")
+    if not state.runnable:
+        parser.error(f"{state.reason}; run `{state.install_command}` first")
+    return state
+
+
+def command_of(script: str, args: argparse.Namespace) -> str:
+    """The command line that reproduces a run of `script` with `args` (--out left out)."""
+    given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
+    return f"python {script} {given}"

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import http_rows, machine, rows_line
+from common import command_of, http_rows, machine, rows_line, vllm_or_exit
 
 from speccatalog.artifacts import HEAD_FILES, new_head_id
 from speccatalog.workloads import fingerprint_of
@@ -138,13 +138,10 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    state = engines.state("vllm")
-    if not state.runnable:
-        parser.error(f"{state.reason}; run `{state.install_command}` first")
-    given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
+    state = vllm_or_exit(parser)
     head_config = json.loads((args.head / "config.json").read_text())
     out: dict[str, Any] = {
-        "command": f"python bench/eagle3_vllm.py {given}",
+        "command": command_of("bench/eagle3_vllm.py", args),
         "machine": machine(),
         "model": MODEL,
         "vllm": state.reason,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import http_rows, machine, rows_line
+from common import command_of, http_rows, machine, rows_line, vllm_or_exit
 
 from speccatalog.workloads import fingerprint_of
 from speccore.bench import BenchSpec, run_bench
@@ -142,13 +142,10 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    state = engines.state("vllm")
-    if not state.runnable:
-        parser.error(f"{state.reason}; run `{state.install_command}` first")
-    given = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
+    state = vllm_or_exit(parser)
     settings = {"greedy": True, **vars(args), "vllm_server_args": list(engines.VLLM.server_args)}
     out: dict[str, Any] = {
-        "command": f"python bench/engines.py {given}",
+        "command": command_of("bench/engines.py", args),
         "machine": machine(),
         "model": MODEL,
         "vllm": state.reason,
